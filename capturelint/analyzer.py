@@ -1,0 +1,275 @@
+"""The analyzer: aligns a replay step with its shadow and runs the rules over them.
+
+Input per replay step: the capture stream of the graph being replayed, the shadow
+stream of the step and the replay stream (see ``capturelint.tracer``). The analyzer
+
+1. compares the segment structure (captured / eager, and which break) of capture and
+   shadow;
+2. aligns each captured segment's recorded ops with the shadow's ops over the same span
+   (a longest-matching-blocks diff on ``(op, scope)``), finding the first divergence and
+   its extent rather than a cascade of mismatches;
+3. builds ``StepView``: the aligned op pairs (up to the first divergence of a segment;
+   what follows a divergence is a consequence of it), a map from capture op to shadow
+   op, and the location verdict helper shared by R4 and R6;
+4. hands the view to every selected rule and merges their findings across steps,
+   graphs and configurations: one finding per (rule, scope, op, tensor, source lines),
+   with the steps it was seen at.
+
+The analyzer needs neither a GPU nor a dispatch mode: it reads records, so rules are
+tested with hand-built streams as well as with real traces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Iterable, Iterator, Sequence
+
+from capturelint.engine.cudagraph import SegmentKind
+from capturelint.findings import Condition, Finding, Frame
+from capturelint.tracer import OpRecord, Segment, Stream, TensorUse
+
+
+@dataclasses.dataclass(frozen=True)
+class RunLabel:
+    """Which configuration a step belongs to."""
+
+    runner: str
+    mode: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Divergence:
+    """The first point where a captured segment's ops and the shadow's part ways."""
+
+    capture_op: OpRecord | None  # None: the capture's segment ended here
+    shadow_op: OpRecord | None  # None: the step's segment ended here
+    missing: int  # ops the step runs that the capture did not record
+    extra: int  # ops the capture recorded that the step does not run
+
+
+@dataclasses.dataclass
+class SegmentAlignment:
+    index: int
+    capture_ops: list[OpRecord]
+    shadow_ops: list[OpRecord]
+    pairs: list[tuple[OpRecord, OpRecord]]
+    divergence: Divergence | None
+
+
+@dataclasses.dataclass
+class StepView:
+    """A replay step prepared for the rules."""
+
+    label: RunLabel
+    capture: Stream
+    shadow: Stream
+    replay: Stream | None
+    structure_differs: bool
+    alignments: list[SegmentAlignment]
+    op_map: dict[int, int]  # capture op index -> aligned shadow op index
+    tainted: set[int] = dataclasses.field(default_factory=set)  # capture ops already reported
+
+    def segment_label(self, index: int) -> str:
+        seg = self.capture.segments[index] if index < len(self.capture.segments) else None
+        return f"{self.capture.graph} {seg.label}" if seg else f"{self.capture.graph} #{index}"
+
+    def tensor_name(self, stream: Stream, use: TensorUse, scope: str = "") -> str:
+        """A human name: parameter, runner buffer, metadata field, cache, or producer."""
+        name = stream.name_of(use.storage, scope)
+        if name is not None:
+            return name
+        origin = stream.origins.get(use.storage)
+        if origin is not None and origin.producer is not None:
+            prod = stream.ops[origin.producer]
+            return f"output of {prod.op} in {prod.scope or '<top>'} ({prod.frame.file}:{prod.frame.line})"
+        return f"tensor {use.arg} (storage not named by the engine)"
+
+    def is_followon(self, stream: Stream, use: TensorUse) -> bool:
+        """True when ``use`` was produced by a capture op that already has a finding."""
+        origin = stream.origins.get(use.storage)
+        return origin is not None and origin.producer is not None and origin.producer in self.tainted
+
+
+@dataclasses.dataclass(frozen=True)
+class LocationProblem:
+    """Why a tensor read at replay is not the one the step reads (R4/R6)."""
+
+    escaped: bool  # produced inside an eager break and not copied back
+    capture_name: str
+    shadow_name: str
+    reason: str
+
+
+def location_problem(view: StepView, c_use: TensorUse, s_use: TensorUse, scope: str) -> LocationProblem | None:
+    """Check R4's location condition for one tensor argument; None when it holds."""
+    cap, sh = view.capture, view.shadow
+    c_origin = cap.origins.get(c_use.storage)
+    s_origin = sh.origins.get(s_use.storage)
+    if c_origin is None or s_origin is None:
+        return None
+    c_name = view.tensor_name(cap, c_use, scope)
+    s_name = view.tensor_name(sh, s_use, scope)
+    if c_origin.external:
+        if c_use.storage == s_use.storage:
+            return None
+        if s_origin.external:
+            reason = "the step's tensor is a different storage than the one captured: it was re-allocated after capture"
+        else:
+            reason = "the step computes this tensor during the forward, but the graph reads a storage that existed before the capture"
+        return LocationProblem(False, c_name, s_name, reason)
+    producer = cap.ops[c_origin.producer]
+    seg = cap.segments[producer.segment]
+    if seg.kind is SegmentKind.EAGER:
+        if cap.copy_break_outputs and c_use.storage in seg.returned:
+            return None
+        return LocationProblem(
+            True, c_name, s_name,
+            f"it was allocated inside eager break {seg.name} and is not a return value the runtime copies back",
+        )
+    if s_origin.external:
+        return LocationProblem(False, c_name, s_name, "the graph reads its own capture-time intermediate, the step reads a pre-existing tensor")
+    expected = view.op_map.get(c_origin.producer)
+    if expected is not None and expected != s_origin.producer:
+        return LocationProblem(False, c_name, s_name, "the step reads a tensor produced by a different op than the captured one")
+    return None
+
+
+def _segment_ops(stream: Stream, seg: Segment) -> list[OpRecord]:
+    return stream.ops[seg.first_op : seg.end_op]
+
+
+def _align(index: int, c_ops: list[OpRecord], s_ops: list[OpRecord]) -> tuple[SegmentAlignment, list[tuple[OpRecord, OpRecord]]]:
+    """Align two op lists; returns the alignment (pairs cut at the first divergence)
+    and every matched pair (for the capture-to-shadow op map)."""
+    a = [op.key for op in c_ops]
+    b = [op.key for op in s_ops]
+    if a == b:
+        pairs = list(zip(c_ops, s_ops))
+        return SegmentAlignment(index, c_ops, s_ops, pairs, None), pairs
+    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    all_pairs: list[tuple[OpRecord, OpRecord]] = []
+    before: list[tuple[OpRecord, OpRecord]] = []
+    divergence: Divergence | None = None
+    missing = extra = 0
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            block = list(zip(c_ops[i1:i2], s_ops[j1:j2]))
+            all_pairs.extend(block)
+            if divergence is None:
+                before.extend(block)
+            continue
+        extra += i2 - i1
+        missing += j2 - j1
+        if divergence is None:
+            divergence = Divergence(
+                c_ops[i1] if i1 < len(c_ops) else None, s_ops[j1] if j1 < len(s_ops) else None, 0, 0
+            )
+    assert divergence is not None
+    divergence = dataclasses.replace(divergence, missing=missing, extra=extra)
+    return SegmentAlignment(index, c_ops, s_ops, before, divergence), all_pairs
+
+
+def build_view(label: RunLabel, capture: Stream, shadow: Stream, replay: Stream | None) -> StepView:
+    c_struct = [(s.kind, s.name) for s in capture.segments]
+    s_struct = [(s.kind, s.name) for s in shadow.segments]
+    alignments: list[SegmentAlignment] = []
+    op_map: dict[int, int] = {}
+    for i, (cs, ss) in enumerate(zip(capture.segments, shadow.segments)):
+        if (cs.kind, cs.name) != (ss.kind, ss.name):
+            break
+        alignment, pairs = _align(i, _segment_ops(capture, cs), _segment_ops(shadow, ss))
+        for c, s in pairs:
+            op_map[c.index] = s.index
+        if cs.kind is SegmentKind.CAPTURED:
+            alignments.append(alignment)
+    return StepView(label, capture, shadow, replay, c_struct != s_struct, alignments, op_map)
+
+
+class FindingSet:
+    """Merges findings seen at many steps into one per location."""
+
+    MAX_STEPS = 5
+
+    def __init__(self) -> None:
+        self._by_key: dict[tuple, Finding] = {}
+
+    @staticmethod
+    def key(f: Finding) -> tuple:
+        cf = (f.capture_frame.file, f.capture_frame.line) if f.capture_frame else None
+        sf = (f.shadow_frame.file, f.shadow_frame.line) if f.shadow_frame else None
+        return (f.code, f.runner, f.mode, f.scope, f.op, f.tensor, cf, sf)
+
+    def add(self, f: Finding) -> None:
+        k = self.key(f)
+        seen = self._by_key.get(k)
+        if seen is None:
+            self._by_key[k] = f
+            return
+        steps = seen.steps if len(seen.steps) >= self.MAX_STEPS else tuple(sorted(set(seen.steps + f.steps)))[: self.MAX_STEPS]
+        self._by_key[k] = dataclasses.replace(seen, steps=steps, occurrences=seen.occurrences + f.occurrences)
+
+    def extend(self, findings: Iterable[Finding]) -> None:
+        for f in findings:
+            self.add(f)
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def sorted(self) -> list[Finding]:
+        return sorted(self._by_key.values(), key=Finding.sort_key)
+
+
+class Analyzer:
+    """Runs the selected rules over each replay step of one configuration."""
+
+    def __init__(self, label: RunLabel, rules: Sequence[type] | None = None):
+        from capturelint.rules import STEP_RULES
+
+        self.label = label
+        self.rules = [r() for r in (rules if rules is not None else STEP_RULES)]
+        self.findings = FindingSet()
+        self.max_step_error = 0.0
+        self.steps = 0
+        self._capture_checked: set[int] = set()
+
+    def on_step(self, capture: Stream, shadow: Stream, replay: Stream, error: float) -> None:
+        self.steps += 1
+        self.max_step_error = max(self.max_step_error, error)
+        view = build_view(self.label, capture, shadow, replay)
+        for rule in self.rules:
+            self.findings.extend(rule.check(view))
+
+    def check_capture(self, capture: Stream) -> None:
+        """Rules that need only a capture (host syncs a backend did not reject)."""
+        from capturelint.rules import CAPTURE_RULES
+
+        if capture.graph_id in self._capture_checked:
+            return
+        self._capture_checked.add(capture.graph_id)
+        for rule_cls in CAPTURE_RULES:
+            self.findings.extend(rule_cls().check_capture(self.label, capture))
+
+
+def iter_pairs(view: StepView) -> Iterator[tuple[SegmentAlignment, OpRecord, OpRecord]]:
+    for alignment in view.alignments:
+        for c, s in alignment.pairs:
+            yield alignment, c, s
+
+
+def frame_or_none(op: OpRecord | None) -> Frame | None:
+    return op.frame if op is not None else None
+
+
+__all__ = [
+    "Analyzer",
+    "Condition",
+    "Divergence",
+    "FindingSet",
+    "LocationProblem",
+    "RunLabel",
+    "SegmentAlignment",
+    "StepView",
+    "build_view",
+    "location_problem",
+]

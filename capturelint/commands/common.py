@@ -1,0 +1,128 @@
+"""Options shared by the commands that run the bundled engine, and output helpers."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from capturelint.checker import CHECK_MODES, CheckPlan, make_plan
+from capturelint.errors import CapturelintError
+from capturelint.settings import Settings, load_settings
+
+MODE_CHOICES = ("NONE",) + CHECK_MODES
+
+
+def _csv(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    out: list[str] = []
+    for v in value:
+        out.extend(p.strip() for p in v.split(",") if p.strip())
+    return tuple(out)
+
+
+def engine_options(fn: Callable) -> Callable:
+    """``--runner --mode --eager-region --fresh-metadata --layers --steps --seed --kernels
+    --platform --config``: which configurations of the bundled engine to run."""
+    opts = [
+        click.option("--runner", metavar="v1|v2|all", help="Model runner; default: the platform's default runner (settings: runners)."),
+        click.option("--mode", "modes", multiple=True, callback=_csv, metavar="MODE",
+                     help=f"CUDA-graph mode, repeatable or comma-separated: {', '.join(CHECK_MODES)}; default: all of them."),
+        click.option("--eager-region", metavar="narrow|wide|per-runner", help="Eager region of the attention; default per-runner."),
+        click.option("--fresh-metadata", is_flag=True, help="V1 metadata builders allocate new tensors every step."),
+        click.option("--layers", type=int, metavar="N", help="Decoder layers (default 4)."),
+        click.option("--steps", type=int, metavar="N", help="Decode steps of the workload."),
+        click.option("--seed", type=int, metavar="N", help="Seed of weights and workload (default 0)."),
+        click.option("--kernels", type=click.Choice(["torch", "triton"]), help="Kernel implementations (default torch)."),
+        click.option("--platform", type=click.Choice(["cuda", "rocm", "cpu"]), default="cuda", show_default=True,
+                     help="Platform whose default runner applies."),
+        click.option("--config", "config_path", type=click.Path(dir_okay=False), metavar="PYPROJECT",
+                     help="Read [tool.capturelint] from this file instead of the nearest pyproject.toml."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def resolve_plan(settings: Settings, kw: dict[str, Any], select: tuple[str, ...] = (), ignore: tuple[str, ...] = ()) -> CheckPlan:
+    return make_plan(
+        settings,
+        runner=kw.get("runner"),
+        modes=kw.get("modes") or (),
+        eager_region=kw.get("eager_region"),
+        fresh_metadata=kw.get("fresh_metadata", False),
+        layers=kw.get("layers"),
+        steps=kw.get("steps"),
+        seed=kw.get("seed"),
+        kernels=kw.get("kernels"),
+        platform=kw.get("platform") or "cuda",
+        select=select,
+        ignore=ignore,
+    )
+
+
+def settings_for(kw: dict[str, Any]) -> Settings:
+    return load_settings(kw.get("config_path"))
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True)
+
+
+def stdout_console() -> Console:
+    # The same content with or without a terminal: no colour codes in pipes, a fixed
+    # width so line breaks do not depend on the terminal that ran it.
+    return Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
+
+
+class ProgressReporter:
+    """A Rich progress bar on stderr over the configurations; silent when stderr is not
+    a terminal."""
+
+    def __init__(self, total: int):
+        self.enabled = sys.stderr.isatty() and total > 1
+        self.progress: Progress | None = None
+        self.total = total
+        self.task: Any = None
+
+    def __enter__(self) -> "ProgressReporter":
+        if self.enabled:
+            self.progress = Progress(
+                TextColumn("[bold]capturelint[/] {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+            )
+            self.progress.__enter__()
+            self.task = self.progress.add_task("", total=self.total)
+        return self
+
+    def __call__(self, description: str) -> None:
+        if self.progress is not None:
+            if self.progress.tasks[0].description:
+                self.progress.advance(self.task)
+            self.progress.update(self.task, description=description)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+
+def write_output(text: str, output: str | None) -> None:
+    if output is None or output == "-":
+        click.echo(text, nl=False)
+        return
+    try:
+        Path(output).write_text(text)
+    except OSError as e:
+        raise CapturelintError(f"cannot write {output}: {e.strerror}; choose a writable path with -o") from None
+
+
+def with_settings(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def wrapper(**kw: Any) -> Any:
+        return fn(settings_for(kw), **kw)
+
+    return wrapper

@@ -1,0 +1,6 @@
+"""Errors that end a command with exit status 2 and a one-line message."""
+
+
+class CapturelintError(Exception):
+    """A usage, configuration or input error. The message is one line: what is wrong and
+    what to do. The CLI prints it as ``capturelint: error: <message>`` and exits 2."""

@@ -1,0 +1,132 @@
+"""What the checker reports: findings, their source frames, and per-configuration
+numerical results. Every output format (Rich, JSON, SARIF, GitHub annotations) renders
+these records and nothing else."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+
+class Condition(enum.Enum):
+    """The replay-equivalence conditions of docs/replay-model.md."""
+
+    R1 = "R1"
+    R2 = "R2"
+    R3 = "R3"
+    R4 = "R4"
+    R5 = "R5"
+    R6 = "R6"
+    NUMERICAL = "numerical"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Frame:
+    """A source location in engine or model code."""
+
+    file: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} in {self.function}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "function": self.function}
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One violated condition, located.
+
+    ``segment`` is ``"<graph> #<index> <kind>[ <break name>]"`` e.g.
+    ``"decode/4 #2 captured"``; ``graph`` is the batch descriptor of the captured graph
+    and ``runtime_mode`` the mode it was captured in. ``tensor`` is the human name of
+    the tensor concerned (parameter, runner buffer, metadata field, cache or producing
+    op), or ``None`` when the finding concerns an op. ``steps`` are the replay steps
+    where it was seen (first few), ``occurrences`` how many times in all.
+    """
+
+    code: str
+    name: str
+    condition: Condition
+    runner: str
+    mode: str
+    graph: str
+    runtime_mode: str
+    segment: str
+    segment_index: int
+    op: str
+    scope: str
+    tensor: str | None
+    capture_frame: Frame | None
+    shadow_frame: Frame | None
+    message: str
+    steps: tuple[int, ...] = ()
+    occurrences: int = 1
+
+    def sort_key(self) -> tuple:
+        frame = self.capture_frame or self.shadow_frame or Frame("", 0, "")
+        return (self.runner, self.mode, frame.file, frame.line, self.code, self.graph, self.segment_index, self.scope, self.op, self.tensor or "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "name": self.name,
+            "condition": str(self.condition),
+            "runner": self.runner,
+            "mode": self.mode,
+            "graph": self.graph,
+            "runtime_mode": self.runtime_mode,
+            "segment": self.segment,
+            "segment_index": self.segment_index,
+            "op": self.op,
+            "scope": self.scope,
+            "tensor": self.tensor,
+            "capture_frame": self.capture_frame.to_json() if self.capture_frame else None,
+            "shadow_frame": self.shadow_frame.to_json() if self.shadow_frame else None,
+            "message": self.message,
+            "steps": list(self.steps),
+            "occurrences": self.occurrences,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class RuleInfo:
+    """What an output format needs to know of a rule: its stable code, its kebab-case
+    name, the condition it checks, a one-sentence summary and the full Markdown doc
+    (sections: what it does, why it is bad, example, use instead, limitations)."""
+
+    code: str
+    name: str
+    condition: Condition
+    summary: str
+    doc: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Numerical:
+    """The numerical oracle for one runner and mode: token agreement of the captured
+    run with its eager twin, and the largest per-step difference between a replay's
+    output and its shadow's."""
+
+    runner: str
+    mode: str
+    token_agreement: float
+    max_step_error: float
+    max_logit_error: float
+    replay_steps: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "runner": self.runner,
+            "mode": self.mode,
+            "token_agreement": round(self.token_agreement, 6),
+            "max_step_error": float(f"{self.max_step_error:.6g}"),
+            "max_logit_error": float(f"{self.max_logit_error:.6g}"),
+            "replay_steps": self.replay_steps,
+        }

@@ -1,0 +1,186 @@
+"""Findings as a SARIF 2.1.0 log, for code-scanning uploads.
+
+The log has one run. Its ``tool.driver.rules`` are the rules handed in, sorted by code;
+each result points at its rule by ``ruleId`` and ``ruleIndex``. Printed form of a result
+(abridged)::
+
+    {"ruleId": "CL101", "ruleIndex": 0, "level": "error",
+     "message": {"text": "..."},
+     "locations": [{"physicalLocation": {
+         "artifactLocation": {"uri": "engine/model.py", "uriBaseId": "%SRCROOT%"},
+         "region": {"startLine": 42}}, ...}],
+     "relatedLocations": [{"id": 1, "message": {"text": "shadow side ..."}, ...}],
+     "partialFingerprints": {"capturelint/v1": "3f2a..."},
+     "properties": {"runner": "v1", "mode": "PIECEWISE", "graph": "decode/4", ...}}
+
+**Location.** The primary location is the capture-side frame; a finding without one is
+located at its shadow-side frame. The shadow frame is also given as a related location
+whenever both sides are known. Relative paths are relative to ``%SRCROOT%`` (the
+checked project); absolute paths become ``file://`` URIs; frames that name no file
+(``<string>``, ``<unknown>``) give no location.
+
+**Fingerprint.** ``partialFingerprints["capturelint/v1"]`` hashes the code, the file,
+the scope, the op and the tensor, and no line number, so an alert survives edits that
+move code; the same hazard found under several runners or modes shares a fingerprint.
+
+**Determinism.** Results follow ``Finding.sort_key``; the log has no timestamps, no
+absolute paths of its own and no environment details: the same findings give the same
+dictionary, and ``json.dumps`` of it gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path, PurePath
+from typing import Any, Sequence
+from urllib.parse import quote
+
+from capturelint.errors import CapturelintError
+from capturelint.findings import Finding, Frame, RuleInfo
+
+SARIF_VERSION = "2.1.0"
+SARIF_SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
+SRCROOT = "%SRCROOT%"
+FINGERPRINT_KEY = "capturelint/v1"
+RULE_TAGS = ("correctness", "cuda-graph", "replay-equivalence")
+
+
+def to_sarif(findings: Sequence[Finding], rules: Sequence[RuleInfo], tool_version: str) -> dict[str, Any]:
+    """A SARIF 2.1.0 log of ``findings``; ``rules`` must contain the rule of every
+    finding (extra rules are listed too, so the log documents the whole rule set)."""
+    descriptors, index = _rules(rules)
+    results = []
+    for finding in sorted(findings, key=Finding.sort_key):
+        if finding.code not in index:
+            known = ", ".join(sorted(index)) or "none"
+            raise CapturelintError(
+                f"finding {finding.code} ({finding.name}) has no rule in the SARIF rule list "
+                f"(rules given: {known}); pass every registered rule to to_sarif"
+            )
+        results.append(_result(finding, index[finding.code]))
+    return {
+        "$schema": SARIF_SCHEMA_URI,
+        "version": SARIF_VERSION,
+        "runs": [
+            {
+                "tool": {
+                    "driver": {
+                        "name": "capturelint",
+                        "version": tool_version,
+                        "rules": descriptors,
+                    }
+                },
+                "results": results,
+            }
+        ],
+    }
+
+
+def fingerprint(finding: Finding) -> str:
+    """Stable identity of a finding across runs: a hash of code, file, scope, op and
+    tensor (32 hex digits)."""
+    frame = finding.capture_frame or finding.shadow_frame
+    parts = (finding.code, frame.file if frame else "", finding.scope, finding.op, finding.tensor or "")
+    return hashlib.sha256("\x1f".join(parts).encode("utf-8")).hexdigest()[:32]
+
+
+def _rules(rules: Sequence[RuleInfo]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    by_code: dict[str, RuleInfo] = {}
+    for rule in rules:
+        seen = by_code.get(rule.code)
+        if seen is not None and seen != rule:
+            raise CapturelintError(
+                f"two different rules share the code {rule.code} ({seen.name}, {rule.name}); "
+                "give every rule its own code"
+            )
+        by_code[rule.code] = rule
+    ordered = [by_code[code] for code in sorted(by_code)]
+    return [_rule(r) for r in ordered], {r.code: i for i, r in enumerate(ordered)}
+
+
+def _rule(rule: RuleInfo) -> dict[str, Any]:
+    text = markdown_to_text(rule.doc)
+    return {
+        "id": rule.code,
+        "name": rule.name,
+        "shortDescription": {"text": rule.summary},
+        "fullDescription": {"text": text, "markdown": rule.doc},
+        "help": {"text": text, "markdown": rule.doc},
+        "defaultConfiguration": {"level": "error"},
+        "properties": {"tags": [*RULE_TAGS, str(rule.condition)], "condition": str(rule.condition)},
+    }
+
+
+def _result(finding: Finding, rule_index: int) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "ruleId": finding.code,
+        "ruleIndex": rule_index,
+        "level": "error",
+        "message": {"text": finding.message},
+    }
+    primary = _location(finding.capture_frame) or _location(finding.shadow_frame)
+    if primary is not None:
+        result["locations"] = [primary]
+    if finding.capture_frame is not None and finding.shadow_frame is not None:
+        related = _location(finding.shadow_frame)
+        if related is not None:
+            related = {
+                "id": 1,
+                **related,
+                "message": {"text": f"shadow (eager) side: {finding.shadow_frame.function}"},
+            }
+            result["relatedLocations"] = [related]
+    result["partialFingerprints"] = {FINGERPRINT_KEY: fingerprint(finding)}
+    result["properties"] = {
+        "runner": finding.runner,
+        "mode": finding.mode,
+        "graph": finding.graph,
+        "runtimeMode": finding.runtime_mode,
+        "segment": finding.segment,
+        "segmentIndex": finding.segment_index,
+        "scope": finding.scope,
+        "op": finding.op,
+        "tensor": finding.tensor,
+        "condition": str(finding.condition),
+        "steps": list(finding.steps),
+        "occurrences": finding.occurrences,
+    }
+    return result
+
+
+def _location(frame: Frame | None) -> dict[str, Any] | None:
+    if frame is None or not frame.file or frame.file.startswith("<"):
+        return None
+    if os.path.isabs(frame.file):
+        artifact: dict[str, Any] = {"uri": Path(frame.file).as_uri()}
+    else:
+        artifact = {"uri": quote(PurePath(frame.file).as_posix(), safe="/"), "uriBaseId": SRCROOT}
+    physical: dict[str, Any] = {"artifactLocation": artifact}
+    if frame.line >= 1:
+        physical["region"] = {"startLine": frame.line}
+    return {
+        "physicalLocation": physical,
+        "logicalLocations": [{"name": frame.function, "kind": "function"}],
+    }
+
+
+_FENCE = re.compile(r"^\s*(```|~~~)")
+_HEADING = re.compile(r"^\s{0,3}#{1,6}\s+")
+_LINK = re.compile(r"\[([^\]]+)\]\(([^)]+)\)")
+_EMPHASIS = re.compile(r"(\*\*|__)(.+?)\1")
+
+
+def markdown_to_text(markdown: str) -> str:
+    """Plain text of a rule doc: heading marks, code fences, emphasis and backticks
+    removed, links written as ``text (url)``; line structure kept."""
+    lines = []
+    for line in markdown.strip().splitlines():
+        if _FENCE.match(line):
+            continue
+        line = _HEADING.sub("", line)
+        line = _LINK.sub(r"\1 (\2)", line)
+        line = _EMPHASIS.sub(r"\2", line)
+        lines.append(line.replace("`", "").rstrip())
+    return "\n".join(lines)

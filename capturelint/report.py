@@ -1,0 +1,225 @@
+"""The check report: records, and their Rich and JSON renderings.
+
+JSON is byte-deterministic for a given command: sorted keys, no addresses, no
+timestamps, floats rounded. The Rich form carries the same content grouped by runner
+and mode and ends with a one-line summary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Sequence
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from capturelint import __version__
+from capturelint.engine.cudagraph import SegmentKind
+from capturelint.findings import Finding, Numerical
+from capturelint.tracer import Stream
+
+JSON_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentSummary:
+    index: int
+    kind: str
+    name: str | None
+    ops: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "kind": self.kind, "name": self.name, "ops": self.ops}
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphSummary:
+    """One captured graph: its descriptor, runtime mode and segments."""
+
+    graph: str
+    runtime_mode: str
+    segments: tuple[SegmentSummary, ...]
+
+    @property
+    def captured_ops(self) -> int:
+        return sum(s.ops for s in self.segments if s.kind == "captured")
+
+    @property
+    def eager_ops(self) -> int:
+        return sum(s.ops for s in self.segments if s.kind == "eager")
+
+    @property
+    def eager_breaks(self) -> int:
+        return sum(1 for s in self.segments if s.kind == "eager")
+
+    @classmethod
+    def of(cls, stream: Stream) -> "GraphSummary":
+        segs = tuple(
+            SegmentSummary(s.index, str(s.kind), s.name, s.end_op - s.first_op) for s in stream.segments
+        )
+        return cls(stream.graph, stream.runtime_mode, segs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "graph": self.graph,
+            "runtime_mode": self.runtime_mode,
+            "captured_ops": self.captured_ops,
+            "eager_ops": self.eager_ops,
+            "eager_breaks": self.eager_breaks,
+            "segments": [s.to_json() for s in self.segments],
+        }
+
+
+@dataclasses.dataclass
+class ConfigReport:
+    """One runner and mode: its findings, numerical oracle and captured graphs."""
+
+    runner: str
+    mode: str
+    eager_region: str
+    findings: list[Finding]
+    numerical: Numerical | None
+    graphs: list[GraphSummary]
+    captures: list[Stream] = dataclasses.field(default_factory=list, repr=False)
+    note: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "runner": self.runner,
+            "mode": self.mode,
+            "eager_region": self.eager_region,
+            "findings": len(self.findings),
+            "graphs": [g.to_json() for g in sorted(self.graphs, key=lambda g: (g.runtime_mode, g.graph))],
+            "note": self.note,
+        }
+
+
+@dataclasses.dataclass
+class Report:
+    configs: list[ConfigReport]
+    region_changes: Any = None  # filled by the gate (capturelint.snapshot)
+
+    @property
+    def findings(self) -> list[Finding]:
+        out: list[Finding] = []
+        for c in self.configs:
+            out.extend(c.findings)
+        return sorted(out, key=Finding.sort_key)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.findings) or bool(self.region_changes is not None and self.region_changes.failed)
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "tool": "capturelint",
+            "version": JSON_VERSION,
+            "capturelint_version": __version__,
+            "findings": [f.to_json() for f in self.findings],
+            "numerical": [c.numerical.to_json() for c in self.configs if c.numerical is not None],
+            "configurations": [c.to_json() for c in self.configs],
+            "summary": self.summary_json(),
+        }
+        if self.region_changes is not None:
+            doc["region_changes"] = self.region_changes.to_json()
+        return doc
+
+    def summary_json(self) -> dict[str, Any]:
+        by_code: dict[str, int] = {}
+        for f in self.findings:
+            by_code[f.code] = by_code.get(f.code, 0) + 1
+        return {"findings": len(self.findings), "by_code": dict(sorted(by_code.items())), "configurations": len(self.configs)}
+
+    def summary_line(self) -> str:
+        n = len(self.findings)
+        configs = len(self.configs)
+        if n == 0:
+            line = f"no findings in {configs} configuration{'s' * (configs != 1)}: replay matches eager execution"
+        else:
+            codes = ", ".join(f"{k} x{v}" for k, v in self.summary_json()["by_code"].items())
+            line = f"{n} finding{'s' * (n != 1)} ({codes}) in {configs} configuration{'s' * (configs != 1)}"
+        if self.region_changes is not None:
+            line += "; " + self.region_changes.summary_line()
+        return line
+
+
+def dumps_json(doc: Any) -> str:
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def render_json(report: Report) -> str:
+    return dumps_json(report.to_json())
+
+
+def _segments_cell(g: GraphSummary) -> Text:
+    t = Text()
+    for i, s in enumerate(g.segments):
+        if i:
+            t.append(" | ", style="dim")
+        if s.kind == str(SegmentKind.EAGER):
+            t.append(f"E {s.name.rsplit('.', 1)[-1] if s.name else ''}:{s.ops}", style="yellow")
+        else:
+            t.append(f"C:{s.ops}", style="cyan")
+    return t
+
+
+def render_rich(report: Report, console: Console, verbose: bool = False) -> None:
+    """Findings grouped by runner and mode, graph segments with op counts, a summary."""
+    for cfg in report.configs:
+        title = f"runner {cfg.runner} · mode {cfg.mode} · eager region {cfg.eager_region}"
+        parts: list[Any] = []
+        if cfg.numerical is not None:
+            n = cfg.numerical
+            parts.append(
+                Text(
+                    f"numerical: token agreement {n.token_agreement:.2f} with the eager twin, max replay-vs-eager "
+                    f"step error {n.max_step_error:.3g} over {n.replay_steps} replay steps",
+                    style="green" if n.token_agreement == 1.0 and n.max_step_error <= 1e-4 else "red",
+                )
+            )
+        if cfg.note:
+            parts.append(Text(cfg.note, style="yellow"))
+        if cfg.graphs:
+            table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
+            table.add_column("graph")
+            table.add_column("mode")
+            table.add_column("captured ops", justify="right")
+            table.add_column("eager ops", justify="right")
+            table.add_column("segments (C captured, E eager break: ops)")
+            graphs = sorted(cfg.graphs, key=lambda g: (g.runtime_mode, g.graph))
+            shown = graphs if verbose else graphs[:5]
+            for g in shown:
+                table.add_row(g.graph, g.runtime_mode, str(g.captured_ops), str(g.eager_ops), _segments_cell(g))
+            if len(graphs) > len(shown):
+                table.add_row(f"... and {len(graphs) - len(shown)} more", "", "", "", "")
+            parts.append(table)
+        for f in cfg.findings:
+            parts.append(render_finding(f))
+        if not cfg.findings:
+            parts.append(Text("no findings", style="green"))
+        console.print(Panel(Group(*parts), title=title, title_align="left", border_style="red" if cfg.findings else "green"))
+    console.print(Text(report.summary_line(), style="bold red" if report.failed else "bold green"))
+
+
+def render_finding(f: Finding) -> Text:
+    t = Text()
+    t.append(f"{f.code} ", style="bold red")
+    t.append(f"{f.name} ", style="red")
+    t.append(f"[{f.condition}] ", style="dim")
+    t.append(f"{f.scope} · {f.op}" + (f" · {f.tensor}" if f.tensor else ""), style="bold")
+    t.append(f"\n  segment {f.segment} ({f.runtime_mode})" if f.segment else "")
+    if f.capture_frame:
+        t.append(f"\n  capture: {f.capture_frame}")
+    if f.shadow_frame:
+        t.append(f"\n  step:    {f.shadow_frame}")
+    if f.steps:
+        t.append(f"\n  seen at replay steps {', '.join(map(str, f.steps))}" + (f" ({f.occurrences} times)" if f.occurrences > 1 else ""), style="dim")
+    t.append(f"\n  {f.message}\n")
+    return t
+
+
+def findings_of(configs: Sequence[ConfigReport]) -> list[Finding]:
+    return sorted((f for c in configs for f in c.findings), key=Finding.sort_key)

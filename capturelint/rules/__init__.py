@@ -1,0 +1,54 @@
+"""Every rule of capturelint, one class per diagnostic; ``RULES`` is the registry."""
+
+from __future__ import annotations
+
+from capturelint.errors import CapturelintError
+from capturelint.rules.base import Rule
+from capturelint.rules.cl101_baked_control_flow import BakedControlFlow
+from capturelint.rules.cl102_baked_host_value import BakedHostValue
+from capturelint.rules.cl103_baked_shape import BakedShape
+from capturelint.rules.cl104_stale_input import StaleInput
+from capturelint.rules.cl105_escaped_eager_output import EscapedEagerOutput
+from capturelint.rules.cl106_host_sync_in_capture import HostSyncInCapture
+from capturelint.rules.cl107_stale_break_argument import StaleBreakArgument
+from capturelint.rules.cl901_unexplained_divergence import UnexplainedDivergence
+
+# Order matters: CL101 marks the ops after a divergence so later rules skip follow-ons.
+STEP_RULES: tuple[type[Rule], ...] = (BakedControlFlow, BakedHostValue, BakedShape, StaleInput, EscapedEagerOutput, StaleBreakArgument)
+CAPTURE_RULES: tuple[type[Rule], ...] = (HostSyncInCapture,)
+RULES: tuple[type[Rule], ...] = (
+    BakedControlFlow, BakedHostValue, BakedShape, StaleInput, EscapedEagerOutput, HostSyncInCapture,
+    StaleBreakArgument, UnexplainedDivergence,
+)
+BY_CODE = {r.code: r for r in RULES}
+
+
+def rule(code: str) -> type[Rule]:
+    try:
+        return BY_CODE[code.upper()]
+    except KeyError:
+        raise CapturelintError(f"unknown rule code {code!r}; run 'capturelint rules' to list the codes") from None
+
+
+def select_codes(select: list[str] | None, ignore: list[str] | None) -> frozenset[str]:
+    """The codes that stay on: ``select`` (prefixes such as ``CL1`` allowed) minus ``ignore``."""
+
+    def expand(items: list[str], option: str) -> set[str]:
+        out: set[str] = set()
+        for item in items:
+            item = item.strip().upper()
+            if not item:
+                continue
+            matched = {c for c in BY_CODE if c.startswith(item)}
+            if not matched:
+                raise CapturelintError(
+                    f"{option} {item!r} matches no rule code; run 'capturelint rules' to list the codes"
+                )
+            out |= matched
+        return out
+
+    chosen = expand(select, "--select") if select else set(BY_CODE)
+    return frozenset(chosen - (expand(ignore, "--ignore") if ignore else set()))
+
+
+__all__ = ["RULES", "STEP_RULES", "CAPTURE_RULES", "BY_CODE", "Rule", "rule", "select_codes"]

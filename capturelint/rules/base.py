@@ -1,0 +1,77 @@
+"""The rule base class: one class per diagnostic, with a stable code and one doc."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import ClassVar, Iterator
+
+from capturelint.analyzer import RunLabel, StepView
+from capturelint.findings import Condition, Finding, Frame, RuleInfo
+from capturelint.tracer import OpRecord, Stream
+
+DOC_SECTIONS = ("What it does", "Why is this bad?", "Example", "Use instead", "Limitations")
+
+
+class Rule:
+    """A replay-equivalence rule.
+
+    Subclasses set ``code`` (``CL`` + 3 digits, never reused), ``name`` (kebab case),
+    ``condition`` (which condition of the replay model it checks), ``summary`` (one
+    sentence) and ``doc`` (Markdown with the sections of ``DOC_SECTIONS``), and
+    implement ``check`` over a ``StepView``.
+    """
+
+    code: ClassVar[str]
+    name: ClassVar[str]
+    condition: ClassVar[Condition]
+    summary: ClassVar[str]
+    doc: ClassVar[str]
+
+    def check(self, view: StepView) -> Iterator[Finding]:
+        return iter(())
+
+    def check_capture(self, label: RunLabel, capture: Stream) -> Iterator[Finding]:
+        return iter(())
+
+    @classmethod
+    def info(cls) -> RuleInfo:
+        return RuleInfo(cls.code, cls.name, cls.condition, cls.summary, textwrap.dedent(cls.doc).strip() + "\n")
+
+    def finding(
+        self,
+        view: StepView,
+        segment: int,
+        capture_op: OpRecord | None,
+        shadow_op: OpRecord | None,
+        tensor: str | None,
+        message: str,
+    ) -> Finding:
+        op = capture_op or shadow_op
+        return Finding(
+            code=self.code,
+            name=self.name,
+            condition=self.condition,
+            runner=view.label.runner,
+            mode=view.label.mode,
+            graph=view.capture.graph,
+            runtime_mode=view.capture.runtime_mode,
+            segment=view.segment_label(segment),
+            segment_index=segment,
+            op=op.op if op else "",
+            scope=(op.scope if op else "") or "<top>",
+            tensor=tensor,
+            capture_frame=capture_op.frame if capture_op else None,
+            shadow_frame=shadow_op.frame if shadow_op else None,
+            message=message,
+            steps=(view.shadow.step,),
+        )
+
+
+def where(frame: Frame | None) -> str:
+    return f"{frame.file}:{frame.line}" if frame else "<unknown>"
+
+
+def cut(items: list[str], limit: int = 5) -> str:
+    """Join at most ``limit`` items, then "... and N more"."""
+    shown = ", ".join(items[:limit])
+    return shown + (f" ... and {len(items) - limit} more" if len(items) > limit else "")

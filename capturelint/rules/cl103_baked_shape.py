@@ -1,0 +1,60 @@
+"""CL103 baked-shape (R3)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from capturelint.analyzer import StepView, iter_pairs
+from capturelint.findings import Condition, Finding
+from capturelint.rules.base import Rule, where
+
+
+class BakedShape(Rule):
+    code = "CL103"
+    name = "baked-shape"
+    condition = Condition.R3
+    summary = "A captured op reads a tensor whose shape, stride, offset or dtype differs in the step."
+    doc = """
+    ## What it does
+    For every captured op aligned with the step's op, compares the view geometry (shape,
+    stride, storage offset, dtype) of each tensor argument, and reports the first tensor
+    that differs. Mismatches that follow from an op already reported are not repeated.
+
+    ## Why is this bad?
+    Replay launches kernels with the capture's shapes. A step whose tensors are
+    shaped differently (an unpadded batch, a view sliced to the real token count, a
+    metadata tensor sized by the batch) computes over the wrong extent: rows are
+    dropped or stale rows are read (vLLM #23789, SGLang #1789, nano-vllm #190).
+
+    ## Example
+    ```python
+    hidden = wrapper(runner.input_ids[:num_tokens])   # captured for the padded size
+    ```
+
+    ## Use instead
+    Pad every graph input to the captured batch size (`input_ids[:padded]`), and size
+    metadata tensors by the padded size.
+
+    ## Limitations
+    Only aligned ops are compared; a shape that changes which ops run is reported as
+    CL101. The geometry of tensors inside eager breaks is not checked (they re-run live).
+    """
+
+    def check(self, view: StepView) -> Iterator[Finding]:
+        for al, c, s in iter_pairs(view):
+            for cu, su in zip(c.inputs, s.inputs):
+                if cu.geometry == su.geometry:
+                    continue
+                if view.is_followon(view.capture, cu):
+                    view.tainted.add(c.index)
+                    break
+                view.tainted.add(c.index)
+                tensor = view.tensor_name(view.shadow, su, s.scope)
+                message = (
+                    f"{c.op} in captured segment {view.segment_label(al.index)} at {where(c.frame)} reads "
+                    f"{tensor} ({cu.arg}) as {cu.describe_geometry()} at capture, but step {view.shadow.step} "
+                    f"passes {su.describe_geometry()}: replay computes over the capture's extent. Pad the tensor "
+                    f"to the captured size, or move the op into an eager break."
+                )
+                yield self.finding(view, al.index, c, s, tensor, message)
+                break

@@ -1,0 +1,61 @@
+"""CL105 escaped-eager-output (R4)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from capturelint.analyzer import StepView, iter_pairs, location_problem
+from capturelint.findings import Condition, Finding
+from capturelint.rules.base import Rule, where
+
+
+class EscapedEagerOutput(Rule):
+    code = "CL105"
+    name = "escaped-eager-output"
+    condition = Condition.R4
+    summary = "A captured op reads a tensor that an eager break allocated and the runtime does not copy back."
+    doc = """
+    ## What it does
+    Finds captured ops that read a storage allocated inside an eager break, where that
+    storage is not a return value of the break that the capture runtime copies back into
+    its capture-time tensor.
+
+    ## Why is this bad?
+    On replay the break runs again and allocates a *new* tensor; the graph still reads
+    the one allocated at capture, so downstream captured segments read stale memory
+    (PyTorch #114844 `self.x = res`, SGLang #27746, TensorRT-LLM #13354). With a runtime
+    that discards break return values (vLLM's older breakable graph), even returned
+    tensors escape.
+
+    ## Example
+    ```python
+    @eager_break_during_capture
+    def route(self, x):
+        self.weights = torch.softmax(self.gate(x), -1)   # fresh tensor each call
+    ...
+    y = x * self.weights                                  # captured: reads the capture's
+    ```
+
+    ## Use instead
+    Return the tensor from the break (with a runtime that copies returns back), or write
+    the result in place into a pre-existing buffer (`self.weights.copy_(...)`).
+
+    ## Limitations
+    Tensors stored outside the traced forward (a host-side cache the break fills
+    without a torch op) are invisible to the tracer.
+    """
+
+    def check(self, view: StepView) -> Iterator[Finding]:
+        for al, c, s in iter_pairs(view):
+            for cu, su in zip(c.inputs, s.inputs):
+                problem = location_problem(view, cu, su, s.scope)
+                if problem is None or not problem.escaped:
+                    continue
+                view.tainted.add(c.index)
+                message = (
+                    f"{c.op} in captured segment {view.segment_label(al.index)} at {where(c.frame)} reads "
+                    f"{problem.capture_name}: {problem.reason}. On replay the break allocates a new tensor and "
+                    f"the graph reads the capture's. Return it from the break, or write it in place into a "
+                    f"pre-existing buffer."
+                )
+                yield self.finding(view, al.index, c, s, problem.capture_name, message)

@@ -1,0 +1,85 @@
+"""CL107 stale-break-argument (R6)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from capturelint.analyzer import StepView, location_problem
+from capturelint.engine.cudagraph import SegmentKind
+from capturelint.findings import Condition, Finding
+from capturelint.rules.base import Rule, where
+
+
+class StaleBreakArgument(Rule):
+    code = "CL107"
+    name = "stale-break-argument"
+    condition = Condition.R6
+    summary = "An eager break is replayed with a capture-time argument that differs from the step's."
+    doc = """
+    ## What it does
+    Compares the arguments the capture handed to each eager break with the arguments the
+    step hands to it: non-tensor values must be equal, tensors must have the same view
+    geometry and resolve to the same location (the R2-R4 conditions, applied to breaks).
+
+    ## Why is this bad?
+    A breakable graph replays an eager break by calling it with the arguments it got at
+    capture. The break's Python re-runs, but on the capture step's tensors and numbers:
+    a per-step tensor passed in (fresh metadata, a re-allocated buffer, a Python int)
+    is frozen, although the break itself is eager.
+
+    ## Example
+    ```python
+    lens = torch.tensor(seq_lens)          # new tensor every step
+    self.attn_break(q, lens)               # replay passes the capture's `lens`
+    ```
+
+    ## Use instead
+    Read per-step data inside the break (from the forward context or a persistent
+    buffer), and pass only tensors that live in persistent or graph memory.
+
+    ## Limitations
+    Arguments are compared after flattening nested containers; objects that are neither
+    tensors nor plain scalars are not compared.
+    """
+
+    def check(self, view: StepView) -> Iterator[Finding]:
+        cap, sh = view.capture, view.shadow
+        for cs, ss in zip(cap.segments, sh.segments):
+            if cs.kind is not SegmentKind.EAGER or (cs.kind, cs.name) != (ss.kind, ss.name):
+                continue
+            for ca, sa in zip(cs.break_args, ss.break_args):
+                problem = self._problem(view, ca, sa)
+                if problem is None:
+                    continue
+                tensor, detail = problem
+                message = (
+                    f"eager break {cs.name} (segment {view.segment_label(cs.index)}, called at {where(cs.break_frame)}) "
+                    f"is replayed with its capture-time {ca.path}, but step {sh.step} passes {detail}: the break "
+                    f"re-runs on the frozen argument. Read per-step data inside the break (forward context or a "
+                    f"persistent buffer) instead of passing it in."
+                )
+                f = self.finding(view, cs.index, None, None, tensor, message)
+                yield _at(f, cs, ss)
+
+    @staticmethod
+    def _problem(view: StepView, ca, sa) -> tuple[str, str] | None:
+        if (ca.tensor is None) != (sa.tensor is None):
+            return ca.path, "a different kind of value"
+        if ca.tensor is None:
+            if ca.scalar != sa.scalar:
+                return f"argument {ca.path}", f"{sa.scalar} (captured {ca.scalar})"
+            return None
+        cu, su = ca.tensor, sa.tensor
+        if cu.geometry != su.geometry:
+            name = view.tensor_name(view.shadow, su)
+            return name, f"{name} as {su.describe_geometry()} (captured {cu.describe_geometry()})"
+        problem = location_problem(view, cu, su, "")
+        if problem is not None:
+            return problem.shadow_name, f"{problem.shadow_name}, while the capture passed {problem.capture_name}: {problem.reason}"
+        return None
+
+
+def _at(f: Finding, cs, ss) -> Finding:
+    import dataclasses
+
+    return dataclasses.replace(f, op=f"break {cs.name}", capture_frame=cs.break_frame, shadow_frame=ss.break_frame, scope=cs.scope or "<top>")

@@ -1,0 +1,50 @@
+"""CL901 unexplained-divergence (the numerical oracle; a coverage gap of capturelint)."""
+
+from __future__ import annotations
+
+from capturelint.analyzer import RunLabel
+from capturelint.findings import Condition, Finding
+from capturelint.rules.base import Rule
+
+STEP_TOLERANCE = 1e-4
+
+
+class UnexplainedDivergence(Rule):
+    code = "CL901"
+    name = "unexplained-divergence"
+    condition = Condition.NUMERICAL
+    summary = "Replay output differs from eager output, and no structural rule explains why."
+    doc = """
+    ## What it does
+    Compares each replay's output with its shadow's (max abs difference) and the
+    captured run's tokens with an eager twin's. When they diverge and no structural
+    rule (CL101-CL107) reported anything for the configuration, it reports the gap.
+
+    ## Why is this bad?
+    The outputs are wrong and capturelint cannot say why: a hazard outside its model
+    (a stream race, a buffer refreshed in place with wrong values, a kernel that is
+    not deterministic). It is reported as capturelint's own coverage gap, never
+    swallowed: a structural finding without divergence is still a finding, and a
+    divergence without a structural finding is this one.
+
+    ## Example
+    A runner that refreshes its slot-mapping buffer in place but with an off-by-one:
+    every storage and shape matches, the values do not.
+
+    ## Use instead
+    Bisect the region (`capturelint diff`), compare the replay and eager outputs per
+    layer, and report the case to capturelint with the trace.
+
+    ## Limitations
+    Replay-versus-shadow differences below 1e-4 are float noise. Token agreement is
+    measured over the sampled workload only.
+    """
+
+    def make(self, label: RunLabel, token_agreement: float, max_step_error: float) -> Finding:
+        message = (
+            f"replay diverges from eager execution (max per-step error {max_step_error:.3g}, token agreement "
+            f"{token_agreement:.2f}) but no structural rule found a cause: a coverage gap of capturelint. "
+            f"Bisect the eager region with `capturelint diff` and report the case."
+        )
+        return Finding(self.code, self.name, self.condition, label.runner, label.mode, "", "", "", -1, "", "<top>", None,
+                       None, None, message)

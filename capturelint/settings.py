@@ -1,0 +1,309 @@
+"""Project settings: the ``[tool.capturelint]`` table of a ``pyproject.toml``.
+
+**Where they come from.** ``--config PATH`` names the file; without it the search starts
+in the current directory and walks up to the filesystem root, stopping after the first
+directory that holds a ``.git`` (the repository root). The nearest ``pyproject.toml``
+with a ``[tool.capturelint]`` table wins; one without the table is passed over. No file
+found means every setting is unset. Printed form::
+
+    [tool.capturelint]
+    runners = ["v1", "v2"]
+    modes = ["PIECEWISE", "FULL_DECODE_ONLY"]
+    eager-region = "narrow"
+    select = ["CL101", "CL104"]
+    ignore = []
+    baseline = "capturelint-baseline.json"   # relative to this file's directory
+    max-eager-growth = 10                    # percent
+    layers = 4
+    steps = 8
+    seed = 0
+    kernels = "torch"
+    format = "sarif"
+
+**Precedence.** Command-line flags over settings over built-in defaults, one value at a
+time: ``merge(cli_value, setting_value, default)``.
+
+**Errors.** An unknown key, a value of the wrong type or outside its choices, and
+malformed TOML are configuration errors: ``CapturelintError`` with one line naming the
+file, the key and what to write instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from capturelint.errors import CapturelintError
+
+PYPROJECT = "pyproject.toml"
+RUNNERS = ("v1", "v2")
+# the names of capturelint.engine.forward_context.CUDAGraphMode (a test keeps them equal);
+# spelled out so that reading settings does not import the engine and torch
+MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+EAGER_REGIONS = ("narrow", "wide", "per-runner")
+KERNELS = ("torch", "triton")
+FORMATS = ("text", "json", "sarif", "github")
+RULE_CODE = re.compile(r"^CL\d{3}$")
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The settings of one project; ``None`` for every key the file does not set.
+
+    Lists become tuples; ``modes`` are upper-case mode names; ``baseline`` is resolved
+    against the directory of ``source``; ``source`` is the file read, or ``None``.
+    """
+
+    runners: tuple[str, ...] | None = None
+    modes: tuple[str, ...] | None = None
+    eager_region: str | None = None
+    select: tuple[str, ...] | None = None
+    ignore: tuple[str, ...] | None = None
+    baseline: Path | None = None
+    max_eager_growth: float | None = None
+    layers: int | None = None
+    steps: int | None = None
+    seed: int | None = None
+    kernels: str | None = None
+    format: str | None = None
+    source: Path | None = None
+
+
+def merge(cli_value: Any, setting_value: Any, default: Any) -> Any:
+    """The value in effect: the command-line value if given, else the setting, else the
+    default. ``None`` and an empty tuple (what click gives for an unused
+    ``multiple=True`` option) mean "not given on the command line"; for a setting only
+    ``None`` means unset, so ``ignore = []`` in the file does override a default."""
+    if cli_value is not None and cli_value != ():
+        return cli_value
+    if setting_value is not None:
+        return setting_value
+    return default
+
+
+def load_settings(config: str | os.PathLike[str] | None = None, start: str | os.PathLike[str] | None = None) -> Settings:
+    """Settings from ``config`` if given (it must exist and have the table), else from
+    the nearest ``pyproject.toml`` with a ``[tool.capturelint]`` table above ``start``
+    (default: the current directory), else empty ``Settings()``."""
+    if config is not None:
+        path = Path(config)
+        if not path.is_file():
+            raise CapturelintError(
+                f"{_shown(path)}: no such file; --config takes a pyproject.toml with a [tool.capturelint] table"
+            )
+        table = _table(path, _read_toml(path))
+        if table is None:
+            raise CapturelintError(
+                f"{_shown(path)}: no [tool.capturelint] table; add one or pass --config another file"
+            )
+        return _settings(path, table)
+    found = find_config(Path.cwd() if start is None else Path(start))
+    if found is None:
+        return Settings()
+    path, table = found
+    return _settings(path, table)
+
+
+def find_config(start: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The nearest ``pyproject.toml`` at or above ``start`` that has a
+    ``[tool.capturelint]`` table, and that table; the walk ends after the first
+    directory holding ``.git`` or at the filesystem root."""
+    directory = start.resolve()
+    if not directory.is_dir():
+        directory = directory.parent
+    while True:
+        candidate = directory / PYPROJECT
+        if candidate.is_file():
+            table = _table(candidate, _read_toml(candidate))
+            if table is not None:
+                return candidate, table
+        if (directory / ".git").exists() or directory.parent == directory:
+            return None
+        directory = directory.parent
+
+
+def read_settings(path: str | os.PathLike[str]) -> Settings:
+    """Settings of one file; a file without the table gives ``Settings(source=path)``."""
+    path = Path(path)
+    table = _table(path, _read_toml(path))
+    return _settings(path, table or {})
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path.resolve())
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as e:
+        raise CapturelintError(f"{_shown(path)}: malformed TOML: {e}; fix the file") from None
+    except OSError as e:
+        raise CapturelintError(f"{_shown(path)}: cannot read: {e.strerror or e}") from None
+
+
+def _table(path: Path, document: dict[str, Any]) -> dict[str, Any] | None:
+    tool = document.get("tool")
+    if tool is None:
+        return None
+    if not isinstance(tool, dict):
+        raise CapturelintError(f"{_shown(path)}: 'tool' must be a table; write [tool.capturelint]")
+    table = tool.get("capturelint")
+    if table is None:
+        return None
+    if not isinstance(table, dict):
+        raise CapturelintError(
+            f"{_shown(path)}: tool.capturelint must be a table, got {_kind(table)}; write [tool.capturelint] "
+            "followed by key = value lines"
+        )
+    return table
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, str):
+        return f"a string ({value!r})"
+    if isinstance(value, (int, float)):
+        return f"a number ({value})"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a table"
+    return type(value).__name__
+
+
+class _Reader:
+    def __init__(self, path: Path, table: dict[str, Any]):
+        self.file = path
+        self.table = table
+
+    def fail(self, key: str, what: str, value: Any, example: str) -> CapturelintError:
+        return CapturelintError(
+            f"{_shown(self.file)}: [tool.capturelint] {key} must be {what}, got {_kind(value)}; "
+            f"write for example {key} = {example}"
+        )
+
+    def choice(self, key: str, choices: tuple[str, ...], normalise: Callable[[str], str] = str) -> str | None:
+        value = self.table.get(key)
+        if value is None:
+            return None
+        what = "one of " + ", ".join(f'"{c}"' for c in choices)
+        if not isinstance(value, str) or normalise(value) not in choices:
+            raise self.fail(key, what, value, f'"{choices[0]}"')
+        return normalise(value)
+
+    def choices(self, key: str, choices: tuple[str, ...], normalise: Callable[[str], str] = str) -> tuple[str, ...] | None:
+        value = self.table.get(key)
+        if value is None:
+            return None
+        what = "a list of " + ", ".join(f'"{c}"' for c in choices)
+        example = f'["{choices[0]}"]'
+        if not isinstance(value, list):
+            raise self.fail(key, what, value, example)
+        for item in value:
+            if not isinstance(item, str):
+                raise self.fail(key, what, value, example)
+            if normalise(item) not in choices:
+                raise CapturelintError(
+                    f"{_shown(self.file)}: [tool.capturelint] {key} has unknown entry {item!r}; "
+                    f"use {', '.join(choices)}"
+                )
+        return tuple(normalise(item) for item in value)
+
+    def codes(self, key: str) -> tuple[str, ...] | None:
+        value = self.table.get(key)
+        if value is None:
+            return None
+        example = '["CL101"]'
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.fail(key, 'a list of rule codes ("CL" and 3 digits)', value, example)
+        for item in value:
+            if not RULE_CODE.match(item):
+                raise CapturelintError(
+                    f"{_shown(self.file)}: [tool.capturelint] {key} has {item!r}, not a rule code; "
+                    f'use codes like "CL101" (see capturelint rules)'
+                )
+        return tuple(value)
+
+    def integer(self, key: str, minimum: int | None) -> int | None:
+        value = self.table.get(key)
+        if value is None:
+            return None
+        what = "an integer" if minimum is None else f"an integer >= {minimum}"
+        if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
+            raise self.fail(key, what, value, str(max(minimum or 0, 1)))
+        return value
+
+    def percent(self, key: str) -> float | None:
+        value = self.table.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+            raise self.fail(key, "a percentage (a number >= 0)", value, "10")
+        return float(value)
+
+    def path(self, key: str) -> Path | None:
+        value = self.table.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            raise self.fail(key, "a path (a non-empty string)", value, '"capturelint-baseline.json"')
+        return (self.file.resolve().parent / value).resolve()
+
+
+_KEYS = (
+    "runners",
+    "modes",
+    "eager-region",
+    "select",
+    "ignore",
+    "baseline",
+    "max-eager-growth",
+    "layers",
+    "steps",
+    "seed",
+    "kernels",
+    "format",
+)
+
+
+def _settings(path: Path, table: dict[str, Any]) -> Settings:
+    for key in table:
+        if key not in _KEYS:
+            close = difflib.get_close_matches(key, _KEYS, n=1)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            raise CapturelintError(
+                f"{_shown(path)}: [tool.capturelint] unknown key '{key}'; {hint}"
+                f"known keys: {', '.join(sorted(_KEYS))}"
+            )
+    r = _Reader(path, table)
+    return Settings(
+        runners=r.choices("runners", RUNNERS, str.lower),
+        modes=r.choices("modes", MODES, str.upper),
+        eager_region=r.choice("eager-region", EAGER_REGIONS, str.lower),
+        select=r.codes("select"),
+        ignore=r.codes("ignore"),
+        baseline=r.path("baseline"),
+        max_eager_growth=r.percent("max-eager-growth"),
+        layers=r.integer("layers", 1),
+        steps=r.integer("steps", 1),
+        seed=r.integer("seed", None),
+        kernels=r.choice("kernels", KERNELS, str.lower),
+        format=r.choice("format", FORMATS, str.lower),
+        source=path.resolve(),
+    )

@@ -1,0 +1,186 @@
+"""Reading [tool.capturelint] from pyproject.toml, and flag/setting/default precedence."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from capturelint.engine.forward_context import CUDAGraphMode
+from capturelint.errors import CapturelintError
+from capturelint.settings import MODES, Settings, find_config, load_settings, merge, read_settings
+
+FULL_TABLE = """
+[project]
+name = "demo"
+
+[tool.capturelint]
+runners = ["v1", "V2"]
+modes = ["piecewise", "FULL_DECODE_ONLY"]
+eager-region = "narrow"
+select = ["CL101", "CL104"]
+ignore = []
+baseline = "ci/capturelint-baseline.json"
+max-eager-growth = 12.5
+layers = 4
+steps = 8
+seed = 0
+kernels = "triton"
+format = "sarif"
+"""
+
+
+def write(directory: Path, text: str, name: str = "pyproject.toml") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_valid_table(tmp_path):
+    path = write(tmp_path, FULL_TABLE)
+    assert read_settings(path) == Settings(
+        runners=("v1", "v2"),
+        modes=("PIECEWISE", "FULL_DECODE_ONLY"),
+        eager_region="narrow",
+        select=("CL101", "CL104"),
+        ignore=(),
+        baseline=(tmp_path / "ci" / "capturelint-baseline.json").resolve(),
+        max_eager_growth=12.5,
+        layers=4,
+        steps=8,
+        seed=0,
+        kernels="triton",
+        format="sarif",
+        source=path.resolve(),
+    )
+
+
+def test_search_walks_up_and_skips_pyprojects_without_the_table(tmp_path, monkeypatch):
+    (tmp_path / ".git").mkdir()
+    root = write(tmp_path, '[tool.capturelint]\nrunners = ["v2"]\n')
+    write(tmp_path / "pkg", '[project]\nname = "pkg"\n')
+    deep = tmp_path / "pkg" / "src" / "deeper"
+    deep.mkdir(parents=True)
+    monkeypatch.chdir(deep)
+    settings = load_settings()
+    assert settings.runners == ("v2",)
+    assert settings.source == root.resolve()
+    assert find_config(deep) == (root.resolve(), {"runners": ["v2"]})
+
+
+def test_search_stops_at_the_repository_root(tmp_path):
+    write(tmp_path, '[tool.capturelint]\nrunners = ["v2"]\n')
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    assert find_config(repo) is None
+    assert load_settings(start=repo) == Settings()
+
+
+def test_no_file_gives_empty_settings(tmp_path):
+    (tmp_path / ".git").mkdir()
+    assert load_settings(start=tmp_path) == Settings()
+
+
+def test_explicit_config(tmp_path):
+    path = write(tmp_path / "elsewhere", '[tool.capturelint]\nbaseline = "b.json"\n', name="custom.toml")
+    settings = load_settings(config=path, start=tmp_path)
+    assert settings.source == path.resolve()
+    assert settings.baseline == (tmp_path / "elsewhere" / "b.json").resolve()
+
+
+def test_explicit_config_errors(tmp_path):
+    with pytest.raises(CapturelintError, match=r"missing\.toml: no such file; --config takes"):
+        load_settings(config=tmp_path / "missing.toml")
+    path = write(tmp_path, '[project]\nname = "x"\n')
+    with pytest.raises(CapturelintError, match=r"pyproject\.toml: no \[tool\.capturelint\] table"):
+        load_settings(config=path)
+
+
+def test_unknown_key(tmp_path):
+    path = write(tmp_path, '[tool.capturelint]\nrunner = ["v1"]\n')
+    with pytest.raises(CapturelintError) as info:
+        read_settings(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path.resolve()}: [tool.capturelint] unknown key 'runner'; did you mean 'runners'? ")
+    assert "known keys: baseline, eager-region, format, ignore" in message
+
+
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ('runners = "v1"', "runners must be a list of \"v1\", \"v2\", got a string ('v1'); write for example runners = [\"v1\"]"),
+        ('runners = ["v3"]', "runners has unknown entry 'v3'; use v1, v2"),
+        ("modes = [1]", "modes must be a list of \"NONE\", "),
+        ('modes = ["SOMETIMES"]', "modes has unknown entry 'SOMETIMES'; use NONE, PIECEWISE, FULL"),
+        ('eager-region = "medium"', 'eager-region must be one of "narrow", "wide", "per-runner", got a string'),
+        ('select = ["E501"]', "select has 'E501', not a rule code; use codes like \"CL101\""),
+        ('ignore = "CL101"', "ignore must be a list of rule codes"),
+        ('baseline = 3', "baseline must be a path (a non-empty string), got a number (3)"),
+        ('max-eager-growth = -1', "max-eager-growth must be a percentage (a number >= 0), got a number (-1)"),
+        ('max-eager-growth = "10%"', "max-eager-growth must be a percentage (a number >= 0), got a string ('10%'); write for example max-eager-growth = 10"),
+        ('max-eager-growth = nan', "max-eager-growth must be a percentage"),
+        ('layers = 0', "layers must be an integer >= 1, got a number (0)"),
+        ('steps = true', "steps must be an integer >= 1, got a boolean (true)"),
+        ('seed = 1.5', "seed must be an integer, got a number (1.5)"),
+        ('kernels = "cuda"', 'kernels must be one of "torch", "triton"'),
+        ('format = ["json"]', 'format must be one of "text", "json", "sarif", "github", got a list'),
+    ],
+)
+def test_wrong_type_or_value(tmp_path, line, expected):
+    path = write(tmp_path, f"[tool.capturelint]\n{line}\n")
+    with pytest.raises(CapturelintError) as info:
+        read_settings(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "[tool.capturelint] " + expected in message
+
+
+def test_table_of_wrong_type(tmp_path):
+    path = write(tmp_path, "[tool]\ncapturelint = 3\n")
+    with pytest.raises(CapturelintError, match=r"tool\.capturelint must be a table, got a number \(3\)"):
+        read_settings(path)
+
+
+def test_malformed_toml(tmp_path, monkeypatch):
+    write(tmp_path, '[tool.capturelint]\nrunners = = ["v1"]\nsteps = 2\n')
+    (tmp_path / ".git").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CapturelintError) as info:
+        load_settings()
+    message = str(info.value)
+    assert message.startswith("pyproject.toml: malformed TOML: ")
+    assert "(at line 2, column" in message
+    assert message.endswith("; fix the file")
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "cli_value, setting_value, default, expected",
+    [
+        ("wide", "narrow", "per-runner", "wide"),
+        (None, "narrow", "per-runner", "narrow"),
+        (None, None, "per-runner", "per-runner"),
+        ((), ("v1",), ("v1", "v2"), ("v1",)),
+        (("v2",), ("v1",), ("v1", "v2"), ("v2",)),
+        (None, (), ("CL101",), ()),
+        (0, 5, 7, 0),
+        (False, True, True, False),
+    ],
+)
+def test_merge_precedence(cli_value, setting_value, default, expected):
+    assert merge(cli_value, setting_value, default) == expected
+
+
+def test_precedence_with_a_project(tmp_path):
+    path = write(tmp_path, '[tool.capturelint]\neager-region = "wide"\nsteps = 3\n')
+    settings = read_settings(path)
+    assert merge(None, settings.eager_region, "per-runner") == "wide"
+    assert merge("narrow", settings.eager_region, "per-runner") == "narrow"
+    assert merge(None, settings.layers, 2) == 2
+    assert merge(5, settings.steps, 16) == 5
+
+
+def test_mode_names_match_the_engine():
+    assert MODES == tuple(m.value for m in CUDAGraphMode)

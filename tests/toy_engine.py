@@ -1,0 +1,140 @@
+"""Hand-made engines built with the capture runtime, one hazard each (and its twin).
+
+Each toy is a tiny runner: a model wrapped in ``CUDAGraphWrapper``, a persistent input
+buffer refreshed in place per step, a forward context per step. ``hazard`` picks the
+bug; ``fixed=True`` builds the negative twin that must pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from capturelint.analyzer import RunLabel
+from capturelint.engine.cudagraph import CUDAGraphWrapper, eager_break_during_capture
+from capturelint.engine.forward_context import BatchDescriptor, CUDAGraphMode, get_forward_context, set_forward_context
+from capturelint.harness import TraceResult, trace_run
+
+SIZE = 4  # captured batch size
+DIM = 8
+
+
+class Toy(nn.Module):
+    def __init__(self, hazard: str, fixed: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.hazard, self.fixed = hazard, fixed
+        self.inp = nn.Linear(DIM, DIM)
+        self.out = nn.Linear(DIM, DIM)
+        self.register_buffer("gate", torch.zeros(SIZE, DIM))
+        self.scratch: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor, step_tensor: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        md = get_forward_context().attn_metadata
+        hz = self.hazard
+        if hz == "control_flow":
+            if self.fixed:
+                h = self.branch(h)
+            elif md is None:
+                h = h * 0.0
+            else:
+                h = h + md["bias"]
+        elif hz == "stale_input":
+            h = h + md["bias"]
+        elif hz == "escaped_output":
+            self.route(h)
+            h = h * (self.gate if self.fixed else self.scratch)
+        elif hz == "host_value":
+            h = h * (md["scale_t"] if self.fixed else md["scale"])
+        elif hz == "host_sync":
+            if self.fixed:
+                h = self.sync_in_break(h)
+            else:
+                h = h * float(h.abs().sum().item() > 0)
+        elif hz == "break_arg":
+            h = self.scaled(h, md["bias"] if self.fixed else step_tensor)
+        elif hz == "shape":
+            h = h.relu()
+        return self.out(h)
+
+    @eager_break_during_capture
+    def branch(self, h: torch.Tensor) -> torch.Tensor:
+        md = get_forward_context().attn_metadata
+        return h * 0.0 if md is None else h + md["bias"]
+
+    @eager_break_during_capture
+    def route(self, h: torch.Tensor) -> None:
+        if self.fixed:
+            self.gate.copy_(torch.sigmoid(h))
+        else:
+            self.scratch = torch.sigmoid(h)
+
+    @eager_break_during_capture
+    def sync_in_break(self, h: torch.Tensor) -> torch.Tensor:
+        return h * float(h.abs().sum().item() > 0)
+
+    @eager_break_during_capture
+    def scaled(self, h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return h + t
+
+
+class ToyRunner:
+    """Persistent input buffer, per-step metadata, capture on the first step."""
+
+    def __init__(self, hazard: str, fixed: bool = False, mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE, steps: int = 4):
+        self.model = Toy(hazard, fixed)
+        self.hazard, self.fixed, self.mode, self.steps = hazard, fixed, mode, steps
+        self.wrapper = CUDAGraphWrapper(self.model)
+        self.input = torch.zeros(SIZE, DIM)
+        self.bias = torch.zeros(SIZE, DIM)  # persistent metadata buffer
+        self.scale_t = torch.ones(())
+        self.outputs: list[torch.Tensor] = []
+        self.eager_outputs: list[torch.Tensor] = []
+
+    def metadata(self, step: int) -> dict[str, Any] | None:
+        g = torch.Generator().manual_seed(100 + step)
+        values = torch.randn(SIZE, DIM, generator=g)
+        if self.hazard == "control_flow" and step == 0:
+            return None  # the capture is a dummy run without metadata
+        if self.hazard in ("stale_input",) and not self.fixed:
+            bias = values.clone()  # re-allocated every step
+        else:
+            self.bias.copy_(values)
+            bias = self.bias
+        self.scale_t.fill_(1.0 + step)
+        return {"bias": bias, "scale": 1.0 + step, "scale_t": self.scale_t}
+
+    def step(self, i: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(i)
+        self.input.copy_(torch.randn(SIZE, DIM, generator=g))
+        n = SIZE
+        if self.hazard == "shape" and not self.fixed and i > 0:
+            n = SIZE - 1  # the runner forgets to pad
+        x = self.input[:n]
+        step_tensor = torch.full((SIZE, DIM), float(i))
+        md = self.metadata(i)
+        desc = BatchDescriptor(SIZE, False)
+        with set_forward_context(md, self.mode, desc):
+            out = self.wrapper(x, step_tensor)
+        with set_forward_context(md, CUDAGraphMode.NONE, None):
+            ref = self.model(x, step_tensor)
+        self.outputs.append(out[:n].clone())
+        self.eager_outputs.append(ref.clone())
+        return out
+
+    def run(self) -> list[torch.Tensor]:
+        for i in range(self.steps):
+            self.step(i)
+        return self.outputs
+
+    def max_error(self) -> float:
+        return max(float((a - b).abs().max()) for a, b in zip(self.outputs, self.eager_outputs))
+
+
+def check_toy(hazard: str, fixed: bool = False, mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE, steps: int = 4) -> tuple[TraceResult, ToyRunner]:
+    runner = ToyRunner(hazard, fixed, mode, steps)
+    result = trace_run(runner.run, {"model": runner.model, "runner": runner}, RunLabel("toy", str(mode)))
+    return result, runner
