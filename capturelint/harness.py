@@ -68,7 +68,9 @@ def trace_run(
             line, _, function = rest.partition(" in ")
             frame = Frame(file, int(line) if line.isdigit() else 0, function)
             analyzer.findings.add(
-                HostSyncInCapture().make(label, "", "", f"segment #{e.segment}", e.segment, e.op, "", frame)
+                HostSyncInCapture().make(
+                    label, e.graph, e.runtime_mode, f"{e.graph} #{e.segment} captured", e.segment, e.op, "", frame
+                )
             )
     except CapturelintError:
         raise

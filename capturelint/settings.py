@@ -10,8 +10,8 @@ found means every setting is unset. Printed form::
     runners = ["v1", "v2"]
     modes = ["PIECEWISE", "FULL_DECODE_ONLY"]
     eager-region = "narrow"
-    select = ["CL101", "CL104"]
-    ignore = []
+    select = ["CL1"]                          # codes or code prefixes
+    ignore = ["CL105"]
     baseline = "capturelint-baseline.json"   # relative to this file's directory
     max-eager-growth = 10                    # percent
     layers = 4
@@ -47,8 +47,8 @@ RUNNERS = ("v1", "v2")
 MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 EAGER_REGIONS = ("narrow", "wide", "per-runner")
 KERNELS = ("torch", "triton")
-FORMATS = ("text", "json", "sarif", "github")
-RULE_CODE = re.compile(r"^CL\d{3}$")
+FORMATS = ("rich", "json", "sarif", "github")
+RULE_CODE = re.compile(r"^CL\d{1,3}$")  # a code (CL101) or a code prefix (CL1)
 
 T = TypeVar("T")
 
@@ -231,14 +231,14 @@ class _Reader:
             return None
         example = '["CL101"]'
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise self.fail(key, 'a list of rule codes ("CL" and 3 digits)', value, example)
+            raise self.fail(key, "a list of rule codes", value, example)
         for item in value:
-            if not RULE_CODE.match(item):
+            if not RULE_CODE.match(item.upper()):
                 raise CapturelintError(
                     f"{_shown(self.file)}: [tool.capturelint] {key} has {item!r}, not a rule code; "
-                    f'use codes like "CL101" (see capturelint rules)'
+                    f'use codes like "CL101" or prefixes like "CL1" (capturelint rules lists them)'
                 )
-        return tuple(value)
+        return tuple(item.upper() for item in value)
 
     def integer(self, key: str, minimum: int | None) -> int | None:
         value = self.table.get(key)

@@ -382,7 +382,7 @@ class Tracer(TorchDispatchMode, rt.CaptureObserver):
         return ContextSummary(isinstance(md, dict), len(md) if isinstance(md, dict) else 0, str(ctx.cudagraph_runtime_mode))
 
     def _new_stream(self, kind: StreamKind, graph: rt.BreakableGraph) -> Stream:
-        s = Stream(kind, graph.id, str(graph.descriptor) if graph.descriptor else f"graph{graph.id}",
+        s = Stream(kind, graph.id, graph.label,
                    str(graph.runtime_mode), self.step, self._context(), copy_break_outputs=graph.copy_break_outputs)
         self._name_context(s)
         return s

@@ -86,9 +86,10 @@ def test_sarif_with_findings_validates(validator):
         make_finding(capture_frame=Frame("/abs/path with space/m.py", 7, "f"), shadow_frame=None),
         make_finding(capture_frame=Frame("<unknown>", 0, "<unknown>"), shadow_frame=None),
     ]
-    log = to_sarif(findings, RULES, "0.1.0")
-    assert _errors(validator, log) == []
-    json.dumps(log)  # every value is JSON
+    for fallback in (None, "pyproject.toml"):
+        log = to_sarif(findings, RULES, "0.1.0", fallback_uri=fallback)
+        assert _errors(validator, log) == []
+        json.dumps(log)  # every value is JSON
 
 
 def test_sarif_without_findings_validates(validator):
@@ -161,6 +162,9 @@ def test_sarif_location_fallbacks():
     nowhere = make_finding(capture_frame=None, shadow_frame=None)
     (result,) = to_sarif([nowhere], RULES, "0.1.0")["runs"][0]["results"]
     assert "locations" not in result
+    (result,) = to_sarif([nowhere], RULES, "0.1.0", fallback_uri="pyproject.toml")["runs"][0]["results"]
+    assert result["locations"] == [{"physicalLocation": {
+        "artifactLocation": {"uri": "pyproject.toml", "uriBaseId": "%SRCROOT%"}, "region": {"startLine": 1}}}]
 
 
 def test_sarif_is_deterministic_and_sorted():

@@ -18,7 +18,7 @@ name = "demo"
 runners = ["v1", "V2"]
 modes = ["piecewise", "FULL_DECODE_ONLY"]
 eager-region = "narrow"
-select = ["CL101", "CL104"]
+select = ["CL1", "cl901"]
 ignore = []
 baseline = "ci/capturelint-baseline.json"
 max-eager-growth = 12.5
@@ -43,7 +43,7 @@ def test_valid_table(tmp_path):
         runners=("v1", "v2"),
         modes=("PIECEWISE", "FULL_DECODE_ONLY"),
         eager_region="narrow",
-        select=("CL101", "CL104"),
+        select=("CL1", "CL901"),
         ignore=(),
         baseline=(tmp_path / "ci" / "capturelint-baseline.json").resolve(),
         max_eager_growth=12.5,
@@ -115,7 +115,8 @@ def test_unknown_key(tmp_path):
         ("modes = [1]", "modes must be a list of \"NONE\", "),
         ('modes = ["SOMETIMES"]', "modes has unknown entry 'SOMETIMES'; use NONE, PIECEWISE, FULL"),
         ('eager-region = "medium"', 'eager-region must be one of "narrow", "wide", "per-runner", got a string'),
-        ('select = ["E501"]', "select has 'E501', not a rule code; use codes like \"CL101\""),
+        ('select = ["E501"]', "select has 'E501', not a rule code; use codes like \"CL101\" or prefixes like \"CL1\""),
+        ('ignore = ["CL1011"]', "ignore has 'CL1011', not a rule code"),
         ('ignore = "CL101"', "ignore must be a list of rule codes"),
         ('baseline = 3', "baseline must be a path (a non-empty string), got a number (3)"),
         ('max-eager-growth = -1', "max-eager-growth must be a percentage (a number >= 0), got a number (-1)"),
@@ -125,7 +126,7 @@ def test_unknown_key(tmp_path):
         ('steps = true', "steps must be an integer >= 1, got a boolean (true)"),
         ('seed = 1.5', "seed must be an integer, got a number (1.5)"),
         ('kernels = "cuda"', 'kernels must be one of "torch", "triton"'),
-        ('format = ["json"]', 'format must be one of "text", "json", "sarif", "github", got a list'),
+        ('format = ["json"]', 'format must be one of "rich", "json", "sarif", "github", got a list'),
     ],
 )
 def test_wrong_type_or_value(tmp_path, line, expected):

@@ -30,6 +30,7 @@ class Toy(nn.Module):
         self.out = nn.Linear(DIM, DIM)
         self.register_buffer("gate", torch.zeros(SIZE, DIM))
         self.scratch: torch.Tensor | None = None
+        self.calls = 0  # steps seen; a host value that changes every step
 
     def forward(self, x: torch.Tensor, step_tensor: torch.Tensor) -> torch.Tensor:
         h = self.inp(x)
@@ -58,6 +59,14 @@ class Toy(nn.Module):
             h = self.scaled(h, md["bias"] if self.fixed else step_tensor)
         elif hz == "shape":
             h = h.relu()
+        elif hz == "returned_output":
+            h = h * self.route_returning(h)
+        elif hz == "break_scalar":
+            h = self.shifted(h, 1.0 if self.fixed else float(step_tensor.shape[0]) + self.calls)
+        elif hz == "tolist":
+            h = h * float(len(h.tolist()))
+        elif hz == "bool_mask":
+            h = h[h[:, 0] > -1e9]
         return self.out(h)
 
     @eager_break_during_capture
@@ -77,6 +86,14 @@ class Toy(nn.Module):
         return h * float(h.abs().sum().item() > 0)
 
     @eager_break_during_capture
+    def route_returning(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(h)
+
+    @eager_break_during_capture
+    def shifted(self, h: torch.Tensor, value: float) -> torch.Tensor:
+        return h + value
+
+    @eager_break_during_capture
     def scaled(self, h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return h + t
 
@@ -84,10 +101,11 @@ class Toy(nn.Module):
 class ToyRunner:
     """Persistent input buffer, per-step metadata, capture on the first step."""
 
-    def __init__(self, hazard: str, fixed: bool = False, mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE, steps: int = 4):
+    def __init__(self, hazard: str, fixed: bool = False, mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE, steps: int = 4,
+                 copy_break_outputs: bool = True):
         self.model = Toy(hazard, fixed)
         self.hazard, self.fixed, self.mode, self.steps = hazard, fixed, mode, steps
-        self.wrapper = CUDAGraphWrapper(self.model)
+        self.wrapper = CUDAGraphWrapper(self.model, copy_break_outputs=copy_break_outputs)
         self.input = torch.zeros(SIZE, DIM)
         self.bias = torch.zeros(SIZE, DIM)  # persistent metadata buffer
         self.scale_t = torch.ones(())
@@ -116,6 +134,7 @@ class ToyRunner:
         x = self.input[:n]
         step_tensor = torch.full((SIZE, DIM), float(i))
         md = self.metadata(i)
+        self.model.calls = i
         desc = BatchDescriptor(SIZE, False)
         with set_forward_context(md, self.mode, desc):
             out = self.wrapper(x, step_tensor)
@@ -134,7 +153,8 @@ class ToyRunner:
         return max(float((a - b).abs().max()) for a, b in zip(self.outputs, self.eager_outputs))
 
 
-def check_toy(hazard: str, fixed: bool = False, mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE, steps: int = 4) -> tuple[TraceResult, ToyRunner]:
-    runner = ToyRunner(hazard, fixed, mode, steps)
+def check_toy(hazard: str, fixed: bool = False, mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE, steps: int = 4,
+              copy_break_outputs: bool = True) -> tuple[TraceResult, ToyRunner]:
+    runner = ToyRunner(hazard, fixed, mode, steps, copy_break_outputs)
     result = trace_run(runner.run, {"model": runner.model, "runner": runner}, RunLabel("toy", str(mode)))
     return result, runner

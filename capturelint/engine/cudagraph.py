@@ -127,10 +127,12 @@ class BreakCall:
 class HostSyncInCaptureError(RuntimeError):
     """A captured segment asked for a value on the host."""
 
-    def __init__(self, op: str, frame: str, segment: int):
+    def __init__(self, op: str, frame: str, segment: int, graph: str = "", runtime_mode: str = ""):
         self.op = op
         self.frame = frame
         self.segment = segment
+        self.graph = graph
+        self.runtime_mode = runtime_mode
         super().__init__(
             f"host synchronisation {op} inside captured segment {segment} at {frame}: "
             "a CUDA-graph capture fails here. Move the code into an eager break or out "
@@ -403,7 +405,8 @@ class _HostReadGuard(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         if name in ("tolist", "numpy", "__array__"):
             raise HostSyncInCaptureError(
-                f"Tensor.{name}()", format_frame(user_frame(2)), self.graph.segment_index
+                f"Tensor.{name}()", format_frame(user_frame(2)), self.graph.segment_index,
+                self.graph.label, str(self.graph.runtime_mode),
             )
         return func(*args, **(kwargs or {}))
 
@@ -420,7 +423,8 @@ class _RecordingMode(TorchDispatchMode):
         kwargs = kwargs or {}
         reason = _host_sync_reason(func, args, kwargs)
         if reason is not None:
-            raise HostSyncInCaptureError(reason, format_frame(user_frame(2)), self.graph.segment_index)
+            raise HostSyncInCaptureError(reason, format_frame(user_frame(2)), self.graph.segment_index,
+                                          self.graph.label, str(self.graph.runtime_mode))
         out = func(*args, **kwargs)
         kind, fresh = _replay_kind(func)
         if kind is not ReplayKind.SKIP:
@@ -494,6 +498,10 @@ class BreakableGraph:
         self._stream: Any = None
 
     # -- capture
+    @property
+    def label(self) -> str:
+        return str(self.descriptor) if self.descriptor is not None else f"graph{self.id}"
+
     @property
     def segment_index(self) -> int:
         return len(self.segments)

@@ -14,7 +14,7 @@ each result points at its rule by ``ruleId`` and ``ruleIndex``. Printed form of 
      "properties": {"runner": "v1", "mode": "PIECEWISE", "graph": "decode/4", ...}}
 
 **Location.** The primary location is the capture-side frame; a finding without one is
-located at its shadow-side frame. The shadow frame is also given as a related location
+located at its shadow-side frame, and one with neither at ``fallback_uri`` if given. The shadow frame is also given as a related location
 whenever both sides are known. Relative paths are relative to ``%SRCROOT%`` (the
 checked project); absolute paths become ``file://`` URIs; frames that name no file
 (``<string>``, ``<unknown>``) give no location.
@@ -47,9 +47,20 @@ FINGERPRINT_KEY = "capturelint/v1"
 RULE_TAGS = ("correctness", "cuda-graph", "replay-equivalence")
 
 
-def to_sarif(findings: Sequence[Finding], rules: Sequence[RuleInfo], tool_version: str) -> dict[str, Any]:
+def to_sarif(
+    findings: Sequence[Finding],
+    rules: Sequence[RuleInfo],
+    tool_version: str,
+    *,
+    fallback_uri: str | None = None,
+) -> dict[str, Any]:
     """A SARIF 2.1.0 log of ``findings``; ``rules`` must contain the rule of every
-    finding (extra rules are listed too, so the log documents the whole rule set)."""
+    finding (extra rules are listed too, so the log documents the whole rule set).
+
+    ``fallback_uri`` (a path relative to ``%SRCROOT%``, e.g. the ``pyproject.toml``
+    that configured the check) locates findings that have no source frame (the
+    numerical oracle's); without it they have no location, which the SARIF schema
+    allows but GitHub code scanning rejects ("expected at least one location")."""
     descriptors, index = _rules(rules)
     results = []
     for finding in sorted(findings, key=Finding.sort_key):
@@ -59,7 +70,7 @@ def to_sarif(findings: Sequence[Finding], rules: Sequence[RuleInfo], tool_versio
                 f"finding {finding.code} ({finding.name}) has no rule in the SARIF rule list "
                 f"(rules given: {known}); pass every registered rule to to_sarif"
             )
-        results.append(_result(finding, index[finding.code]))
+        results.append(_result(finding, index[finding.code], fallback_uri))
     return {
         "$schema": SARIF_SCHEMA_URI,
         "version": SARIF_VERSION,
@@ -113,7 +124,7 @@ def _rule(rule: RuleInfo) -> dict[str, Any]:
     }
 
 
-def _result(finding: Finding, rule_index: int) -> dict[str, Any]:
+def _result(finding: Finding, rule_index: int, fallback_uri: str | None) -> dict[str, Any]:
     result: dict[str, Any] = {
         "ruleId": finding.code,
         "ruleIndex": rule_index,
@@ -121,6 +132,9 @@ def _result(finding: Finding, rule_index: int) -> dict[str, Any]:
         "message": {"text": finding.message},
     }
     primary = _location(finding.capture_frame) or _location(finding.shadow_frame)
+    if primary is None and fallback_uri is not None:
+        primary = _location(Frame(fallback_uri, 1, "<top>"))
+        del primary["logicalLocations"]
     if primary is not None:
         result["locations"] = [primary]
     if finding.capture_frame is not None and finding.shadow_frame is not None:
