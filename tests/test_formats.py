@@ -249,3 +249,13 @@ def test_github_one_line_per_finding_sorted():
     assert lines[0].startswith("::error file=a.py,line=2,")
     assert lines[1] == "::error file=b.py,line=1,title=CL101 baked-control-flow::x%0Ay"
     assert to_github([]) == ""
+
+
+def test_sarif_of_the_registered_rules_validates(validator):
+    from capturelint import __version__
+    from capturelint.rules import RULES as REGISTERED
+
+    infos = [r.info() for r in REGISTERED]
+    log = to_sarif([], infos, __version__)
+    assert _errors(validator, log) == []
+    assert [d["id"] for d in log["runs"][0]["tool"]["driver"]["rules"]] == sorted(i.code for i in infos)

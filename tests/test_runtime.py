@@ -40,13 +40,15 @@ def _line_of(marker: str) -> int:
 
 @pytest.fixture(autouse=True)
 def _no_grad_and_clean_runtime():
-    torch.manual_seed(0)
-    with torch.no_grad():
-        yield
-    # a test must leave no capture, mode or observer behind, even after an error
+    observers = list(rt._observers)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        with torch.no_grad():
+            yield
+    # the runtime leaves no capture, mode or observer behind, even after an error
     assert rt._active_capture() is None
     assert rt.current_phase() is Phase.EAGER
-    assert rt._observers == []
+    assert rt._observers == observers
     assert torch._C._len_torch_function_stack() == 0
     assert torch._C._len_torch_dispatch_stack() == 0
 

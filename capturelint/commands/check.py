@@ -69,7 +69,11 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
     if fmt == "json":
         write_output(render_json(report), output)
     elif fmt == "sarif":
-        write_output(dumps_json(to_sarif(report.findings, [r.info() for r in RULES], __version__)), output)
+        # A result without a location is rejected by GitHub's upload; CL901 has no source
+        # line, so it points at the configuration file that asked for the check.
+        fallback = str(settings.source.name) if settings.source else "pyproject.toml"
+        sarif = to_sarif(report.findings, [r.info() for r in RULES], __version__, fallback_uri=fallback)
+        write_output(dumps_json(sarif), output)
     elif fmt == "github":
         text = to_github(report.findings)
         write_output(text + ("\n" if text and not text.endswith("\n") else ""), output)

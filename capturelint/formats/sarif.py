@@ -133,8 +133,7 @@ def _result(finding: Finding, rule_index: int, fallback_uri: str | None) -> dict
     }
     primary = _location(finding.capture_frame) or _location(finding.shadow_frame)
     if primary is None and fallback_uri is not None:
-        primary = _location(Frame(fallback_uri, 1, "<top>"))
-        del primary["logicalLocations"]
+        primary = _location(Frame(fallback_uri, 1, ""))
     if primary is not None:
         result["locations"] = [primary]
     if finding.capture_frame is not None and finding.shadow_frame is not None:
@@ -174,10 +173,10 @@ def _location(frame: Frame | None) -> dict[str, Any] | None:
     physical: dict[str, Any] = {"artifactLocation": artifact}
     if frame.line >= 1:
         physical["region"] = {"startLine": frame.line}
-    return {
-        "physicalLocation": physical,
-        "logicalLocations": [{"name": frame.function, "kind": "function"}],
-    }
+    location: dict[str, Any] = {"physicalLocation": physical}
+    if frame.function:
+        location["logicalLocations"] = [{"name": frame.function, "kind": "function"}]
+    return location
 
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
