@@ -45,7 +45,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    torch.set_num_threads(int(os.environ.get("CAPTURELINT_THREADS", "1")))  # as the CLI does
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
     rows = []
     check_times = {}

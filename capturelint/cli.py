@@ -36,9 +36,21 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def _threads() -> None:
+    # The bundled engine's tensors are tiny: one intra-op thread is fastest, and OpenMP
+    # threads contending for busy cores make every op ~100x slower. CAPTURELINT_THREADS
+    # overrides it for engines with real shapes.
+    import os
+
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("CAPTURELINT_THREADS", "1")))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the command and maps every outcome to an exit status."""
     _register()
+    _threads()
     try:
         rv = cli.main(args=argv, prog_name="capturelint", standalone_mode=False)
     except click.exceptions.Exit as e:

@@ -61,7 +61,11 @@ def trace_run(
     try:
         with torch.no_grad(), tracer:
             output = run()
-    except HostSyncInCaptureError as e:
+    except (HostSyncInCaptureError, CapturelintError) as raised:
+        # An engine may wrap the runtime's error in its own one-line error; unwrap it.
+        e = raised if isinstance(raised, HostSyncInCaptureError) else raised.__cause__
+        if not isinstance(e, HostSyncInCaptureError):
+            raise
         failed = True
         if HostSyncInCapture.code in codes:
             file, _, rest = e.frame.partition(":")
@@ -72,8 +76,6 @@ def trace_run(
                     label, e.graph, e.runtime_mode, f"{e.graph} #{e.segment} captured", e.segment, e.op, "", frame
                 )
             )
-    except CapturelintError:
-        raise
     except Exception as e:  # an engine bug: say which configuration and what, no traceback
         where = rt.format_frame(_innermost_user_frame(e))
         raise CapturelintError(

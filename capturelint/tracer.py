@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -48,6 +49,8 @@ OpIndex = int  # position of an op in its stream
 SegmentIndex = int
 
 rt.register_runtime_file(__file__)
+_DETACH = torch.ops.aten.detach.default
+_LAYER = re.compile(r"layers\.\d+")
 
 
 class StreamKind(enum.Enum):
@@ -175,11 +178,13 @@ class Stream:
         names = self.names.get(storage, ()) + self.static_names.get(storage, ())
         if not names:
             return None
-        if scope:
-            layer = ".".join(scope.split(".")[:2]) + "."
-            for n in names:
-                if layer in n:
-                    return n
+        if scope and len(names) > 1:
+            # A tensor shared by every layer's metadata is named after the op's layer.
+            m = _LAYER.search(scope)
+            if m is not None:
+                for n in names:
+                    if m.group(0) + "." in n:
+                        return n
         return names[0]
 
     def release(self) -> None:
@@ -305,7 +310,9 @@ class Tracer(TorchDispatchMode, rt.CaptureObserver):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         stream = self.stream
-        if stream is None or self._suppress:
+        if stream is None or self._suppress or func is _DETACH:
+            # detach is a no-op alias for replay purposes, and stacked dispatch modes add
+            # it to factory ops at capture only: recording it would fake a divergence.
             return func(*args, **kwargs)
         info = _schema(func)
         if self._cow is not None:

@@ -15,9 +15,10 @@ exit status 2 at the command line.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import torch
 
@@ -77,6 +78,20 @@ class GenerationResult:
         return sum(1 for s in self.steps if s.descriptor is not None)
 
 
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run the block with ``n`` intra-op threads (``None``: unchanged), then restore."""
+    if n is None or n == torch.get_num_threads():
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 class Engine:
     """A configured engine: model, caches, runner, workload.
 
@@ -121,7 +136,8 @@ class Engine:
         if self.captured:
             return
         try:
-            self.runner.capture_model()
+            with torch_threads(self.config.torch_threads):
+                self.runner.capture_model()
         except HostSyncInCaptureError as e:
             raise CapturelintError(f"graph capture failed: {e}") from e
         except RuntimeError as e:
@@ -132,6 +148,10 @@ class Engine:
     def generate(self) -> GenerationResult:
         """Capture if not done yet, then run ``config.steps`` steps from empty caches."""
         self.capture_model()
+        with torch_threads(self.config.torch_threads):
+            return self._generate()
+
+    def _generate(self) -> GenerationResult:
         config = self.config
         # Caches are cleared in place (captured graphs hold their storages) so that a
         # second generate() on the same engine starts from the same state as the first.
@@ -256,6 +276,7 @@ class TwinReport:
             "graphs": cap.num_graphs,
             "eager_breaks": cap.num_eager_breaks,
             "steps": len(cap.steps),
+            "decode_steps": sum(1 for s in cap.steps if s.uniform_decode),
             "replayed_steps": cap.num_replayed_steps,
             "tokens_compared": sum(len(t) for t in self.eager.tokens),
         }

@@ -8,8 +8,9 @@ The workload is shaped so that a run exercises what graph replay depends on:
   tokens than the largest capture size: an eager step);
 - the others arrive at later steps, so prefills mix with running decodes (mixed
   batches) and wait when ``max_num_seqs`` requests are running;
-- prompt lengths and ``max_new_tokens`` differ, so requests finish at different times,
-  batch sizes change, and padding to the capture sizes varies.
+- prompt lengths and ``max_new_tokens`` (between ``steps // 6`` and ``steps // 2`` for
+  all but request 0) differ, so requests finish at different times, batch sizes
+  change, and padding to the capture sizes varies.
 
 Token ids are integers below ``vocab_size``. The same config gives the same workload.
 """
@@ -48,16 +49,16 @@ def make_workload(config: EngineConfig) -> Workload:
     rng = random.Random(f"capturelint-workload:{config.seed}")
     steps = config.steps
     last_arrival = max(1, (2 * steps) // 3)
+    # Short enough that requests finish mid-run and later ones take their place.
+    shortest, longest = max(1, steps // 6), max(1, steps // 2)
     requests = []
     for i in range(config.num_requests):
         prompt_len = rng.randint(min(2, config.max_prompt_len), config.max_prompt_len)
         prompt = tuple(rng.randrange(config.vocab_size) for _ in range(prompt_len))
         if i == 0:
             arrival, max_new = 0, steps
-        elif i == 1:
-            arrival, max_new = 0, rng.randint(max(1, steps // 4), steps)
         else:
-            arrival = rng.randint(1, last_arrival)
-            max_new = rng.randint(max(1, steps // 4), steps)
+            arrival = 0 if i == 1 else rng.randint(1, last_arrival)
+            max_new = rng.randint(shortest, longest)
         requests.append(Request(i, prompt, max_new, arrival))
     return Workload(tuple(requests))

@@ -45,20 +45,28 @@ class StaleInput(Rule):
     """
 
     def check(self, view: StepView) -> Iterator[Finding]:
+        # One finding per stale storage (its first reader), however many ops read it:
+        # a re-allocated metadata tensor is one cause, not one per kernel and layer.
+        first: dict[int, tuple] = {}
+        readers: dict[int, int] = {}
         for al, c, s in iter_pairs(view):
             for cu, su in zip(c.inputs, s.inputs):
                 problem = location_problem(view, cu, su, s.scope)
                 if problem is None or problem.escaped:
                     continue
-                if view.is_followon(view.capture, cu):
-                    view.tainted.add(c.index)
-                    continue
                 view.tainted.add(c.index)
-                access = "writes" if cu.write else "reads"
-                message = (
-                    f"{c.op} in captured segment {view.segment_label(al.index)} at {where(c.frame)} {access} "
-                    f"{problem.capture_name} ({cu.arg}) as captured, but step {view.shadow.step} uses "
-                    f"{problem.shadow_name}: {problem.reason}. Replay {access} the stale tensor. Allocate it once "
-                    f"and refresh it in place each step."
-                )
-                yield self.finding(view, al.index, c, s, problem.shadow_name, message)
+                if view.is_followon(view.capture, cu):
+                    continue
+                readers[cu.storage] = readers.get(cu.storage, 0) + 1
+                first.setdefault(cu.storage, (al, c, s, cu, problem))
+        for storage, (al, c, s, cu, problem) in first.items():
+            access = "writes" if cu.write else "reads"
+            others = readers[storage] - 1
+            also = f" (and {others} more captured op{'s' * (others != 1)} read it)" if others else ""
+            message = (
+                f"{c.op} in captured segment {view.segment_label(al.index)} at {where(c.frame)} {access} "
+                f"{problem.capture_name} ({cu.arg}) as captured{also}, but step {view.shadow.step} uses "
+                f"{problem.shadow_name}: {problem.reason}. Replay {access} the stale tensor. Allocate it once "
+                f"and refresh it in place each step."
+            )
+            yield self.finding(view, al.index, c, s, problem.shadow_name, message)

@@ -1,0 +1,259 @@
+"""``capturelint show``, ``capturelint diff`` and ``capturelint snapshot``: where the
+eager breaks sit, drawn, compared and recorded. The logic lives in
+``capturelint.graph``, ``capturelint.snapshot`` and ``capturelint.render``; these
+functions adapt options to it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from capturelint.checker import run_check
+from capturelint.cli import EXIT_CLEAN
+from capturelint.commands.common import (
+    ProgressReporter,
+    _csv,
+    engine_options,
+    resolve_plan,
+    settings_for,
+    stderr_console,
+    stdout_console,
+    write_output,
+)
+from capturelint.errors import CapturelintError
+from capturelint.report import dumps_json
+
+SHOW_FORMATS = ("rich", "dot", "svg", "png")
+DIFF_FORMATS = ("rich", "dot", "json")
+
+
+def _warn(text: str) -> None:
+    stderr_console().print(f"capturelint: warning: {text}", highlight=False, soft_wrap=True, markup=False)
+
+
+def _say(text: str) -> None:
+    stderr_console().print(text, highlight=False, soft_wrap=True, markup=False)
+
+
+def _print_rich(renderable_fn: Any, output: str | None) -> None:
+    """Rich output to stdout, or to FILE at a fixed width (no colour codes)."""
+    if output and output != "-":
+        from rich.console import Console
+
+        try:
+            with open(output, "w") as fh:
+                renderable_fn(Console(file=fh, width=120))
+        except OSError as e:
+            raise CapturelintError(f"cannot write {output}: {e.strerror}; choose a writable path with -o") from None
+    else:
+        renderable_fn(stdout_console())
+
+
+def _write_bytes(data: bytes, output: str) -> None:
+    try:
+        Path(output).write_bytes(data)
+    except OSError as e:
+        raise CapturelintError(f"cannot write {output}: {e.strerror}; choose a writable path with -o") from None
+
+
+# ------------------------------------------------------------------------- show
+
+@click.command()
+@engine_options
+@click.option("--format", "fmt", type=click.Choice(SHOW_FORMATS), default="rich", show_default=True,
+              help="rich: a tree per runner and mode; dot: Graphviz text; svg, png: drawn by Graphviz 'dot'.")
+@click.option("-o", "--output", metavar="FILE", help="Write to FILE instead of stdout (required for png).")
+@click.option("--ops", is_flag=True, help="Expand module scopes to their ops, with source lines.")
+@click.option("--all-graphs", is_flag=True, help="Show every captured graph, not one per runtime mode.")
+@click.option("--no-check", is_flag=True, help="Record the captures only: faster, but no findings are marked.")
+def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_check: bool, **kw: Any) -> int:
+    """Show the regions of each runner and mode: captured segments and eager breaks in
+    execution order, the module scopes in each with their op counts, and the findings
+    in red where they occur.
+
+    By default one graph per runtime mode stands for the others (they differ only in
+    batch size). Graphviz output has one cluster per segment (captured: blue, solid;
+    eager: orange, dashed) and edges for tensors that cross segment boundaries.
+
+    When Graphviz 'dot' is missing, svg and png fall back to the DOT text (written to
+    FILE with a .dot suffix, or to stdout) with a warning on stderr, and the exit status
+    stays 0. Exit status: 0 shown (findings do not change it), 2 usage or engine error.
+    """
+    from capturelint.render.view import report_views
+
+    plan = resolve_plan(settings_for(kw), kw)
+    if fmt == "png" and not output:
+        raise CapturelintError("PNG output is binary: name a file with -o FILE (or use --format svg or dot for stdout)")
+    with ProgressReporter(len(plan.configurations)) as progress:
+        report = run_check(plan, progress, shadow=not no_check)
+    views = report_views(report, all_graphs)
+    if fmt == "rich":
+        from capturelint.render.tree import render_tree
+
+        _print_rich(lambda console: render_tree(views, console, ops), output)
+        return EXIT_CLEAN
+    from capturelint.render.dot import DotMissing, render_image, report_dot
+    from capturelint.render.tree import summary_line
+
+    text = report_dot(views, ops)
+    if fmt == "dot":
+        write_output(text, output)
+    else:
+        try:
+            data = render_image(text, fmt)
+        except DotMissing as e:
+            target = str(Path(output).with_suffix(".dot")) if output else None
+            write_output(text, target)
+            _warn(f"{e}; wrote the DOT text to {target or 'stdout'} instead")
+            return EXIT_CLEAN
+        if output:
+            _write_bytes(data, output)
+        else:
+            sys.stdout.write(data.decode("utf-8"))
+            sys.stdout.flush()
+    _say(summary_line(views) + (f"; wrote {output}" if output else ""))
+    return EXIT_CLEAN
+
+
+# ------------------------------------------------------------------------- diff
+
+@click.command()
+@click.argument("snapshots", nargs=-1, metavar="[OLD.json [NEW.json]]", type=click.Path(dir_okay=False))
+@engine_options
+@click.option("--against-runner", metavar="v1|v2|all", help="Compare with this runner (other options equal).")
+@click.option("--against-mode", "against_modes", multiple=True, callback=_csv, metavar="MODE",
+              help="Compare with these CUDA-graph modes, paired in order with --mode.")
+@click.option("--against-eager-region", metavar="narrow|wide|per-runner", help="Compare with this eager region.")
+@click.option("--against-fresh-metadata", is_flag=True, help="Compare with V1 metadata builders allocating per step.")
+@click.option("--format", "fmt", type=click.Choice(DIFF_FORMATS), default="rich", show_default=True)
+@click.option("-o", "--output", metavar="FILE", help="Write the report to FILE instead of stdout.")
+def diff(snapshots: tuple[str, ...], against_runner: str | None, against_modes: tuple[str, ...],
+         against_eager_region: str | None, against_fresh_metadata: bool, fmt: str, output: str | None, **kw: Any) -> int:
+    """Compare two region recordings: ops that moved between captured and eager
+    segments (by scope and op, with counts), segments added or removed, and the change
+    in eager ops per step.
+
+    The two sides are either two snapshot files (OLD.json NEW.json), a snapshot file
+    and the current engine (OLD.json and engine options), or two configurations of the
+    current engine: the engine options, and the same with the --against-* options
+    (e.g. --eager-region narrow --against-eager-region wide). Configurations pair up by
+    runner and mode, or in order when --against-* changes one of them. Captures are
+    recorded without the shadow (fast).
+
+    Exit status: 0 compared (changes do not change it), 2 usage, snapshot or engine error.
+    """
+    from capturelint.snapshot import compare_maps, load_snapshot, pair_by_position, record_regions
+
+    against = {
+        "runner": against_runner,
+        "modes": against_modes,
+        "eager_region": against_eager_region,
+        "fresh_metadata": against_fresh_metadata or None,
+    }
+    against = {k: v for k, v in against.items() if v}
+    if len(snapshots) > 2:
+        raise click.UsageError("diff takes at most two snapshot files (OLD.json NEW.json)")
+    if snapshots and against:
+        raise click.UsageError("--against-* options compare two engine configurations; they do not apply to snapshot files")
+    if not snapshots and not against:
+        raise click.UsageError("nothing to compare: give OLD.json NEW.json, OLD.json alone (against the engine), "
+                               "or an --against-* option such as --against-eager-region wide")
+    if len(snapshots) == 2:
+        before, after = load_snapshot(snapshots[0]), load_snapshot(snapshots[1])
+        changes = compare_maps(before, after)
+        pairs = [(before.config(*c.key), c) for c in after.configs if before.config(*c.key) is not None]
+        sides = (snapshots[0], snapshots[1])
+    else:
+        settings = settings_for(kw)
+        left_plan = resolve_plan(settings, kw)
+        if snapshots:
+            before = load_snapshot(snapshots[0])  # fail on a bad file before running anything
+            with ProgressReporter(len(left_plan.configurations)) as progress:
+                after = record_regions(left_plan, progress)
+            changes = compare_maps(before, after)
+            pairs = [(before.config(*c.key), c) for c in after.configs if before.config(*c.key) is not None]
+            sides = (snapshots[0], "the current engine")
+        else:
+            right_plan = resolve_plan(settings, {**kw, **against})
+            if len(left_plan.configurations) != len(right_plan.configurations):
+                raise CapturelintError(
+                    f"the two sides have {len(left_plan.configurations)} and {len(right_plan.configurations)} "
+                    "configurations, so they cannot be paired; change one option at a time "
+                    "(e.g. --runner v1 --against-runner v2)"
+                )
+            with ProgressReporter(2 * len(left_plan.configurations)) as progress:
+                before = record_regions(left_plan, progress)
+                after = record_regions(right_plan, progress)
+            pairs = pair_by_position(before, after)
+            changes = compare_maps(before, after, pairs=pairs, engine_notes=False)
+            sides = (_describe_side(kw), _describe_side({**kw, **against}))
+    if fmt == "json":
+        doc = {"tool": "capturelint", "before": sides[0], "after": sides[1], "region_changes": changes.to_json()}
+        write_output(dumps_json(doc), output)
+        _say(changes.summary_line())
+    elif fmt == "dot":
+        from capturelint.render.dot import changes_dot
+
+        write_output(changes_dot(pairs, changes), output)
+        _say(changes.summary_line())
+    else:
+        from capturelint.render.changes import region_changes_panel
+
+        _print_rich(lambda console: console.print(region_changes_panel(changes, f"region changes: {sides[0]} -> {sides[1]}")), output)
+    return EXIT_CLEAN
+
+
+def _describe_side(kw: dict[str, Any]) -> str:
+    parts = []
+    for key, flag in (("runner", "--runner"), ("eager_region", "--eager-region")):
+        if kw.get(key):
+            parts.append(f"{flag} {kw[key]}")
+    if kw.get("modes"):
+        parts.append("--mode " + ",".join(kw["modes"]))
+    if kw.get("fresh_metadata"):
+        parts.append("--fresh-metadata")
+    return " ".join(parts) or "defaults"
+
+
+# --------------------------------------------------------------------- snapshot
+
+@click.command()
+@engine_options
+@click.option("-o", "--output", metavar="FILE", help="Write the snapshot to FILE (default: stdout).")
+@click.option("--update", metavar="FILE", help="Rewrite FILE with the current recording, accepting every change, and say what changed.")
+def snapshot(output: str | None, update: str | None, **kw: Any) -> int:
+    """Record the region map of every runner and mode (default: runners v1 and v2, all
+    four modes) as a stable, reviewable JSON file: per graph, its segments in order
+    (captured or eager break) and per module scope the count of each op.
+
+    Use it as the baseline of `capturelint check --baseline FILE`; when a region change
+    is intended, accept it with `capturelint snapshot --update FILE` and commit the file.
+    Captures are recorded without the shadow (fast).
+
+    Exit status: 0 written, 2 usage, snapshot or engine error.
+    """
+    from capturelint.snapshot import record_regions, update_snapshot, write_snapshot
+
+    if output and update:
+        raise click.UsageError("-o and --update both name the file to write; use one")
+    settings = settings_for(kw)
+    if kw.get("runner") is None and not settings.runners:
+        kw = {**kw, "runner": "all"}
+    plan = resolve_plan(settings, kw)
+    with ProgressReporter(len(plan.configurations)) as progress:
+        rmap = record_regions(plan, progress)
+    n_graphs = sum(len(c.graphs) for c in rmap.configs)
+    if update:
+        result = update_snapshot(update, rmap)
+        if result.changes is not None:
+            stdout_console().print(result.changes.__rich__())
+        _say(result.summary_line(update))
+    elif output and output != "-":
+        write_snapshot(rmap, output)
+        _say(f"wrote {output}: {len(rmap.configs)} configurations, {n_graphs} graphs")
+    else:
+        write_output(rmap.dumps(), None)
+    return EXIT_CLEAN

@@ -1,0 +1,48 @@
+"""Test-wide settings.
+
+The engine's tensors are tiny: one intra-op thread is fastest, and on a loaded two-core
+machine OpenMP threads contending for cores make each op ~100x slower.
+"""
+
+import torch
+
+torch.set_num_threads(1)
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def _configuration_memo():
+    return {}
+
+
+@pytest.fixture
+def cached_configurations(monkeypatch, _configuration_memo):
+    """Run each bundled-engine configuration once per session: the checker is
+    deterministic, so tests that ask for the same (plan, runner, mode) share it."""
+    import capturelint.bundled as bundled
+
+    real = bundled.run_configuration
+
+    import dataclasses
+
+    def memo(plan, runner, mode, shadow=True):
+        # which runners and modes a plan lists does not change one configuration's run
+        key = (dataclasses.replace(plan, runners=(), modes=()), runner, mode, shadow)
+        if key not in _configuration_memo:
+            _configuration_memo[key] = real(plan, runner, mode, shadow=shadow)
+        return _configuration_memo[key]
+
+    monkeypatch.setattr(bundled, "run_configuration", memo)
+    yield memo
+
+
+@pytest.fixture
+def real_configurations(monkeypatch):
+    """Undo the memo: the test needs fresh runs (determinism)."""
+    import capturelint.bundled as bundled
+    import importlib
+
+    fresh = importlib.reload(bundled)
+    monkeypatch.setattr(bundled, "run_configuration", fresh.run_configuration)
+    yield

@@ -1,0 +1,125 @@
+"""`capturelint check` on the bundled engine: the acceptance cases of the checker.
+
+Each configuration runs once per test session (``cached_configurations`` memoizes the
+bundled adapter); the determinism test runs its command twice for real.
+"""
+
+import json
+
+import pytest
+
+from capturelint.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _memo(cached_configurations):
+    yield
+
+
+def run(capsys, *args):
+    code = main(["check", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_v1_narrow_region_is_caught_as_baked_control_flow(capsys):
+    code, out, _ = run(capsys, "--runner", "v1", "--eager-region", "narrow", "--format", "json")
+    assert code == 1
+    doc = json.loads(out)
+    r1 = [f for f in doc["findings"] if f["condition"] == "R1"]
+    assert r1, doc["findings"]
+    f = r1[0]
+    assert f["code"] == "CL101" and f["runner"] == "v1" and f["mode"] in ("PIECEWISE", "FULL_AND_PIECEWISE")
+    assert ".attn" in f["scope"] and "layers." in f["scope"]
+    assert "recorded another branch than the step runs" in f["message"]
+    assert "capture had no attention metadata" in f["message"]
+    assert f["capture_frame"]["file"].endswith("dsv4/attention.py")
+    assert f["capture_frame"]["line"] != f["shadow_frame"]["line"]
+    for key in ("segment", "op", "scope", "capture_frame", "shadow_frame", "message"):
+        assert f[key]
+    # every finding is R1 in a PIECEWISE graph; FULL graphs of the same run are clean
+    assert {x["mode"] for x in doc["findings"]} == {"PIECEWISE", "FULL_AND_PIECEWISE"}
+    numerical = {n["mode"]: n for n in doc["numerical"]}
+    assert numerical["PIECEWISE"]["token_agreement"] < 0.5 and numerical["PIECEWISE"]["max_step_error"] > 1.0
+    assert numerical["FULL"]["token_agreement"] == 1.0
+
+
+def test_v1_narrow_rich_report_shows_the_finding_and_a_summary(capsys):
+    code, out, _ = run(capsys, "--runner", "v1", "--eager-region", "narrow", "--mode", "PIECEWISE")
+    assert code == 1
+    assert "CL101 baked-control-flow [R1]" in out
+    assert "capture: capturelint/engine/dsv4/attention.py:" in out
+    assert "step:    capturelint/engine/dsv4/attention.py:" in out
+    assert "runner v1 · mode PIECEWISE · eager region narrow" in out
+    assert "C:" in out and "E _sparse_indexer_and_attn:" in out  # per-segment op counts
+    assert out.rstrip().splitlines()[-1].startswith("4 findings (CL101 x4) in 1 configuration")
+
+
+@pytest.mark.parametrize("args", [["--runner", "v1"], ["--runner", "v2", "--eager-region", "narrow"]])
+def test_the_fixes_pass_over_every_mode(capsys, args):
+    code, out, _ = run(capsys, *args, "--format", "json")
+    doc = json.loads(out)
+    assert code == 0, doc["findings"]
+    assert doc["findings"] == []
+    assert sorted(n["mode"] for n in doc["numerical"]) == ["FULL", "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "PIECEWISE"]
+    assert all(n["token_agreement"] == 1.0 and n["max_step_error"] < 1e-4 for n in doc["numerical"])
+
+
+def test_fresh_metadata_under_full_graphs_names_the_moved_tensor(capsys):
+    code, out, _ = run(capsys, "--runner", "v1", "--mode", "FULL", "--fresh-metadata", "--format", "json")
+    assert code == 1
+    doc = json.loads(out)
+    r4 = [f for f in doc["findings"] if f["condition"] == "R4"]
+    assert r4 and all(f["code"] == "CL104" for f in r4)
+    names = {f["tensor"] for f in r4}
+    assert "attn_metadata['layers.0.swa'].slot_mapping" in names
+    assert all(n.startswith("attn_metadata[") for n in names)
+    assert "re-allocated after capture" in r4[0]["message"]
+
+
+def test_select_ignore_and_exit_zero(capsys):
+    code, out, _ = run(capsys, "--runner", "v1", "--eager-region", "narrow", "--mode", "PIECEWISE", "--ignore", "CL101", "--format", "json")
+    doc = json.loads(out)
+    # with R1 ignored the divergence is unexplained: the coverage gap is reported, never swallowed
+    assert code == 1 and [f["code"] for f in doc["findings"]] == ["CL901"]
+    code, _, _ = run(capsys, "--runner", "v1", "--eager-region", "narrow", "--mode", "PIECEWISE", "--exit-zero")
+    assert code == 0
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--runner", "v3"], "unknown runner 'v3'"),
+        (["--mode", "SOMETIMES"], "unknown CUDA-graph mode 'SOMETIMES'"),
+        (["--layers", "0"], "--layers must be a positive integer"),
+        (["--steps", "-2"], "--steps must be a positive integer"),
+        (["--select", "CL999"], "--select 'CL999' matches no rule code"),
+        (["--eager-region", "medium"], "unknown eager region 'medium'"),
+        (["--format", "xml"], "Invalid value for '--format'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, args, needle):
+    code, out, err = run(capsys, *args)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and needle in err and "Traceback" not in err
+    assert err.startswith("capturelint: error: ")
+
+
+def test_json_is_byte_identical_across_runs(capsys, real_configurations):
+    args = ["--runner", "v1", "--eager-region", "narrow", "--mode", "PIECEWISE", "--layers", "2", "--steps", "6", "--format", "json"]
+    first = run(capsys, *args)
+    second = run(capsys, *args)
+    assert first[0] == second[0] == 1
+    assert first[1] == second[1]
+
+
+def test_rules_command_lists_every_rule_and_prints_docs(capsys):
+    assert main(["rules", "--format", "markdown"]) == 0
+    table = capsys.readouterr().out
+    for code in ("CL101", "CL102", "CL103", "CL104", "CL105", "CL106", "CL107", "CL901"):
+        assert f"| {code} |" in table
+    assert main(["rules", "CL104", "--format", "markdown"]) == 0
+    doc = capsys.readouterr().out
+    for section in ("## What it does", "## Why is this bad?", "## Example", "## Use instead", "## Limitations"):
+        assert section in doc
+    assert main(["rules", "CL000"]) == 2

@@ -1,0 +1,134 @@
+"""``capturelint diff``: two region recordings compared (two plans, or snapshot files)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from capturelint.cli import main
+from capturelint.engine.cudagraph import SegmentKind
+from capturelint.snapshot import ConfigMap, EngineParams, GraphMap, RegionMap, SegmentMap, compare_maps
+
+ENGINE = ["--runner", "v1", "--mode", "PIECEWISE", "--layers", "2", "--steps", "4"]
+PARAMS = EngineParams(2, 4, 0, "torch", False, True)
+
+
+def run(args, capsys) -> tuple[int, str, str]:
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_narrow_against_wide_moves_the_attention_preparation_to_eager(capsys):
+    rc, out, err = run(["diff", *ENGINE, "--eager-region", "narrow", "--against-eager-region", "wide", "--format", "json"], capsys)
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["before"] == "--runner v1 --eager-region narrow --mode PIECEWISE"
+    assert doc["after"] == "--runner v1 --eager-region wide --mode PIECEWISE"
+    [change] = doc["region_changes"]["configurations"]
+    assert change["eager_region"] == {"before": "narrow", "after": "wide"}
+    moved = {(m["scope"], m["op"]): m for m in change["moved"]}
+    # the profile-run pad of the fused q-norm/RoPE/KV insert, q's projection and the
+    # indexer's q path, in every layer and every one of the 6 graphs
+    for key in [
+        ("model.layers.0.attn", "aten.constant_pad_nd.default"),
+        ("model.layers.1.attn", "aten.constant_pad_nd.default"),
+        ("model.layers.0.attn.wq_b", "aten.mm.default"),
+        ("model.layers.1.attn.indexer.wq_b", "aten.mm.default"),
+    ]:
+        assert moved[key]["direction"] == "to eager"
+        assert moved[key]["count"] == 6 and moved[key]["graphs"] == 6
+    assert all(m["direction"] == "to eager" for m in change["moved"])
+    assert change["segments_added"] == [
+        {"break": "DeepseekV4Attention._prepare_and_attn_eager", "count": 12, "graphs": 6, "kind": "eager"}]
+    assert change["segments_removed"] == [
+        {"break": "DeepseekV4Attention._sparse_indexer_and_attn", "count": 12, "graphs": 6, "kind": "eager"}]
+    ops = change["eager_ops_per_step"]
+    assert ops["after"] > ops["before"] > 0
+    assert change["growth_pct"] == round((ops["after"] - ops["before"]) * 100 / ops["before"], 2)
+    assert doc["region_changes"]["failed"] is False  # diff reports, it does not gate
+    assert err.count("\n") == 1 and "ops moved to eager" in err
+
+
+def gm(graph: str, *segments: tuple) -> GraphMap:
+    segs = []
+    for kind, name, ops in segments:
+        segs.append(SegmentMap(SegmentKind(kind), name, tuple((s, tuple(sorted(by.items()))) for s, by in sorted(ops.items()))))
+    return GraphMap(graph, "PIECEWISE", tuple(segs))
+
+
+NARROW = gm("decode/4",
+            ("captured", None, {"attn": {"aten.mm.default": 2, "aten.pad.default": 1}}),
+            ("eager", "Attn.sparse", {"attn": {"aten.zero_.default": 1}}),
+            ("captured", None, {"ffn": {"aten.mm.default": 3}}))
+WIDE = gm("decode/4",
+          ("captured", None, {"attn": {"aten.mm.default": 1}}),
+          ("eager", "Attn.prepare", {"attn": {"aten.mm.default": 1, "aten.pad.default": 1, "aten.zero_.default": 1}}),
+          ("captured", None, {"ffn": {"aten.mm.default": 3}}))
+
+
+def write(tmp_path, name: str, *configs: ConfigMap) -> str:
+    path = tmp_path / name
+    path.write_text(RegionMap(PARAMS, configs).dumps())
+    return str(path)
+
+
+def test_two_snapshot_files(tmp_path, capsys):
+    old = write(tmp_path, "old.json", ConfigMap("v1", "PIECEWISE", "narrow", (NARROW,)))
+    new = write(tmp_path, "new.json", ConfigMap("v1", "PIECEWISE", "wide", (WIDE,)), ConfigMap("v2", "FULL", "narrow", ()))
+    rc, out, _ = run(["diff", old, new, "--format", "json"], capsys)
+    assert rc == 0
+    doc = json.loads(out)["region_changes"]
+    [c] = doc["configurations"]
+    assert c["moved"] == [
+        {"scope": "attn", "op": "aten.mm.default", "direction": "to eager", "count": 1, "graphs": 1},
+        {"scope": "attn", "op": "aten.pad.default", "direction": "to eager", "count": 1, "graphs": 1},
+    ]
+    assert c["eager_ops_per_step"] == {"before": 1.0, "after": 3.0} and c["growth_pct"] == 200.0
+    assert doc["new_configurations"] == ["v2/FULL"]
+    rc, out, _ = run(["diff", old, new], capsys)
+    assert rc == 0
+    assert "v1/PIECEWISE (eager region narrow -> wide): eager ops per step 1 -> 3 (+200.0%)" in out
+    assert "moved to eager: 2 ops" in out and "attn · aten.mm.default ×1 in 1 graph" in out
+    assert "eager break Attn.prepare ×1 in 1 graph" in out
+    rc, out, _ = run(["diff", old, new, "--format", "dot"], capsys)
+    assert rc == 0 and out.startswith("digraph capturelint_diff {")
+    assert "aten.pad ×1 moved to eager" in out and "before: v1/PIECEWISE" in out and "after: v1/PIECEWISE" in out
+
+
+def test_moved_lists_are_cut_at_five_in_rich(tmp_path, capsys):
+    many_c = gm("decode/4", ("captured", None, {f"s{i}": {"aten.mm.default": 1} for i in range(8)}))
+    many_e = gm("decode/4", ("eager", "B.f", {f"s{i}": {"aten.mm.default": 1} for i in range(8)}))
+    old = write(tmp_path, "a.json", ConfigMap("v1", "PIECEWISE", "narrow", (many_c,)))
+    new = write(tmp_path, "b.json", ConfigMap("v1", "PIECEWISE", "wide", (many_e,)))
+    rc, out, _ = run(["diff", old, new], capsys)
+    assert "... and 3 more" in out
+
+
+def test_compare_maps_directions_and_unbounded_growth():
+    full = gm("decode/4", ("captured", None, {"attn": {"aten.mm.default": 3}}))
+    ch = compare_maps(RegionMap(PARAMS, (ConfigMap("v1", "FULL", "wide", (full,)),)),
+                      RegionMap(PARAMS, (ConfigMap("v1", "FULL", "wide", (NARROW,)),)), max_growth_pct=50)
+    [c] = ch.configs
+    assert c.growth_pct is None and c.over_budget and ch.failed  # 0 -> 1 eager op: unbounded
+    assert c.to_json()["growth_pct"] is None
+    back = compare_maps(RegionMap(PARAMS, (ConfigMap("v1", "P", "wide", (WIDE,)),)),
+                        RegionMap(PARAMS, (ConfigMap("v1", "P", "narrow", (NARROW,)),)))
+    assert {(m.scope, m.op, str(m.direction)) for m in back.configs[0].moved} == {
+        ("attn", "aten.mm.default", "to captured"), ("attn", "aten.pad.default", "to captured")}
+    assert not back.failed  # no budget: a diff never fails
+
+
+@pytest.mark.parametrize("args, message", [
+    (["diff"], "nothing to compare"),
+    (["diff", "a.json", "b.json", "c.json"], "at most two snapshot files"),
+    (["diff", "a.json", "--against-runner", "v2"], "do not apply to snapshot files"),
+    (["diff", "--runner", "all", "--against-runner", "v1", "--mode", "FULL"], "cannot be paired"),
+    (["diff", "missing.json", "other.json"], "snapshot missing.json does not exist"),
+])
+def test_usage_errors_are_one_line(args, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run(args, capsys)
+    assert rc == 2 and out == ""
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
