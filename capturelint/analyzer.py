@@ -69,6 +69,20 @@ class StepView:
     alignments: list[SegmentAlignment]
     op_map: dict[int, int]  # capture op index -> aligned shadow op index
     tainted: set[int] = dataclasses.field(default_factory=set)  # capture ops already reported
+    _locations: list | None = None
+
+    def location_problems(self) -> list[tuple["SegmentAlignment", OpRecord, OpRecord, TensorUse, TensorUse, "LocationProblem"]]:
+        """Every aligned tensor argument that fails R4's location condition, computed
+        once per step for the rules that read it (CL104, CL105)."""
+        if self._locations is None:
+            found = []
+            for al, c, s in iter_pairs(self):
+                for cu, su in zip(c.inputs, s.inputs):
+                    problem = location_problem(self, cu, su, s.scope)
+                    if problem is not None:
+                        found.append((al, c, s, cu, su, problem))
+            self._locations = found
+        return self._locations
 
     def segment_label(self, index: int) -> str:
         seg = self.capture.segments[index] if index < len(self.capture.segments) else None
@@ -108,8 +122,6 @@ def location_problem(view: StepView, c_use: TensorUse, s_use: TensorUse, scope: 
     s_origin = sh.origins.get(s_use.storage)
     if c_origin is None or s_origin is None:
         return None
-    c_name = view.tensor_name(cap, c_use, scope)
-    s_name = view.tensor_name(sh, s_use, scope)
     if c_origin.external:
         if c_use.storage == s_use.storage:
             return None
@@ -117,22 +129,27 @@ def location_problem(view: StepView, c_use: TensorUse, s_use: TensorUse, scope: 
             reason = "the step's tensor is a different storage than the one captured: it was re-allocated after capture"
         else:
             reason = "the step computes this tensor during the forward, but the graph reads a storage that existed before the capture"
-        return LocationProblem(False, c_name, s_name, reason)
+        return _problem(view, c_use, s_use, scope, False, reason)
     producer = cap.ops[c_origin.producer]
     seg = cap.segments[producer.segment]
     if seg.kind is SegmentKind.EAGER:
         if cap.copy_break_outputs and c_use.storage in seg.returned:
             return None
-        return LocationProblem(
-            True, c_name, s_name,
-            f"it was allocated inside eager break {seg.name} and is not a return value the runtime copies back",
-        )
+        reason = f"it was allocated inside eager break {seg.name} and is not a return value the runtime copies back"
+        return _problem(view, c_use, s_use, scope, True, reason)
     if s_origin.external:
-        return LocationProblem(False, c_name, s_name, "the graph reads its own capture-time intermediate, the step reads a pre-existing tensor")
+        reason = "the graph reads its own capture-time intermediate, the step reads a pre-existing tensor"
+        return _problem(view, c_use, s_use, scope, False, reason)
     expected = view.op_map.get(c_origin.producer)
     if expected is not None and expected != s_origin.producer:
-        return LocationProblem(False, c_name, s_name, "the step reads a tensor produced by a different op than the captured one")
+        reason = "the step reads a tensor produced by a different op than the captured one"
+        return _problem(view, c_use, s_use, scope, False, reason)
     return None
+
+
+def _problem(view: StepView, c_use: TensorUse, s_use: TensorUse, scope: str, escaped: bool, reason: str) -> LocationProblem:
+    # Names are looked up only for problems: this runs for every tensor of every step.
+    return LocationProblem(escaped, view.tensor_name(view.capture, c_use, scope), view.tensor_name(view.shadow, s_use, scope), reason)
 
 
 def _segment_ops(stream: Stream, seg: Segment) -> list[OpRecord]:

@@ -355,7 +355,9 @@ def load_snapshot(path: str | Path) -> RegionMap:
     try:
         doc = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as e:
-        truncated = e.pos >= len(text.rstrip())
+        body = text.strip()
+        # a file cut short ends before its closing bracket (or inside a string)
+        truncated = e.pos >= len(body) or (body[:1] in "{[" and body[-1:] not in "}]")
         what = "is truncated (the JSON ends early)" if truncated else f"is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
         raise CapturelintError(f"snapshot {path} {what}; {_regenerate(path)}") from None
     except ValueError as e:

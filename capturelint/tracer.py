@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import torch
 import torch.nn.modules.module as module_hooks
@@ -62,9 +62,12 @@ class StreamKind(enum.Enum):
         return self.value
 
 
-@dataclasses.dataclass(frozen=True)
-class TensorUse:
-    """One tensor argument or output of an op: where it lives and how it is viewed."""
+class TensorUse(NamedTuple):
+    """One tensor argument or output of an op: where it lives and how it is viewed.
+
+    Op and tensor records are named tuples rather than frozen dataclasses: the tracer
+    makes one per tensor of every op, and a frozen dataclass's ``__init__`` costs several
+    times more (it was a third of the tracer's time)."""
 
     arg: str
     storage: StorageId
@@ -82,8 +85,7 @@ class TensorUse:
         return f"{self.dtype}{list(self.shape)} stride {list(self.stride)} offset {self.offset}"
 
 
-@dataclasses.dataclass(frozen=True)
-class OpRecord:
+class OpRecord(NamedTuple):
     """One dispatcher call. ``scalars`` are the non-tensor arguments as ``(name, repr)``."""
 
     index: OpIndex
@@ -129,8 +131,7 @@ class Segment:
         return f"#{self.index} {self.kind}" + (f" {self.name}" if self.name else "")
 
 
-@dataclasses.dataclass(frozen=True)
-class Origin:
+class Origin(NamedTuple):
     """Where a storage came from in a stream: external, or allocated by op ``producer``."""
 
     external: bool
@@ -149,6 +150,9 @@ class ContextSummary:
         if not self.has_metadata:
             return "attn_metadata was None"
         return f"attn_metadata held {self.metadata_keys} entries"
+
+
+_EXTERNAL = Origin(True, None)
 
 
 @dataclasses.dataclass
@@ -195,9 +199,10 @@ class _SchemaInfo:
     """Per-overload argument layout, computed once: which arguments are tensors and
     which of those the op writes."""
 
-    __slots__ = ("args",)
+    __slots__ = ("args", "name")
 
     def __init__(self, func: Any):
+        self.name = str(func)
         self.args = []
         for pos, a in enumerate(func._schema.arguments):
             write = a.alias_info is not None and a.alias_info.is_write
@@ -214,6 +219,16 @@ def _schema(func: Any) -> _SchemaInfo:
     return info
 
 
+_dtype_names: dict[torch.dtype, str] = {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _dtype_names.get(dtype)
+    if name is None:
+        name = _dtype_names[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
 def _scalar_repr(value: Any) -> str:
     if isinstance(value, float):
         return repr(round(value, 9))
@@ -222,7 +237,19 @@ def _scalar_repr(value: Any) -> str:
     return repr(value) if not isinstance(value, (torch.dtype, torch.device)) else str(value)
 
 
-class Tracer(TorchDispatchMode, rt.CaptureObserver):
+class _OpMode(TorchDispatchMode):
+    """The dispatch mode half of the tracer: pushed only while a stream records, so
+    that replayed captured segments and untraced code run without a Python hop."""
+
+    def __init__(self, tracer: "Tracer"):
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self.tracer._dispatch(func, args, kwargs or {})
+
+
+class Tracer(rt.CaptureObserver):
     """Records capture, shadow and replay streams; see the module docstring.
 
     ``roots`` name external tensors: an ``nn.Module`` contributes its parameters and
@@ -238,8 +265,9 @@ class Tracer(TorchDispatchMode, rt.CaptureObserver):
         on_step: Callable[[Stream, Stream, Stream, float], None] | None = None,
         shadow: bool = True,
     ):
-        TorchDispatchMode.__init__(self)
         self.roots = roots or {}
+        self._mode = _OpMode(self)
+        self._mode_on = False
         self.on_step = on_step
         self.shadow_enabled = shadow
         self.captures: dict[int, Stream] = {}
@@ -267,10 +295,11 @@ class Tracer(TorchDispatchMode, rt.CaptureObserver):
             module_hooks.register_module_forward_hook(self._post_hook),
         ]
         rt.add_observer(self)
-        return TorchDispatchMode.__enter__(self)
+        return self
 
     def __exit__(self, *exc: Any) -> None:
-        TorchDispatchMode.__exit__(self, *exc)
+        self._mode_off()  # a capture that raised left it on
+        self.stream = None
         rt.remove_observer(self)
         for h in self._hooks:
             h.remove()
@@ -292,6 +321,16 @@ class Tracer(TorchDispatchMode, rt.CaptureObserver):
                     self._module_names[id(m)] = name
         self._static_names = {sid: tuple(v) for sid, v in names.items()}
 
+    def _mode_on_(self) -> None:
+        if not self._mode_on:
+            self._mode.__enter__()
+            self._mode_on = True
+
+    def _mode_off(self) -> None:
+        if self._mode_on:
+            self._mode_on = False
+            self._mode.__exit__(None, None, None)
+
     def _pre_hook(self, module: torch.nn.Module, args: Any) -> None:
         name = self._module_names.get(id(module))
         if name is None:
@@ -307,8 +346,7 @@ class Tracer(TorchDispatchMode, rt.CaptureObserver):
         return self._scope_stack[-1] if self._scope_stack else ""
 
     # -------------------------------------------------------------- op records
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+    def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         stream = self.stream
         if stream is None or self._suppress or func is _DETACH:
             # detach is a no-op alias for replay purposes, and stacked dispatch modes add
@@ -339,9 +377,9 @@ class Tracer(TorchDispatchMode, rt.CaptureObserver):
         st = t.untyped_storage()
         sid = st._cdata
         if sid not in stream.origins:
-            stream.origins[sid] = Origin(True, None)
+            stream.origins[sid] = _EXTERNAL
             stream._alive.append(st)
-        return TensorUse(arg, sid, tuple(t.shape), tuple(t.stride()), t.storage_offset(), str(t.dtype)[6:], write)
+        return TensorUse(arg, sid, tuple(t.shape), t.stride(), t.storage_offset(), _dtype_name(t.dtype), write)
 
     def _record(self, stream: Stream, func: Any, info: _SchemaInfo, args: tuple, kwargs: dict, out: Any) -> None:
         inputs: list[TensorUse] = []
@@ -372,11 +410,11 @@ class Tracer(TorchDispatchMode, rt.CaptureObserver):
                 if sid not in stream.origins:
                     stream.origins[sid] = Origin(False, index)
                     stream._alive.append(st)
-                outputs.append(TensorUse(f"out{i}", sid, tuple(o.shape), tuple(o.stride()), o.storage_offset(), str(o.dtype)[6:], True))
+                outputs.append(TensorUse(f"out{i}", sid, tuple(o.shape), o.stride(), o.storage_offset(), _dtype_name(o.dtype), True))
         file, line, function = rt.user_frame(3)
         segment = self._segment.index if self._segment is not None else 0
         stream.ops.append(
-            OpRecord(index, str(func), segment, self.scope or (self._segment.scope if self._segment else ""),
+            OpRecord(index, info.name, segment, self.scope or (self._segment.scope if self._segment else ""),
                      Frame(file, line, function), tuple(scalars), tuple(inputs), tuple(outputs))
         )
 
@@ -433,6 +471,7 @@ class Tracer(TorchDispatchMode, rt.CaptureObserver):
     def on_graph_begin(self, graph: rt.BreakableGraph, phase: rt.Phase) -> None:
         if phase is rt.Phase.CAPTURE:
             self.stream = self._new_stream(StreamKind.CAPTURE, graph)
+            self._mode_on_()
         elif phase is rt.Phase.REPLAY and self._shadow is not None:
             self._replay = self._new_stream(StreamKind.REPLAY, graph)
             self.stream = self._replay
@@ -443,6 +482,7 @@ class Tracer(TorchDispatchMode, rt.CaptureObserver):
             self.stream.output_storages = tuple(t.untyped_storage()._cdata for t in rt.flatten_tensors(output))
             self.captures[graph.id] = self.stream
             self.stream = None
+            self._mode_off()
         elif phase is rt.Phase.REPLAY and self._replay is not None:
             replay, shadow = self._replay, self._shadow
             self.stream, self._replay, self._shadow, self._suppress = None, None, None, False
@@ -462,6 +502,8 @@ class Tracer(TorchDispatchMode, rt.CaptureObserver):
             self._open_segment(stream, info.index, info.kind, info.name)
         elif info.phase is rt.Phase.REPLAY:
             self._suppress = info.kind is rt.SegmentKind.CAPTURED
+            if not self._suppress:
+                self._mode_on_()
             seg = self._open_segment(stream, info.index, info.kind, info.name)
             captured = self.captures.get(stream.graph_id)
             if captured is not None and info.index < len(captured.segments):
@@ -475,6 +517,7 @@ class Tracer(TorchDispatchMode, rt.CaptureObserver):
         self._close_segment(stream)
         if info.phase is rt.Phase.REPLAY:
             self._suppress = True
+            self._mode_off()
             if self._scope_stack:
                 self._scope_stack.pop()
 
@@ -513,9 +556,11 @@ class Tracer(TorchDispatchMode, rt.CaptureObserver):
         stream = self._new_stream(StreamKind.SHADOW, graph)
         self.stream, self._cow = stream, {}
         self._open_segment(stream, 0, rt.SegmentKind.CAPTURED, None)
+        self._mode_on_()
         try:
             out = shadow()
         finally:
+            self._mode_off()
             self._close_segment(stream)
             self.stream = None
             with torch.no_grad():

@@ -129,3 +129,24 @@ def test_eager_twin_changes_only_the_mode():
     twin = config.eager_twin()
     assert twin.cudagraph_mode is CUDAGraphMode.NONE
     assert twin.runner is Runner.V1 and twin.fresh_metadata and twin.seed == 5
+
+
+def test_host_sync_in_capture_is_one_line(capsys, monkeypatch):
+    """A model that reads a value on the host inside a captured region cannot be
+    captured; the command says so in one line instead of a traceback."""
+    from capturelint.engine.dsv4.moe import MoE
+
+    original = MoE.forward
+
+    def forward_with_host_read(self, x):
+        if x.sum().item() > 1e30:  # a data-dependent branch: needs the value on the host
+            return x
+        return original(self, x)
+
+    monkeypatch.setattr(MoE, "forward", forward_with_host_read)
+    capsys.readouterr()
+    assert main(["engine", "run", "--mode", "FULL", "--layers", "1", "--steps", "2", "--json"]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err
+    assert "graph capture failed" in lines[0] and "host synchronisation" in lines[0]

@@ -63,7 +63,7 @@ class BlockAllocator:
             heapq.heappush(self._free, b)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class LayerKVCache:
     """The caches of one layer (``None`` where the layer's ratio has no such cache)."""
 

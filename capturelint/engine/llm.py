@@ -55,7 +55,7 @@ class StepRecord:
     sampled: tuple[int, ...]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class GenerationResult:
     """One run's output.
 
@@ -247,7 +247,7 @@ def _check_same_schedule(captured: GenerationResult, eager: GenerationResult) ->
         raise CapturelintError("the two runs scheduled different batches; compare runs of the same workload and seed")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class TwinReport:
     """A configuration's run, its eager twin's run, and their comparison."""
 

@@ -106,7 +106,7 @@ class StepBatch:
         return list(self.seq_lens) + [0] * (num_rows - len(self.seq_lens))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class AttentionMetadata:
     """The tensors the DSV4 kernels read about a step (shapes for ``Tp`` padded tokens).
 
@@ -126,7 +126,7 @@ class AttentionMetadata:
             yield f.name, getattr(self, f.name)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class MetadataBuffers:
     """Persistent metadata tensors, sized for the largest step; ``write`` refreshes them
     in place and ``views`` hands out the step's slices (same storages every step)."""

@@ -42,7 +42,6 @@ from capturelint.engine.dsv4.model import DeepseekV4ForCausalLM
 from capturelint.engine.forward_context import BatchDescriptor, CUDAGraphMode, set_forward_context
 from capturelint.engine.kv_cache import KVCache
 from capturelint.engine.metadata import (
-    PAD_SLOT,
     AttentionMetadata,
     AttentionMetadataBuilder,
     CacheKind,
@@ -59,7 +58,7 @@ from capturelint.engine.scheduler import SchedulerOutput
 AttnMetadataDict = dict[str, AttentionMetadata]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class StepOutput:
     """What one forward produced: logits of each scheduled request's last token, and how
     the step ran (``descriptor`` is ``None`` for an eager step)."""
@@ -296,4 +295,4 @@ class ModelRunnerV2(ModelRunner):
 
 RUNNERS: dict[Runner, type[ModelRunner]] = {Runner.V1: ModelRunnerV1, Runner.V2: ModelRunnerV2}
 
-__all__ = ["ModelRunner", "ModelRunnerV1", "ModelRunnerV2", "RUNNERS", "StepOutput", "make_step_batch", "PAD_SLOT"]
+__all__ = ["ModelRunner", "ModelRunnerV1", "ModelRunnerV2", "RUNNERS", "StepOutput", "make_step_batch"]

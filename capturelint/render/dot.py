@@ -34,6 +34,7 @@ FONT = "Helvetica"
 CAPTURED = {"style": "filled,rounded", "fillcolor": "#e6f0fb", "color": "#3f6fa8", "penwidth": "1.5", "fontcolor": "#1f3f66"}
 EAGER = {"style": "filled,dashed,bold", "fillcolor": "#fde7c9", "color": "#c8701e", "penwidth": "2.5", "fontcolor": "#7a3d00"}
 FINDING_COLOR = "#d62728"
+COLUMN_ROWS = 14  # a long segment wraps into several columns (FULL graphs hold every scope)
 PALETTE = (
     "#ffffff", "#f2f2f2", "#e8f5e9", "#fff8e1", "#f3e5f5", "#e0f7fa", "#fce4ec", "#f1f8e9",
     "#ede7f6", "#e3f2fd", "#fbe9e7", "#f9fbe7",
@@ -67,12 +68,12 @@ class _Ids:
         return f"n{self.n}"
 
 
-def _graph_cluster(dot: graphviz.Digraph, cfg: ConfigView, view: GraphView, gi: int, ids: _Ids, ops: bool) -> None:
+def _graph_cluster(dot: graphviz.Digraph, cfg: ConfigView, view: GraphView, gi: int, ids: _Ids, ops: bool) -> str:
     stands = f"; stands for {view.stands_for} graphs" if view.stands_for > 1 else ""
     title = f"{cfg.title} · graph {view.graph} ({view.runtime_mode}{stands})"
     node_of: dict[tuple[int, str], str] = {}  # (segment, scope) or (segment, "#op") -> node id
     op_node: dict[int, str] = {}
-    anchors: list[str] = []
+    anchors: list[tuple[str, str]] = []
     with dot.subgraph(name=f"cluster_g{gi}") as outer:
         outer.attr(label=_label(title, cfg.totals_line()), labeljust="l", style="rounded", color="#999999", fontsize="14")
         for ov in view.overview:
@@ -110,14 +111,9 @@ def _graph_cluster(dot: graphviz.Digraph, cfg: ConfigView, view: GraphView, gi: 
                         c.node(nid, label=_label(*text, *([" ".join(tags)] if tags else [])), **_node_style(sc.scope, tags))
                         node_of[(seg.index, sc.scope)] = nid
                         members.append(nid)
-                with c.subgraph() as same:
-                    same.attr(rank="same")
-                    for m in members:
-                        same.node(m)
-                anchors.append(members[0])
-    # execution order: each segment's column right of the previous one
-    for a, b in zip(anchors, anchors[1:]):
-        dot.edge(a, b, style="invis", weight="20")
+                anchors.append(_columns(c, dot, members))
+    _chain(dot, anchors)
+    head = anchors[0][0]
     if ops:
         for flow in op_dataflow(view.G):
             src, dst = op_node.get(flow.src), op_node.get(flow.dst)
@@ -129,6 +125,35 @@ def _graph_cluster(dot: graphviz.Digraph, cfg: ConfigView, view: GraphView, gi: 
             dst = node_of.get((flow.dst_segment, flow.dst_scope))
             if src and dst:
                 dot.edge(src, dst, label=str(flow.tensors))
+    return head
+
+
+def _columns(cluster: graphviz.Digraph, dot: graphviz.Digraph, members: list[str]) -> tuple[str, str]:
+    """Lay a segment's nodes out in columns of at most ``COLUMN_ROWS``, in execution
+    order; returns the heads of its first and last columns."""
+    heads = []
+    for start in range(0, len(members), COLUMN_ROWS):
+        with cluster.subgraph() as same:
+            same.attr(rank="same")
+            for m in members[start:start + COLUMN_ROWS]:
+                same.node(m)
+        heads.append(members[start])
+    for a, b in zip(heads, heads[1:]):
+        dot.edge(a, b, style="invis", weight="20")
+    return heads[0], heads[-1]
+
+
+def _chain(dot: graphviz.Digraph, anchors: list[tuple[str, str]]) -> None:
+    """Execution order: each segment's columns right of the previous segment's."""
+    for (_, last), (first, _) in zip(anchors, anchors[1:]):
+        dot.edge(last, first, style="invis", weight="20")
+
+
+def _stack(dot: graphviz.Digraph, heads: list[str], at: int) -> None:
+    """Graphs one below the other in drawing order. Under ``rankdir=LR`` dot stacks
+    unconnected graphs bottom-up in the order their nodes first appear, so each graph's
+    first node is declared up front (body position ``at``), last graph first."""
+    dot.body[at:at] = [f"\t{h}\n" for h in reversed(heads)]
 
 
 def _node_style(scope: str, tags: tuple[str, ...]) -> dict[str, str]:
@@ -148,12 +173,16 @@ def report_dot(views: list[ConfigView], ops: bool = False) -> str:
     dot.attr("edge", fontname=FONT, fontsize="8", color="#666666", arrowsize="0.6")
     ids = _Ids()
     gi = 0
+    heads = []
+    top = len(dot.body)
     for cfg in views:
         for view in cfg.graphs:
-            _graph_cluster(dot, cfg, view, gi, ids, ops)
+            heads.append(_graph_cluster(dot, cfg, view, gi, ids, ops))
             gi += 1
         if not cfg.graphs:
-            dot.node(ids(), label=_label(cfg.title, "no graph captured: every step ran eagerly"), shape="plaintext", style="")
+            heads.append(ids())
+            dot.node(heads[-1], label=_label(cfg.title, "no graph captured: every step ran eagerly"), shape="plaintext", style="")
+    _stack(dot, heads, top)
     return dot.source
 
 
@@ -167,8 +196,8 @@ def _short_op(op: str) -> str:
 
 
 def _map_cluster(dot: graphviz.Digraph, title: str, graph, moved: dict[tuple[int, str], list[str]], changed_segments: set[int],
-                 segment_word: str, gi: int, ids: _Ids) -> None:
-    anchors: list[str] = []
+                 segment_word: str, gi: int, ids: _Ids) -> str:
+    anchors: list[tuple[str, str]] = []
     with dot.subgraph(name=f"cluster_d{gi}") as outer:
         outer.attr(label=_label(title), labeljust="l", style="rounded", color="#999999", fontsize="14")
         for si, seg in enumerate(graph.segments):
@@ -198,13 +227,9 @@ def _map_cluster(dot: graphviz.Digraph, title: str, graph, moved: dict[tuple[int
                     nid = ids()
                     c.node(nid, label="(no ops)", shape="plaintext", style="", fillcolor="")
                     members.append(nid)
-                with c.subgraph() as same:
-                    same.attr(rank="same")
-                    for m in members:
-                        same.node(m)
-                anchors.append(members[0])
-    for a, b in zip(anchors, anchors[1:]):
-        dot.edge(a, b, style="invis", weight="20")
+                anchors.append(_columns(c, dot, members))
+    _chain(dot, anchors)
+    return anchors[0][0]
 
 
 def changes_dot(pairs, changes) -> str:
@@ -222,6 +247,8 @@ def changes_dot(pairs, changes) -> str:
     dot.attr("edge", fontname=FONT, fontsize="8", color="#666666", arrowsize="0.6")
     ids = _Ids()
     gi = 0
+    heads: list[str] = []
+    top = len(dot.body)
     for (old, new), change in zip(pairs, changes.configs):
         new_graphs = {g.key: g for g in new.graphs}
         seen: set[str] = set()
@@ -246,8 +273,9 @@ def changes_dot(pairs, changes) -> str:
                 title = f"{side}: {label} · graph {og.graph} ({og.runtime_mode})"
                 if side == "after":
                     title += f" · eager ops per step {change.describe_growth()}"
-                _map_cluster(dot, title, graph, moved, segs, word, gi, ids)
+                heads.append(_map_cluster(dot, title, graph, moved, segs, word, gi, ids))
                 gi += 1
+    _stack(dot, heads, top)
     return dot.source
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from capturelint.analyzer import StepView, iter_pairs, location_problem
+from capturelint.analyzer import StepView
 from capturelint.findings import Condition, Finding
 from capturelint.rules.base import Rule, where
 
@@ -49,16 +49,14 @@ class StaleInput(Rule):
         # a re-allocated metadata tensor is one cause, not one per kernel and layer.
         first: dict[int, tuple] = {}
         readers: dict[int, int] = {}
-        for al, c, s in iter_pairs(view):
-            for cu, su in zip(c.inputs, s.inputs):
-                problem = location_problem(view, cu, su, s.scope)
-                if problem is None or problem.escaped:
-                    continue
-                view.tainted.add(c.index)
-                if view.is_followon(view.capture, cu):
-                    continue
-                readers[cu.storage] = readers.get(cu.storage, 0) + 1
-                first.setdefault(cu.storage, (al, c, s, cu, problem))
+        for al, c, s, cu, su, problem in view.location_problems():
+            if problem.escaped:
+                continue
+            view.tainted.add(c.index)
+            if view.is_followon(view.capture, cu):
+                continue
+            readers[cu.storage] = readers.get(cu.storage, 0) + 1
+            first.setdefault(cu.storage, (al, c, s, cu, problem))
         for storage, (al, c, s, cu, problem) in first.items():
             access = "writes" if cu.write else "reads"
             others = readers[storage] - 1

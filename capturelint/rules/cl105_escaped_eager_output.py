@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from capturelint.analyzer import StepView, iter_pairs, location_problem
+from capturelint.analyzer import StepView
 from capturelint.findings import Condition, Finding
 from capturelint.rules.base import Rule, where
 
@@ -46,11 +46,8 @@ class EscapedEagerOutput(Rule):
     """
 
     def check(self, view: StepView) -> Iterator[Finding]:
-        for al, c, s in iter_pairs(view):
-            for cu, su in zip(c.inputs, s.inputs):
-                problem = location_problem(view, cu, su, s.scope)
-                if problem is None or not problem.escaped:
-                    continue
+        for al, c, s, cu, su, problem in view.location_problems():
+            if problem.escaped:
                 view.tainted.add(c.index)
                 message = (
                     f"{c.op} in captured segment {view.segment_label(al.index)} at {where(c.frame)} reads "

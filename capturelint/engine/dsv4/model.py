@@ -21,6 +21,7 @@ its KV cache) changes greedy tokens within a few steps instead of hiding in the 
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 from torch import nn
@@ -44,7 +45,14 @@ hidden state moves logits by whole units."""
 class DecoderLayer(nn.Module):
     """Pre-norm residual block: attention, then MoE."""
 
-    def __init__(self, config: EngineConfig, index: int, eager_region: EagerRegion, topk_buffer, kernels):
+    def __init__(
+        self,
+        config: EngineConfig,
+        index: int,
+        eager_region: EagerRegion,
+        topk_buffer: torch.Tensor,
+        kernels: tuple[Callable, Callable],
+    ):
         super().__init__()
         ratio = config.layer_ratios[index]
         self.ratio = ratio
