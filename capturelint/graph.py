@@ -18,8 +18,6 @@ import bisect
 import dataclasses
 import enum
 from collections import Counter, defaultdict
-from typing import Iterable
-
 import networkx as nx
 
 from capturelint.engine.cudagraph import SegmentKind
@@ -392,6 +390,3 @@ def scope_group(scope: str) -> str:
     module in every layer, for styling."""
     return ".".join("*" if p.isdigit() else p for p in scope.split("."))
 
-
-def ops_in(G: nx.MultiDiGraph, nodes: Iterable[OpNode]) -> list[dict]:
-    return [G.nodes[n] for n in nodes]

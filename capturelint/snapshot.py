@@ -614,7 +614,11 @@ class RegionChanges:
                 line += f"; eager ops per step {growth}"
         over = [c.label for c in self.configs if c.over_budget]
         if over:
-            line += f"; eager growth over the {_num(self.max_growth_pct or 0)}% budget in {cut(over)}"
+            line += (
+                f"; eager growth over the {_num(self.max_growth_pct or 0)}% budget in {cut(over)} (more ops re-run "
+                "outside the graph on every replay); accept an intended change with `capturelint snapshot --update "
+                "BASELINE` or raise --max-eager-growth"
+            )
         if self.new_configs:
             line += f"; new (not in the baseline): {cut(list(self.new_configs))}"
         if self.missing_configs:

@@ -21,7 +21,7 @@ reports CL101 and would exit 1), 1 when it does not.
 Expected output:
 
     vLLM PR #51430: DeepSeek V4, Model Runner V1, PIECEWISE graphs, narrow eager region
-    engine: 4 layers, 12 steps, seed 0
+    engine: layers 4, steps 12, seed 0
 
     1. The engine against its eager twin (same weights and workload, graphs off)
        request 0, eager twin: 127 148 45 22 148 148 190 83 190 83 90 90
@@ -31,7 +31,7 @@ Expected output:
        max logit error:       14.8 (replay equal to eager stays below 1e-4)
 
     2. capturelint check --runner v1 --eager-region narrow --mode PIECEWISE --layers 4 --steps 12
-       4 findings: CL101 in the attention of 4 of 4 layers; the first:
+       CL101 in the attention of 4 of the model's 4 layers; the first:
        CL101 baked-control-flow [R1] in model.layers.0.attn, segment mixed/32 #0 captured
          captured op: aten.constant_pad_nd.default
          capture:     capturelint/engine/dsv4/attention.py:305 in _fused_qnorm_rope_kv_insert
@@ -46,7 +46,7 @@ Expected output:
          profile path at capture. Replay re-issues the recorded ops, so the step's ops never
          run. Move the branching code into an eager break, or make the capture take the path
          real steps take.
-       exit status 1: 4 findings (CL101 x4) in 1 configuration
+       exit status 1; findings by code: CL101 x4
 
     The story holds: replay diverges from eager execution (0.0% token agreement), and
     capturelint reports CL101 in _fused_qnorm_rope_kv_insert, from traces alone, with no
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(int(os.environ.get("CAPTURELINT_THREADS", "1")))
 
     print(f"vLLM PR #51430: DeepSeek V4, Model Runner V1, {MODE} graphs, {REGION} eager region")
-    print(f"engine: {args.layers} layers, {args.steps} steps, seed 0")
+    print(f"engine: layers {args.layers}, steps {args.steps}, seed 0")
 
     # 1. What a user sees: generations that have nothing to do with the model's.
     config = EngineConfig(runner=RUNNER, cudagraph_mode=MODE, eager_region=REGION, num_layers=args.layers, steps=args.steps)
@@ -147,11 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     if cl101:
         layers = len({f.scope for f in cl101})
-        print(
-            f"   {len(report.findings)} findings: CL101 in the attention of {layers} of {args.layers} layers; the first:"
-        )
+        print(f"   CL101 in the attention of {layers} of the model's {args.layers} layers; the first:")
         print_finding(cl101[0], "   ")
-    print(f"   exit status {status}: {report.summary_line()}")
+    codes = ", ".join(f"{code} x{n}" for code, n in report.summary_json()["by_code"].items()) or "none"
+    print(f"   exit status {status}; findings by code: {codes}")
 
     holds = not twin.matches_eager and bool(cl101) and status == EXIT_FINDINGS
     print()

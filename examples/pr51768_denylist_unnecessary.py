@@ -21,7 +21,7 @@ the check fails v1 + narrow + PIECEWISE and nothing else), 1 when it does not.
 Expected output:
 
     vLLM PR #51768: an architecture-name denylist for DeepSeek V4, and the check instead
-    engine: 4 layers, 12 steps, seed 0
+    engine: layers 4, steps 12, seed 0
 
     1. The engine config has no denylist
        EngineConfig(architecture='DeepseekV4ForCausalLM') accepts 30 of the 30 combinations
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(int(os.environ.get("CAPTURELINT_THREADS", "1")))
 
     print("vLLM PR #51768: an architecture-name denylist for DeepSeek V4, and the check instead")
-    print(f"engine: {args.layers} layers, {args.steps} steps, seed 0")
+    print(f"engine: layers {args.layers}, steps {args.steps}, seed 0")
 
     accepted, total = config_accepts_everything()
     print()

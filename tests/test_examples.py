@@ -1,13 +1,16 @@
 """The examples tell their stories: each runs, exits 0, and prints what its docstring says.
 
 Each example's docstring ends with "Expected output:" and the output of a run at its
-default sizes. Here they run smaller (``SMALL``: 2 layers, a sliding-window and an
-indexer layer, still enough for V1's narrow region to diverge) so the file stays fast,
-and the output is compared with the docstring's after masking the numbers that depend
-on the sizes (counts, percentages, errors, token ids): every word, code, op, layer
-name, verdict and source line (``attention.py:305``) must match, so the docstrings
-cannot drift from what the scripts print. Whitespace is collapsed because masked
-numbers of other widths move column padding and line wraps.
+default sizes (4 layers, 12 steps). Here they run smaller so the file stays fast
+(``SIZES``): the narrow-region story with 2 layers (a sliding-window and an indexer
+layer), the two 16-configuration matrices with 1 layer, whose sliding-window KV insert
+is where V1's narrow region goes wrong; 6 steps so that the workload has a uniform
+decode batch, without which FULL_DECODE_ONLY would replay nothing. The output is compared with
+the docstring's after masking the numbers that depend on the sizes (counts,
+percentages, errors, token ids): every word, code, op, layer name, verdict and source
+line (``attention.py:305``) must match, so the docstrings cannot drift from what the
+scripts print. Whitespace is collapsed because numbers of other widths move column
+padding and line wraps.
 """
 
 from __future__ import annotations
@@ -20,8 +23,11 @@ from types import ModuleType
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-STORIES = ("pr51430_narrow_region_v1", "pr51768_denylist_unnecessary", "pr52401_per_runner_region")
-SMALL = ["--layers", "2", "--steps", "6"]
+SIZES = {
+    "pr51430_narrow_region_v1": ["--layers", "2", "--steps", "6"],
+    "pr51768_denylist_unnecessary": ["--layers", "1", "--steps", "6"],
+    "pr52401_per_runner_region": ["--layers", "1", "--steps", "6"],
+}
 
 # A number not glued to a name (v1, CL101, layers.0) or a source line (attention.py:305);
 # counts written "x4" are numbers too.
@@ -61,11 +67,15 @@ def test_shape_keeps_names_and_source_lines():
     assert shape("4 findings (CL101 x4)") == "# findings (CL101 x#)"
 
 
-@pytest.mark.parametrize("name", STORIES)
+def test_every_example_is_tested():
+    assert sorted(p.stem for p in EXAMPLES.glob("*.py")) == sorted(SIZES)
+
+
+@pytest.mark.parametrize("name", sorted(SIZES))
 def test_example_tells_its_story(name, capsys):
     module = load(name)
     expected = expected_output(module)
-    assert module.main(SMALL) == 0, capsys.readouterr().out
+    assert module.main(SIZES[name]) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
     assert shape(out) == shape(expected), f"--- printed\n{out}--- docstring\n{expected}"
     # The lines that do not depend on the sizes are printed word for word.
@@ -78,7 +88,7 @@ def test_story_that_does_not_hold_exits_1(capsys, monkeypatch):
     # clean, so the narrow-region story's claims fail and it must say so.
     module = load("pr51430_narrow_region_v1")
     monkeypatch.setattr(module, "REGION", "wide")
-    assert module.main(SMALL) == 1
+    assert module.main(SIZES["pr51430_narrow_region_v1"]) == 1
     out = capsys.readouterr().out
     assert "The story does not hold" in out
     assert "exit status 0: no findings" in out

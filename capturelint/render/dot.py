@@ -28,7 +28,7 @@ import graphviz
 from capturelint.engine.cudagraph import SegmentKind
 from capturelint.errors import CapturelintError
 from capturelint.graph import op_dataflow, scope_group
-from capturelint.render.view import ConfigView, GraphView, num, op_runs, scope_label
+from capturelint.render.view import ConfigView, GraphView, op_runs, scope_label
 
 FONT = "Helvetica"
 CAPTURED = {"style": "filled,rounded", "fillcolor": "#e6f0fb", "color": "#3f6fa8", "penwidth": "1.5", "fontcolor": "#1f3f66"}
@@ -292,4 +292,4 @@ def render_image(dot_text: str, fmt: str) -> bytes:
         raise CapturelintError(f"Graphviz 'dot' failed: {err[0] if err else e}; report this with the DOT text (--format dot)") from None
 
 
-__all__ = ["DotMissing", "report_dot", "render_image", "scope_color", "num"]
+__all__ = ["DotMissing", "changes_dot", "report_dot", "render_image", "scope_color"]

@@ -18,7 +18,7 @@ they concern (see ``capturelint.render.view``).
 
 from __future__ import annotations
 
-from rich.console import Console, Group
+from rich.console import Console
 from rich.text import Text
 from rich.tree import Tree
 
@@ -106,4 +106,4 @@ def summary_line(views: list[ConfigView]) -> str:
     return line + f"; {_plural(findings, 'finding')}"
 
 
-__all__ = ["config_tree", "graph_tree", "render_tree", "summary_line", "Group"]
+__all__ = ["config_tree", "graph_tree", "render_tree", "summary_line"]

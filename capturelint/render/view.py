@@ -18,7 +18,6 @@ import networkx as nx
 
 from capturelint.findings import Finding
 from capturelint.graph import (
-    OP,
     RegionSegment,
     ScopeFlow,
     SegmentOverview,
@@ -215,4 +214,4 @@ def _same_site(a: dict, b: dict) -> bool:
     return (a["op"], a["file"], a["line"], a["function"]) == (b["op"], b["file"], b["line"], b["function"])
 
 
-__all__ = ["ConfigView", "GraphView", "Marks", "config_view", "report_views", "finding_tag", "op_runs", "OP"]
+__all__ = ["ConfigView", "GraphView", "Marks", "config_view", "report_views", "finding_tag", "op_runs"]
