@@ -73,6 +73,7 @@ RUNNER, MODE, REGION = "v1", "PIECEWISE", "narrow"
 SHOWN_TOKENS = 12
 """Tokens of request 0 printed per run: enough to see that the graphs' run never
 produces what the eager run produces."""
+TOLERANCE = f"{EQUAL_LOGIT_TOLERANCE:.0e}".replace("e-0", "e-")  # 1e-4, as people write it
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -84,9 +85,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def tokens(seq: tuple[int, ...]) -> str:
     return " ".join(str(t) for t in seq[:SHOWN_TOKENS])
-
-
-TOLERANCE = f"{EQUAL_LOGIT_TOLERANCE:.0e}".replace("e-0", "e-")  # 1e-4, as people write it
 
 
 def logit_error(x: float) -> str:
@@ -153,25 +151,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"   exit status {status}; findings by code: {codes}")
 
     holds = not twin.matches_eager and bool(cl101) and status == EXIT_FINDINGS
-    print()
     if holds:
-        print(
-            textwrap.fill(
-                f"The story holds: replay diverges from eager execution "
-                f"({twin.comparison.token_agreement:.1%} token agreement), and capturelint reports CL101 "
-                f"in {cl101[0].capture_frame.function if cl101[0].capture_frame else cl101[0].op}, from traces "
-                f"alone, with no GSM8K run.",
-                width=88,
-            )
+        where = cl101[0].capture_frame.function if cl101[0].capture_frame else cl101[0].op
+        text = (
+            f"The story holds: replay diverges from eager execution "
+            f"({twin.comparison.token_agreement:.1%} token agreement), and capturelint reports CL101 in "
+            f"{where}, from traces alone, with no GSM8K run."
         )
     else:
-        print(
-            textwrap.fill(
-                f"The story does not hold: replay {'matches' if twin.matches_eager else 'diverges from'} eager "
-                f"execution and capturelint reported {len(cl101)} CL101 findings (exit status {status}).",
-                width=88,
-            )
+        text = (
+            f"The story does not hold: replay {'matches' if twin.matches_eager else 'diverges from'} eager "
+            f"execution and capturelint reported {len(cl101)} CL101 findings (exit status {status})."
         )
+    print()
+    print(textwrap.fill(text, width=88))
     return 0 if holds else 1
 
 

@@ -90,7 +90,7 @@ def logit_error(x: float) -> str:
 
 def config_accepts_everything() -> tuple[int, int]:
     """How many (runner, mode, region) combinations ``EngineConfig`` accepts for DeepSeek
-    V4 *and* runs as asked (no runner or mode swapped behind the user's back), of all."""
+    V4 *and* resolves as asked (no runner or mode swapped behind the user's back), of all."""
     combos = list(itertools.product(Runner, CUDAGraphMode, EagerRegion))
     accepted = 0
     for runner, mode, region in combos:
@@ -150,17 +150,17 @@ def main(argv: list[str] | None = None) -> int:
     for runner, region, mode in itertools.product(RUNNERS, REGIONS, MODES):
         plan = make_plan(Settings(), runner=runner, modes=(mode,), eager_region=region, layers=args.layers, steps=args.steps)
         cfg = run_check(plan).configs[0]
-        safe = not cfg.findings
-        verdicts[(runner, region, mode)] = safe
+        ok = not cfg.findings
+        verdicts[(runner, region, mode)] = ok
         n = cfg.numerical
         agreement = f"{n.token_agreement:.1%}" if n is not None else "-"
         error = logit_error(n.max_logit_error) if n is not None else "-"
         print(
             f"   {runner:<7} {region:<7} {mode:<10} {findings_cell(cfg):<10} {agreement:<16} {error:<16} "
-            f"{'safe' if safe else 'unsafe'}"
+            f"{'safe' if ok else 'unsafe'}"
         )
 
-    unsafe = [k for k, safe in verdicts.items() if not safe]
+    unsafe = [k for k, ok in verdicts.items() if not ok]
     safe = [k for k, ok in verdicts.items() if ok]
     print()
     print("3. What the traces say, and what a ban on the name would have done")
