@@ -1,7 +1,7 @@
 """The analyzer: aligns a replay step with its shadow and runs the rules over them.
 
-Input per replay step: the capture stream of the graph being replayed, the shadow
-stream of the step and the replay stream (see ``capturelint.tracer``). The analyzer
+Input per replay step: the capture stream of the graph being replayed and the shadow
+stream of the step (see ``capturelint.tracer``). The analyzer
 
 1. compares the segment structure (captured / eager, and which break) of capture and
    shadow;
@@ -64,7 +64,6 @@ class StepView:
     label: RunLabel
     capture: Stream
     shadow: Stream
-    replay: Stream | None
     structure_differs: bool
     alignments: list[SegmentAlignment]
     op_map: dict[int, int]  # capture op index -> aligned shadow op index
@@ -187,7 +186,7 @@ def _align(index: int, c_ops: list[OpRecord], s_ops: list[OpRecord]) -> tuple[Se
     return SegmentAlignment(index, c_ops, s_ops, before, divergence), all_pairs
 
 
-def build_view(label: RunLabel, capture: Stream, shadow: Stream, replay: Stream | None) -> StepView:
+def build_view(label: RunLabel, capture: Stream, shadow: Stream) -> StepView:
     c_struct = [(s.kind, s.name) for s in capture.segments]
     s_struct = [(s.kind, s.name) for s in shadow.segments]
     alignments: list[SegmentAlignment] = []
@@ -200,7 +199,7 @@ def build_view(label: RunLabel, capture: Stream, shadow: Stream, replay: Stream 
             op_map[c.index] = s.index
         if cs.kind is SegmentKind.CAPTURED:
             alignments.append(alignment)
-    return StepView(label, capture, shadow, replay, c_struct != s_struct, alignments, op_map)
+    return StepView(label, capture, shadow, c_struct != s_struct, alignments, op_map)
 
 
 class FindingSet:
@@ -250,10 +249,10 @@ class Analyzer:
         self.steps = 0
         self._capture_checked: set[int] = set()
 
-    def on_step(self, capture: Stream, shadow: Stream, replay: Stream, error: float) -> None:
+    def on_step(self, capture: Stream, shadow: Stream, error: float) -> None:
         self.steps += 1
         self.max_step_error = max(self.max_step_error, error)
-        view = build_view(self.label, capture, shadow, replay)
+        view = build_view(self.label, capture, shadow)
         for rule in self.rules:
             self.findings.extend(rule.check(view))
 

@@ -839,3 +839,46 @@ def update_snapshot(path: str | Path, current: RegionMap) -> SnapshotUpdate:
     changes = compare_maps(old, merged) if old is not None else None
     write_snapshot(merged, path)
     return SnapshotUpdate(merged, changes, kept, unreadable, created)
+
+
+# ------------------------------------------------------------------------ diffs
+
+@dataclasses.dataclass(frozen=True)
+class RegionDiff:
+    """Two region recordings compared: what each side is, the paired configurations
+    (for drawing) and the changes."""
+
+    before: str
+    after: str
+    pairs: tuple[tuple[ConfigMap, ConfigMap], ...]
+    changes: RegionChanges
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tool": "capturelint", "before": self.before, "after": self.after, "region_changes": self.changes.to_json()}
+
+
+def _pairs_by_key(before: RegionMap, after: RegionMap) -> tuple[tuple[ConfigMap, ConfigMap], ...]:
+    return tuple((b, c) for c in after.configs if (b := before.config(*c.key)) is not None)
+
+
+def diff_files(old_path: str, new_path: str) -> RegionDiff:
+    before, after = load_snapshot(old_path), load_snapshot(new_path)
+    return RegionDiff(old_path, new_path, _pairs_by_key(before, after), compare_maps(before, after))
+
+
+def diff_file_against_run(old_path: str, plan: CheckPlan, progress: Any = None) -> RegionDiff:
+    before = load_snapshot(old_path)  # fail on a bad file before running anything
+    after = record_regions(plan, progress)
+    return RegionDiff(old_path, "the current engine", _pairs_by_key(before, after), compare_maps(before, after))
+
+
+def diff_plans(left: CheckPlan, right: CheckPlan, before: str, after: str, progress: Any = None) -> RegionDiff:
+    """Two plans that differ in one option, configurations paired in order."""
+    if len(left.configurations) != len(right.configurations):
+        raise CapturelintError(
+            f"the two sides have {len(left.configurations)} and {len(right.configurations)} configurations, so they "
+            "cannot be paired; change one option at a time (e.g. --runner v1 --against-runner v2)"
+        )
+    a, b = record_regions(left, progress), record_regions(right, progress)
+    pairs = pair_by_position(a, b)
+    return RegionDiff(before, after, tuple(pairs), compare_maps(a, b, pairs=pairs, engine_notes=False))

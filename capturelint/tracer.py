@@ -2,14 +2,13 @@
 
 It is two things at once: a ``TorchDispatchMode`` that sees every op, and a
 ``CaptureObserver`` that hears the capture runtime announce graphs, segments and breaks.
-From them it builds **streams**, one per run of the forward:
+From them it builds **streams**, one per run of the forward it checks:
 
 - ``CAPTURE``: the ops of a capture, each tagged with its segment (captured, or the
   eager break it ran in);
 - ``SHADOW``: an eager execution of a replay step (same inputs, same forward context),
   segmented the way the capture was: in a PIECEWISE graph each outermost would-be break
   opens an eager segment; in a FULL graph nothing does;
-- ``REPLAY``: the ops that the replay re-ran live (those of eager segments).
 
 The shadow has no side effects: before an op writes a storage that existed before the
 shadow began, the tracer copies the storage; after the shadow it restores every copy,
@@ -22,7 +21,7 @@ of the storage object, kept alive by the stream that saw it so that it is never 
 plus its view geometry. A storage is *in-step* when an op of the stream allocated it,
 *external* otherwise (parameters, runner buffers, caches, metadata).
 
-After each replay the tracer hands ``(capture, shadow, replay)`` to ``on_step``; the
+After each replay the tracer hands ``(capture, shadow)`` to ``on_step``; the
 analyzer (``capturelint.analyzer``) turns them into findings. The tracer knows nothing
 of any particular engine: it names tensors from the roots it is given (modules,
 objects with tensor attributes, ``(name, tensor)`` pairs) and from the forward context.
@@ -56,7 +55,6 @@ _LAYER = re.compile(r"layers\.\d+")
 class StreamKind(enum.Enum):
     CAPTURE = "capture"
     SHADOW = "shadow"
-    REPLAY = "replay"
 
     def __str__(self) -> str:
         return self.value
@@ -86,14 +84,15 @@ class TensorUse(NamedTuple):
 
 
 class OpRecord(NamedTuple):
-    """One dispatcher call. ``scalars`` are the non-tensor arguments as ``(name, repr)``."""
+    """One dispatcher call. ``scalars`` are the non-tensor arguments as ``(name, value)``
+    (lists as tuples); ``scalar_repr`` prints a value for messages."""
 
     index: OpIndex
     op: str
     segment: SegmentIndex
     scope: str
     frame: Frame
-    scalars: tuple[tuple[str, str], ...]
+    scalars: tuple[tuple[str, Any], ...]
     inputs: tuple[TensorUse, ...]
     outputs: tuple[TensorUse, ...]
 
@@ -199,14 +198,18 @@ class _SchemaInfo:
     """Per-overload argument layout, computed once: which arguments are tensors and
     which of those the op writes."""
 
-    __slots__ = ("args", "name")
+    __slots__ = ("args", "name", "list_args")
 
     def __init__(self, func: Any):
         self.name = str(func)
         self.args = []
+        self.list_args = set()  # arguments typed as lists that may hold tensors
         for pos, a in enumerate(func._schema.arguments):
             write = a.alias_info is not None and a.alias_info.is_write
             self.args.append((pos, a.name, a.kwarg_only, write))
+            kind = str(a.type)
+            if "Tensor" in kind and (kind.startswith("List[") or kind.endswith("[]")):
+                self.list_args.add(a.name)
 
 
 _schema_cache: dict[Any, _SchemaInfo] = {}
@@ -219,6 +222,18 @@ def _schema(func: Any) -> _SchemaInfo:
     return info
 
 
+_frames: dict[tuple, Frame] = {}
+
+
+def _frame() -> Frame:
+    """The op's source frame, one ``Frame`` object per distinct location."""
+    where = rt.user_frame(3)
+    frame = _frames.get(where)
+    if frame is None:
+        frame = _frames[where] = Frame(*where)
+    return frame
+
+
 _dtype_names: dict[torch.dtype, str] = {}
 
 
@@ -229,11 +244,11 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
-def _scalar_repr(value: Any) -> str:
+def scalar_repr(value: Any) -> str:
     if isinstance(value, float):
         return repr(round(value, 9))
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_scalar_repr(v) for v in value) + "]"
+        return "[" + ", ".join(scalar_repr(v) for v in value) + "]"
     return repr(value) if not isinstance(value, (torch.dtype, torch.device)) else str(value)
 
 
@@ -254,7 +269,7 @@ class Tracer(rt.CaptureObserver):
 
     ``roots`` name external tensors: an ``nn.Module`` contributes its parameters and
     buffers, a mapping or an object its tensor attributes (two levels deep), a
-    ``(name, tensor)`` iterable its pairs. ``on_step(capture, shadow, replay, error)``
+    ``(name, tensor)`` iterable its pairs. ``on_step(capture, shadow, error)``
     is called after every replay with ``error`` the max abs difference between the
     replay's output and the shadow's. ``shadow=False`` records captures only.
     """
@@ -262,7 +277,7 @@ class Tracer(rt.CaptureObserver):
     def __init__(
         self,
         roots: dict[str, Any] | None = None,
-        on_step: Callable[[Stream, Stream, Stream, float], None] | None = None,
+        on_step: Callable[[Stream, Stream, float], None] | None = None,
         shadow: bool = True,
     ):
         self.roots = roots or {}
@@ -275,11 +290,9 @@ class Tracer(rt.CaptureObserver):
         self.step = 0
         self.replays = 0
         self._segment: Segment | None = None
-        self._suppress = False
         self._cow: dict[StorageId, tuple[Any, Any]] | None = None
         self._shadow: Stream | None = None
         self._shadow_out: list[torch.Tensor] = []
-        self._replay: Stream | None = None
         self._shadow_depth = 0
         self._scope_stack: list[str] = []
         self._module_names: dict[int, str] = {}
@@ -348,7 +361,7 @@ class Tracer(rt.CaptureObserver):
     # -------------------------------------------------------------- op records
     def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         stream = self.stream
-        if stream is None or self._suppress or func is _DETACH:
+        if stream is None or func is _DETACH:
             # detach is a no-op alias for replay purposes, and stacked dispatch modes add
             # it to factory ops at capture only: recording it would fake a divergence.
             return func(*args, **kwargs)
@@ -383,7 +396,7 @@ class Tracer(rt.CaptureObserver):
 
     def _record(self, stream: Stream, func: Any, info: _SchemaInfo, args: tuple, kwargs: dict, out: Any) -> None:
         inputs: list[TensorUse] = []
-        scalars: list[tuple[str, str]] = []
+        scalars: list[tuple[str, Any]] = []
         for pos, name, kwarg_only, write in info.args:
             if kwarg_only or pos >= len(args):
                 if name not in kwargs:
@@ -393,14 +406,14 @@ class Tracer(rt.CaptureObserver):
                 value = args[pos]
             if isinstance(value, torch.Tensor):
                 inputs.append(self._use(stream, value, name, write))
-            elif isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+            elif name in info.list_args and isinstance(value, (list, tuple)):
                 for i, v in enumerate(value):
                     if isinstance(v, torch.Tensor):
                         inputs.append(self._use(stream, v, f"{name}[{i}]", write))
                     elif v is not None:
-                        scalars.append((f"{name}[{i}]", _scalar_repr(v)))
+                        scalars.append((f"{name}[{i}]", v))
             elif value is not None or not kwarg_only:
-                scalars.append((name, _scalar_repr(value)))
+                scalars.append((name, tuple(value) if isinstance(value, list) else value))
         index = len(stream.ops)
         outputs: list[TensorUse] = []
         for i, o in enumerate(out if isinstance(out, (tuple, list)) else (out,)):
@@ -411,11 +424,10 @@ class Tracer(rt.CaptureObserver):
                     stream.origins[sid] = Origin(False, index)
                     stream._alive.append(st)
                 outputs.append(TensorUse(f"out{i}", sid, tuple(o.shape), o.stride(), o.storage_offset(), _dtype_name(o.dtype), True))
-        file, line, function = rt.user_frame(3)
         segment = self._segment.index if self._segment is not None else 0
         stream.ops.append(
             OpRecord(index, info.name, segment, self.scope or (self._segment.scope if self._segment else ""),
-                     Frame(file, line, function), tuple(scalars), tuple(inputs), tuple(outputs))
+                     _frame(), tuple(scalars), tuple(inputs), tuple(outputs))
         )
 
     # ------------------------------------------------------------ stream setup
@@ -464,7 +476,7 @@ class Tracer(rt.CaptureObserver):
             if isinstance(v, torch.Tensor):
                 out.append(BreakArg(path, self._use(stream, v, path, False), None))
             elif isinstance(v, (int, float, bool, str, type(None), torch.dtype, torch.device)):
-                out.append(BreakArg(path, None, _scalar_repr(v)))
+                out.append(BreakArg(path, None, scalar_repr(v)))
         return tuple(out)
 
     # ----------------------------------------------------------- observer API
@@ -472,10 +484,6 @@ class Tracer(rt.CaptureObserver):
         if phase is rt.Phase.CAPTURE:
             self.stream = self._new_stream(StreamKind.CAPTURE, graph)
             self._mode_on_()
-        elif phase is rt.Phase.REPLAY and self._shadow is not None:
-            self._replay = self._new_stream(StreamKind.REPLAY, graph)
-            self.stream = self._replay
-            self._suppress = True
 
     def on_graph_end(self, graph: rt.BreakableGraph, phase: rt.Phase, output: Any) -> None:
         if phase is rt.Phase.CAPTURE and self.stream is not None:
@@ -483,43 +491,24 @@ class Tracer(rt.CaptureObserver):
             self.captures[graph.id] = self.stream
             self.stream = None
             self._mode_off()
-        elif phase is rt.Phase.REPLAY and self._replay is not None:
-            replay, shadow = self._replay, self._shadow
-            self.stream, self._replay, self._shadow, self._suppress = None, None, None, False
+        elif phase is rt.Phase.REPLAY and self._shadow is not None:
+            # The replay itself is not traced: captured segments re-issue what the capture
+            # recorded, and eager segments re-run the code the shadow just ran.
+            shadow, self._shadow = self._shadow, None
             error = _max_abs_diff(list(rt.flatten_tensors(output)), self._shadow_out)
             self._shadow_out = []
             self.replays += 1
             if self.on_step is not None:
-                self.on_step(self.captures[graph.id], shadow, replay, error)
+                self.on_step(self.captures[graph.id], shadow, error)
             shadow.release()
-            replay.release()
 
     def on_segment_begin(self, info: rt.SegmentInfo) -> None:
-        stream = self.stream
-        if stream is None:
-            return
-        if info.phase is rt.Phase.CAPTURE:
-            self._open_segment(stream, info.index, info.kind, info.name)
-        elif info.phase is rt.Phase.REPLAY:
-            self._suppress = info.kind is rt.SegmentKind.CAPTURED
-            if not self._suppress:
-                self._mode_on_()
-            seg = self._open_segment(stream, info.index, info.kind, info.name)
-            captured = self.captures.get(stream.graph_id)
-            if captured is not None and info.index < len(captured.segments):
-                seg.scope = captured.segments[info.index].scope
-                self._scope_stack.append(seg.scope)
+        if self.stream is not None and info.phase is rt.Phase.CAPTURE:
+            self._open_segment(self.stream, info.index, info.kind, info.name)
 
     def on_segment_end(self, info: rt.SegmentInfo) -> None:
-        stream = self.stream
-        if stream is None:
-            return
-        self._close_segment(stream)
-        if info.phase is rt.Phase.REPLAY:
-            self._suppress = True
-            self._mode_off()
-            if self._scope_stack:
-                self._scope_stack.pop()
+        if self.stream is not None and info.phase is rt.Phase.CAPTURE:
+            self._close_segment(self.stream)
 
     def on_break_enter(self, call: rt.BreakCall) -> None:
         stream = self.stream

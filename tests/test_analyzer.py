@@ -29,7 +29,7 @@ def test_first_divergence_and_extent_not_a_cascade():
     cap = stream(StreamKind.CAPTURE, [op(0, "aten.mm", 10), op(1, "aten.pad", 11), op(2, "aten.add", 20), op(3, "aten.mul", 21)], False)
     sh = stream(StreamKind.SHADOW, [op(0, "aten.mm", 10), op(1, "dsv4.insert", 12), op(2, "dsv4.norm", 13),
                                     op(3, "aten.add", 20), op(4, "aten.mul", 21)], True, step=3)
-    view = build_view(LABEL, cap, sh, None)
+    view = build_view(LABEL, cap, sh)
     (al,) = view.alignments
     assert al.divergence.capture_op.op == "aten.pad" and al.divergence.shadow_op.op == "dsv4.insert"
     assert (al.divergence.missing, al.divergence.extra) == (2, 1)
@@ -49,7 +49,7 @@ def test_first_divergence_and_extent_not_a_cascade():
 
 def test_identical_streams_give_no_divergence():
     ops = [op(0, "aten.mm", 10), op(1, "aten.add", 11)]
-    view = build_view(LABEL, stream(StreamKind.CAPTURE, ops, True), stream(StreamKind.SHADOW, list(ops), True), None)
+    view = build_view(LABEL, stream(StreamKind.CAPTURE, ops, True), stream(StreamKind.SHADOW, list(ops), True))
     assert view.alignments[0].divergence is None and list(BakedControlFlow().check(view)) == []
 
 
@@ -59,10 +59,10 @@ def test_location_compares_storage_identity_and_producers():
     cap.names = {7: ("runner.positions",)}
     same = stream(StreamKind.SHADOW, [op(0, "aten.empty", 1, outputs=[use(900)]), op(1, "aten.add", 2, [use(900), use(7)])], True,
                   origins={900: Origin(False, 0), 7: Origin(True, None)})
-    view = build_view(LABEL, cap, same, None)
+    view = build_view(LABEL, cap, same)
     assert location_problem(view, use(500), use(900), "") is None
     assert location_problem(view, use(7), use(7), "") is None
     moved = stream(StreamKind.SHADOW, list(same.ops), True, origins={900: Origin(False, 0), 8: Origin(True, None)})
-    problem = location_problem(build_view(LABEL, cap, moved, None), use(7), use(8), "")
+    problem = location_problem(build_view(LABEL, cap, moved), use(7), use(8), "")
     assert problem is not None and not problem.escaped and problem.capture_name == "runner.positions"
     assert "re-allocated" in problem.reason

@@ -145,7 +145,7 @@ def diff(snapshots: tuple[str, ...], against_runner: str | None, against_modes: 
 
     Exit status: 0 compared (changes do not change it), 2 usage, snapshot or engine error.
     """
-    from capturelint.snapshot import compare_maps, load_snapshot, pair_by_position, record_regions
+    from capturelint.snapshot import diff_file_against_run, diff_files, diff_plans
 
     against = {
         "runner": against_runner,
@@ -162,48 +162,45 @@ def diff(snapshots: tuple[str, ...], against_runner: str | None, against_modes: 
         raise click.UsageError("nothing to compare: give OLD.json NEW.json, OLD.json alone (against the engine), "
                                "or an --against-* option such as --against-eager-region wide")
     if len(snapshots) == 2:
-        before, after = load_snapshot(snapshots[0]), load_snapshot(snapshots[1])
-        changes = compare_maps(before, after)
-        pairs = [(before.config(*c.key), c) for c in after.configs if before.config(*c.key) is not None]
-        sides = (snapshots[0], snapshots[1])
+        result = diff_files(snapshots[0], snapshots[1])
     else:
         settings = settings_for(kw)
-        left_plan = resolve_plan(settings, kw)
+        left = resolve_plan(settings, kw)
         if snapshots:
-            before = load_snapshot(snapshots[0])  # fail on a bad file before running anything
-            with ProgressReporter(len(left_plan.configurations)) as progress:
-                after = record_regions(left_plan, progress)
-            changes = compare_maps(before, after)
-            pairs = [(before.config(*c.key), c) for c in after.configs if before.config(*c.key) is not None]
-            sides = (snapshots[0], "the current engine")
+            with ProgressReporter(len(left.configurations)) as progress:
+                result = diff_file_against_run(snapshots[0], left, progress)
         else:
-            right_plan = resolve_plan(settings, {**kw, **against})
-            if len(left_plan.configurations) != len(right_plan.configurations):
-                raise CapturelintError(
-                    f"the two sides have {len(left_plan.configurations)} and {len(right_plan.configurations)} "
-                    "configurations, so they cannot be paired; change one option at a time "
-                    "(e.g. --runner v1 --against-runner v2)"
-                )
-            with ProgressReporter(2 * len(left_plan.configurations)) as progress:
-                before = record_regions(left_plan, progress)
-                after = record_regions(right_plan, progress)
-            pairs = pair_by_position(before, after)
-            changes = compare_maps(before, after, pairs=pairs, engine_notes=False)
-            sides = (_describe_side(kw), _describe_side({**kw, **against}))
+            right = resolve_plan(settings, {**kw, **against})
+            with ProgressReporter(len(left.configurations) + len(right.configurations)) as progress:
+                result = diff_plans(left, right, _describe_side(kw), _describe_side({**kw, **against}), progress)
     if fmt == "json":
-        doc = {"tool": "capturelint", "before": sides[0], "after": sides[1], "region_changes": changes.to_json()}
-        write_output(dumps_json(doc), output)
-        _say(changes.summary_line())
+        write_output(dumps_json(result.to_json()), output)
+        _say(result.changes.summary_line())
     elif fmt == "dot":
         from capturelint.render.dot import changes_dot
 
-        write_output(changes_dot(pairs, changes), output)
-        _say(changes.summary_line())
+        write_output(changes_dot(result.pairs, result.changes), output)
+        _say(result.changes.summary_line())
     else:
         from capturelint.render.changes import region_changes_panel
 
-        _print_rich(lambda console: console.print(region_changes_panel(changes, f"region changes: {sides[0]} -> {sides[1]}")), output)
+        title = _title(result.before, result.after)
+        _print_rich(lambda console: console.print(region_changes_panel(result.changes, title)), output)
     return EXIT_CLEAN
+
+
+def _title(before: str, after: str) -> str:
+    """``region changes: --eager-region narrow -> --eager-region wide (--runner v1)``:
+    the options the sides share are said once."""
+    a, b = before.split(" --"), after.split(" --")
+    if before.startswith("--") and after.startswith("--"):
+        common = [o for o in a if o in b]
+        left = " --".join(o for o in a if o not in common)
+        right = " --".join(o for o in b if o not in common)
+        shared = " --".join(common)
+        fix = lambda t: t if not t or t.startswith("--") else "--" + t  # noqa: E731
+        return f"region changes: {fix(left) or 'defaults'} -> {fix(right) or 'defaults'}" + (f" ({fix(shared)})" if shared else "")
+    return f"region changes: {before} -> {after}"
 
 
 def _describe_side(kw: dict[str, Any]) -> str:

@@ -2,21 +2,26 @@
 
 Printed form::
 
-    ╭─ region changes ────────────────────────────────────────────────────────────╮
-    │ v1/PIECEWISE (eager region wide -> narrow): eager ops per step 19.5 -> 2 (-89.7%) │
-    │   moved to captured: model.layers.*.attn · aten.constant_pad_nd.default ×12 in 6 graphs │
-    │   ...                                                                        │
-    │   eager breaks added: DeepseekV4Attention._sparse_indexer_and_attn ×12 in 6 graphs │
-    │ unchanged: v2/PIECEWISE                                                      │
-    │ regions changed in 1 of 2 configurations: ...                                │
-    ╰──────────────────────────────────────────────────────────────────────────────╯
+    ╭─ region changes ─────────────────────────────────────────────────────────────────╮
+    │ v1/PIECEWISE (eager region wide -> narrow): eager ops per step 39 -> 4 (-89.7%)  │
+    │   moved to captured: 210 ops                                                     │
+    │     model.layers.*.attn: 162 ops in 6 graphs (aten.mul.Tensor ×42, ... and 8 more) │
+    │     model.layers.*.attn.wq_b: 24 ops in 6 graphs (aten.mm.default ×12, aten.t.default ×12) │
+    │   segments added:                                                                │
+    │     eager break DeepseekV4Attention._sparse_indexer_and_attn ×12 in 6 graphs     │
+    │   segments removed:                                                              │
+    │     eager break DeepseekV4Attention._prepare_and_attn_eager ×12 in 6 graphs      │
+    │ in the baseline but not run: v2/PIECEWISE                                        │
+    │ regions changed in 1 of 1 configuration: 0 ops moved to eager, 210 to captured; ... │
+    ╰──────────────────────────────────────────────────────────────────────────────────╯
 
 Moved ops are grouped by scope with layer numbers replaced by ``*`` so that one line
-covers every layer; the JSON form keeps every scope.
+covers every layer (scopes and ops cut at five); the JSON form keeps every scope.
 """
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
@@ -39,27 +44,38 @@ def _lines(items: list[Text], indent: str = "    ") -> list[Text]:
 
 
 def _moved_lines(change: "ConfigChange") -> list[Text]:
+    """Per direction, one line per scope (layers folded to ``*``) with its ops."""
     from capturelint.snapshot import Direction
 
     out: list[Text] = []
     for direction in (Direction.TO_EAGER, Direction.TO_CAPTURED):
-        grouped: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        by_scope: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        graphs: dict[str, int] = defaultdict(int)
         for m in change.moved:
             if m.direction is direction:
-                g = grouped[(scope_group(m.scope) or "<top>", m.op)]
-                g[0] += m.count
-                g[1] = max(g[1], m.graphs)
-        if not grouped:
+                scope = scope_group(m.scope) or "<top>"
+                by_scope[scope][m.op] += m.count
+                graphs[scope] = max(graphs[scope], m.graphs)
+        if not by_scope:
             continue
         style = "yellow" if direction is Direction.TO_EAGER else "cyan"
-        items = [
-            Text(f"    {scope} · {op} ×{n} in {g} graph{'s' * (g != 1)}", style=style)
-            for (scope, op), (n, g) in sorted(grouped.items(), key=lambda kv: (-kv[1][0], kv[0]))
-        ]
-        total = sum(n for n, _ in grouped.values())
+        items = []
+        for scope in sorted(by_scope, key=_natural):
+            ops = sorted(by_scope[scope].items(), key=lambda kv: (-kv[1], kv[0]))
+            total = sum(n for _, n in ops)
+            listed = ", ".join(f"{op} ×{n}" for op, n in ops[:LIST_CUT])
+            if len(ops) > LIST_CUT:
+                listed += f" ... and {len(ops) - LIST_CUT} more"
+            g = graphs[scope]
+            items.append(Text(f"    {scope}: {total} op{'s' * (total != 1)} in {g} graph{'s' * (g != 1)} ({listed})", style=style))
+        total = sum(sum(v.values()) for v in by_scope.values())
         out.append(Text(f"  moved {direction}: {total} op{'s' * (total != 1)}", style=f"bold {style}"))
         out.extend(_lines(items))
     return out
+
+
+def _natural(text: str) -> tuple:
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", text))
 
 
 def _segment_lines(title: str, segs: tuple["SegmentChange", ...], style: str) -> list[Text]:

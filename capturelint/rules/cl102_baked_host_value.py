@@ -7,6 +7,7 @@ from typing import Iterator
 from capturelint.analyzer import StepView, iter_pairs
 from capturelint.findings import Condition, Finding
 from capturelint.rules.base import Rule, where
+from capturelint.tracer import scalar_repr
 
 
 class BakedHostValue(Rule):
@@ -37,7 +38,7 @@ class BakedHostValue(Rule):
     inside an eager break.
 
     ## Limitations
-    Floats are compared after rounding to 9 digits. Arguments are compared only on ops
+    Floats are compared exactly (a replay re-issues the same bits). Arguments are compared only on ops
     that align; after a control-flow divergence (CL101) the rest of the segment is not
     compared.
     """
@@ -50,6 +51,7 @@ class BakedHostValue(Rule):
             if not diffs:
                 diffs = [(("arguments", str(len(c.scalars))), ("arguments", str(len(s.scalars))))]
             (name, cv), (_, sv) = diffs[0]
+            cv, sv = scalar_repr(cv), scalar_repr(sv)
             view.tainted.add(c.index)
             message = (
                 f"{c.op} in captured segment {view.segment_label(al.index)} at {where(c.frame)} was recorded with "
