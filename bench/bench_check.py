@@ -4,9 +4,15 @@ BENCHMARKS.md with the machine they were measured on).
 Reports, in one run:
 - the wall time of `capturelint check --runner R` (all four modes, shadow and twin
   included) for each runner;
-- per runner and mode, the ratio of a traced run (tracer + shadow of every replay step +
-  analysis) to an untraced run of the same workload (the same engine generating with
-  the same captured graphs), each the best of --repeat runs.
+- per runner and mode, the ratio of a traced run to an untraced run of the same
+  workload, each the best of --repeat runs, in two forms:
+  * `check/engine-run`: what `capturelint check` does for one configuration (the
+    generation traced, every replay step shadowed and analyzed, plus the eager twin)
+    over what `capturelint engine run` does for it (the same generation untraced, plus
+    the same eager twin): the cost of checking over the cost of the numerical
+    comparison alone;
+  * `traced/untraced generation`: the generation alone, traced or not (no twin on
+    either side): the tracer's own overhead, shadows included.
 
     python bench/bench_check.py [--repeat 3] [--layers 4] [--steps 24] [--json]
 """
@@ -59,6 +65,10 @@ def main() -> None:
                 with torch.no_grad():
                     Engine(cfg).generate()
 
+            def twin() -> None:
+                with torch.no_grad():
+                    Engine(cfg.eager_twin()).generate()
+
             def traced() -> None:
                 engine = Engine(cfg)
                 roots = {"model": engine.model, "state": list(engine.runner.named_state_tensors())}
@@ -66,7 +76,12 @@ def main() -> None:
 
             t_u = best_of(args.repeat, untraced)
             t_t = best_of(args.repeat, traced)
-            rows.append({"runner": runner, "mode": mode, "untraced_s": round(t_u, 3), "traced_s": round(t_t, 3), "ratio": round(t_t / t_u, 2)})
+            t_e = best_of(args.repeat, twin)
+            rows.append({
+                "runner": runner, "mode": mode, "untraced_s": round(t_u, 3), "traced_s": round(t_t, 3),
+                "twin_s": round(t_e, 3), "generation_ratio": round(t_t / t_u, 2),
+                "check_over_engine_run": round((t_t + t_e) / (t_u + t_e), 2),
+            })
     out = {"machine": machine, "check_wall_s": {k: round(v, 2) for k, v in check_times.items()}, "runs": rows}
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))
@@ -74,10 +89,12 @@ def main() -> None:
     print(f"machine: {machine}")
     for r, t in check_times.items():
         print(f"capturelint check --runner {r}: {t:.2f} s (4 modes, shadow and eager twin included)")
-    print(f"{'runner':6} {'mode':20} {'untraced s':>10} {'traced s':>9} {'ratio':>6}")
+    print(f"{'runner':6} {'mode':20} {'untraced s':>10} {'traced s':>9} {'twin s':>7} {'traced/untraced':>16} {'check/engine-run':>17}")
     for r in rows:
-        print(f"{r['runner']:6} {r['mode']:20} {r['untraced_s']:>10.3f} {r['traced_s']:>9.3f} {r['ratio']:>6.2f}")
-    print(f"max traced/untraced ratio: {max(r['ratio'] for r in rows):.2f}")
+        print(f"{r['runner']:6} {r['mode']:20} {r['untraced_s']:>10.3f} {r['traced_s']:>9.3f} {r['twin_s']:>7.3f} "
+              f"{r['generation_ratio']:>16.2f} {r['check_over_engine_run']:>17.2f}")
+    print(f"max check/engine-run ratio: {max(r['check_over_engine_run'] for r in rows):.2f}; "
+          f"max traced/untraced generation ratio: {max(r['generation_ratio'] for r in rows):.2f}")
 
 
 if __name__ == "__main__":

@@ -96,6 +96,8 @@ class StepView:
         if origin is not None and origin.producer is not None:
             prod = stream.ops[origin.producer]
             return f"output of {prod.op} in {prod.scope or '<top>'} ({prod.frame.file}:{prod.frame.line})"
+        if origin is not None and not origin.external:
+            return f"a tensor allocated inside an eager break ({use.arg})"
         return f"tensor {use.arg} (storage not named by the engine)"
 
     def is_followon(self, stream: Stream, use: TensorUse) -> bool:

@@ -152,6 +152,7 @@ class ContextSummary:
 
 
 _EXTERNAL = Origin(True, None)
+_IN_BREAK = Origin(False, None)  # allocated inside a shadow's eager break (not recorded op by op)
 
 
 @dataclasses.dataclass
@@ -198,7 +199,7 @@ class _SchemaInfo:
     """Per-overload argument layout, computed once: which arguments are tensors and
     which of those the op writes."""
 
-    __slots__ = ("args", "name", "list_args")
+    __slots__ = ("args", "name", "list_args", "writes")
 
     def __init__(self, func: Any):
         self.name = str(func)
@@ -210,6 +211,7 @@ class _SchemaInfo:
             kind = str(a.type)
             if "Tensor" in kind and (kind.startswith("List[") or kind.endswith("[]")):
                 self.list_args.add(a.name)
+        self.writes = [arg for arg in self.args if arg[3]]
 
 
 _schema_cache: dict[Any, _SchemaInfo] = {}
@@ -366,16 +368,24 @@ class Tracer(rt.CaptureObserver):
             # it to factory ops at capture only: recording it would fake a divergence.
             return func(*args, **kwargs)
         info = _schema(func)
-        if self._cow is not None:
+        if self._cow is not None and info.writes:
             self._copy_before_write(info, args, kwargs, stream)
         out = func(*args, **kwargs)
+        if self._cow is not None and self._segment is not None and self._segment.kind is rt.SegmentKind.EAGER:
+            # Ops inside a shadow's eager break re-run live on replay and are exempt from
+            # R1-R4: only the storages they allocate matter (as in-step, not external).
+            for o in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(o, torch.Tensor):
+                    st = o.untyped_storage()
+                    if st._cdata not in stream.origins:
+                        stream.origins[st._cdata] = _IN_BREAK
+                        stream._alive.append(st)
+            return out
         self._record(stream, func, info, args, kwargs, out)
         return out
 
     def _copy_before_write(self, info: _SchemaInfo, args: tuple, kwargs: dict, stream: Stream) -> None:
-        for pos, name, kwarg_only, write in info.args:
-            if not write:
-                continue
+        for pos, name, kwarg_only, _ in info.writes:
             value = kwargs.get(name) if kwarg_only or pos >= len(args) else args[pos]
             for t in value if isinstance(value, (list, tuple)) else (value,):
                 if not isinstance(t, torch.Tensor):

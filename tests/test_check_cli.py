@@ -123,3 +123,12 @@ def test_rules_command_lists_every_rule_and_prints_docs(capsys):
     for section in ("## What it does", "## Why is this bad?", "## Example", "## Use instead", "## Limitations"):
         assert section in doc
     assert main(["rules", "CL000"]) == 2
+
+
+def test_readme_rule_table_is_the_generated_one():
+    from pathlib import Path
+
+    from capturelint.commands.rules import rules_table_markdown
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert rules_table_markdown() in readme, "regenerate the table with: capturelint rules --format markdown"
