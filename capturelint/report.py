@@ -92,7 +92,7 @@ class ConfigReport:
             "mode": self.mode,
             "eager_region": self.eager_region,
             "findings": len(self.findings),
-            "graphs": [g.to_json() for g in sorted(self.graphs, key=lambda g: (g.runtime_mode, g.graph))],
+            "graphs": [g.to_json() for g in sorted(self.graphs, key=_graph_order)],
             "note": self.note,
         }
 
@@ -154,6 +154,11 @@ def render_json(report: Report) -> str:
     return dumps_json(report.to_json())
 
 
+def _graph_order(g: GraphSummary) -> tuple:
+    kind, _, size = g.graph.partition("/")
+    return (g.runtime_mode, kind, int(size) if size.isdigit() else 0, g.graph)
+
+
 def _segments_cell(g: GraphSummary) -> Text:
     t = Text()
     for i, s in enumerate(g.segments):
@@ -184,17 +189,24 @@ def render_rich(report: Report, console: Console, verbose: bool = False) -> None
             parts.append(Text(cfg.note, style="yellow"))
         if cfg.graphs:
             table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
-            table.add_column("graph")
+            table.add_column("graphs")
             table.add_column("mode")
             table.add_column("captured ops", justify="right")
             table.add_column("eager ops", justify="right")
             table.add_column("segments (C captured, E eager break: ops)")
-            graphs = sorted(cfg.graphs, key=lambda g: (g.runtime_mode, g.graph))
-            shown = graphs if verbose else graphs[:5]
-            for g in shown:
-                table.add_row(g.graph, g.runtime_mode, str(g.captured_ops), str(g.eager_ops), _segments_cell(g))
-            if len(graphs) > len(shown):
-                table.add_row(f"... and {len(graphs) - len(shown)} more", "", "", "", "")
+            # Graphs of one mode usually share their segment structure (only the padded
+            # size differs): one row per structure, listing the graphs.
+            groups: dict[tuple, list[GraphSummary]] = {}
+            for g in sorted(cfg.graphs, key=_graph_order):
+                groups.setdefault((g.runtime_mode, g.segments), []).append(g)
+            rows = list(groups.values())
+            shown = rows if verbose else rows[:5]
+            for members in shown:
+                g = members[0]
+                names = ", ".join(m.graph for m in members)
+                table.add_row(names, g.runtime_mode, str(g.captured_ops), str(g.eager_ops), _segments_cell(g))
+            if len(rows) > len(shown):
+                table.add_row(f"... and {len(rows) - len(shown)} more", "", "", "", "")
             parts.append(table)
         for f in cfg.findings:
             parts.append(render_finding(f))
