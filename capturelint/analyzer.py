@@ -26,7 +26,7 @@ import difflib
 from typing import Iterable, Iterator, Sequence
 
 from capturelint.engine.cudagraph import SegmentKind
-from capturelint.findings import Condition, Finding, Frame
+from capturelint.findings import Condition, Finding
 from capturelint.tracer import OpRecord, Segment, Stream, TensorUse
 
 
@@ -273,10 +273,6 @@ def iter_pairs(view: StepView) -> Iterator[tuple[SegmentAlignment, OpRecord, OpR
     for alignment in view.alignments:
         for c, s in alignment.pairs:
             yield alignment, c, s
-
-
-def frame_or_none(op: OpRecord | None) -> Frame | None:
-    return op.frame if op is not None else None
 
 
 __all__ = [

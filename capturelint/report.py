@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Sequence
+from typing import Any
 
 from rich.console import Console, Group
 from rich.panel import Panel
@@ -233,7 +233,3 @@ def render_finding(f: Finding) -> Text:
         t.append(f"\n  seen at replay steps {', '.join(map(str, f.steps))}" + (f" ({f.occurrences} times)" if f.occurrences > 1 else ""), style="dim")
     t.append(f"\n  {f.message}\n")
     return t
-
-
-def findings_of(configs: Sequence[ConfigReport]) -> list[Finding]:
-    return sorted((f for c in configs for f in c.findings), key=Finding.sort_key)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-from typing import Any, Callable, Iterable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 import torch.nn.modules.module as module_hooks
@@ -295,7 +295,6 @@ class Tracer(rt.CaptureObserver):
         self._cow: dict[StorageId, tuple[Any, Any]] | None = None
         self._shadow: Stream | None = None
         self._shadow_out: list[torch.Tensor] = []
-        self._shadow_depth = 0
         self._scope_stack: list[str] = []
         self._module_names: dict[int, str] = {}
         self._hooks: list[Any] = []
@@ -618,7 +617,3 @@ def _named_tensors(prefix: str, obj: Any, depth: int = 0, sep: str = ".") -> Ite
         for k, v in attrs.items():
             if not k.startswith("__"):
                 yield from _named_tensors(f"{prefix}.{k}", v, depth + 1)
-
-
-def named_tensors(prefix: str, obj: Any) -> Iterable[tuple[str, torch.Tensor]]:
-    return _named_tensors(prefix, obj)

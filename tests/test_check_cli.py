@@ -132,3 +132,29 @@ def test_readme_rule_table_is_the_generated_one():
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     assert rules_table_markdown() in readme, "regenerate the table with: capturelint rules --format markdown"
+
+
+def test_sarif_report_of_a_real_check_validates_against_the_schema(capsys, tmp_path):
+    from pathlib import Path
+
+    import jsonschema
+
+    out = tmp_path / "report.sarif"
+    code, _, err = run(capsys, "--runner", "v1", "--eager-region", "narrow", "--mode", "PIECEWISE", "--format", "sarif", "-o", str(out))
+    assert code == 1 and "findings (CL101" in err
+    log = json.loads(out.read_text())
+    schema = json.loads((Path(__file__).parent / "data" / "sarif-schema-2.1.0.json").read_text())
+    jsonschema.Draft4Validator(schema).validate(log)
+    results = log["runs"][0]["results"]
+    assert {r["ruleId"] for r in results} == {"CL101"}
+    location = results[0]["locations"][0]["physicalLocation"]
+    assert location["artifactLocation"]["uri"] == "capturelint/engine/dsv4/attention.py"
+    assert location["region"]["startLine"] > 0
+
+
+def test_github_annotations_point_at_the_engine_line(capsys):
+    code, out, _ = run(capsys, "--runner", "v1", "--eager-region", "narrow", "--mode", "PIECEWISE", "--format", "github")
+    assert code == 1
+    lines = out.splitlines()
+    assert len(lines) == 4 and all(line.startswith("::error file=capturelint/engine/dsv4/attention.py,line=") for line in lines)
+    assert "title=CL101 baked-control-flow::" in lines[0]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -118,11 +117,3 @@ def write_output(text: str, output: str | None) -> None:
         Path(output).write_text(text)
     except OSError as e:
         raise CapturelintError(f"cannot write {output}: {e.strerror}; choose a writable path with -o") from None
-
-
-def with_settings(fn: Callable) -> Callable:
-    @functools.wraps(fn)
-    def wrapper(**kw: Any) -> Any:
-        return fn(settings_for(kw), **kw)
-
-    return wrapper
