@@ -46,6 +46,8 @@ class Divergence:
     shadow_op: OpRecord | None  # None: the step's segment ended here
     missing: int  # ops the step runs that the capture did not record
     extra: int  # ops the capture recorded that the step does not run
+    missing_ops: tuple[str, ...] = ()  # their names, in order, without repeats
+    extra_ops: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass
@@ -170,6 +172,8 @@ def _align(index: int, c_ops: list[OpRecord], s_ops: list[OpRecord]) -> tuple[Se
     before: list[tuple[OpRecord, OpRecord]] = []
     divergence: Divergence | None = None
     missing = extra = 0
+    missing_ops: dict[str, None] = {}
+    extra_ops: dict[str, None] = {}
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
             block = list(zip(c_ops[i1:i2], s_ops[j1:j2]))
@@ -179,12 +183,16 @@ def _align(index: int, c_ops: list[OpRecord], s_ops: list[OpRecord]) -> tuple[Se
             continue
         extra += i2 - i1
         missing += j2 - j1
+        extra_ops.update((op.op, None) for op in c_ops[i1:i2])
+        missing_ops.update((op.op, None) for op in s_ops[j1:j2])
         if divergence is None:
             divergence = Divergence(
                 c_ops[i1] if i1 < len(c_ops) else None, s_ops[j1] if j1 < len(s_ops) else None, 0, 0
             )
     assert divergence is not None
-    divergence = dataclasses.replace(divergence, missing=missing, extra=extra)
+    divergence = dataclasses.replace(
+        divergence, missing=missing, extra=extra, missing_ops=tuple(missing_ops), extra_ops=tuple(extra_ops)
+    )
     return SegmentAlignment(index, c_ops, s_ops, before, divergence), all_pairs
 
 

@@ -40,12 +40,13 @@ Expected output:
          captured segment mixed/32 #0 captured recorded aten.constant_pad_nd.default at
          capturelint/engine/dsv4/attention.py:305 where step 1 runs aten.new_empty.default
          at capturelint/engine/dsv4/attention.py:307: the capture recorded another branch
-         than the step runs (2 ops of the step missing from the graph, 1 extra). The capture
-         had no attention metadata (attn_metadata was None, a dummy/profile run) while the
-         step has it (attn_metadata held 9 entries): code that branches on it took the
-         profile path at capture. Replay re-issues the recorded ops, so the step's ops never
-         run. Move the branching code into an eager break, or make the capture take the path
-         real steps take.
+         than the step runs (2 ops of the step missing from the graph:
+         aten.new_empty.default, dsv4.fused_qnorm_rope_kv_insert.default; 1 extra:
+         aten.constant_pad_nd.default). The capture had no attention metadata (attn_metadata
+         was None, a dummy/profile run) while the step has it (attn_metadata held 9
+         entries): code that branches on it took the profile path at capture. Replay re-
+         issues the recorded ops, so the step's ops never run. Move the branching code into
+         an eager break, or make the capture take the path real steps take.
        exit status 1; findings by code: CL101 x4
 
     The story holds: replay diverges from eager execution (0.0% token agreement), and

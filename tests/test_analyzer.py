@@ -39,7 +39,7 @@ def test_first_divergence_and_extent_not_a_cascade():
     assert f.message == (
         "captured segment decode/4 #0 captured recorded aten.pad at model.py:11 where step 3 runs dsv4.insert at "
         "model.py:12: the capture recorded another branch than the step runs (2 ops of the step missing from the "
-        "graph, 1 extra). The capture had no attention metadata (attn_metadata was None, a dummy/profile run) while "
+        "graph: dsv4.insert, dsv4.norm; 1 extra: aten.pad). The capture had no attention metadata (attn_metadata was None, a dummy/profile run) while "
         "the step has it (attn_metadata held 3 entries): code that branches on it took the profile path at capture. "
         "Replay re-issues the recorded ops, so the step's ops never run. Move the branching code into an eager "
         "break, or make the capture take the path real steps take."

@@ -83,12 +83,17 @@ class BakedControlFlow(Rule):
             message = (
                 f"captured segment {view.segment_label(al.index)} {recorded} where step {sh.step} {runs}: "
                 f"the capture recorded another branch than the step runs "
-                f"({d.missing} ops of the step missing from the graph, {d.extra} extra). "
+                f"({d.missing} ops of the step missing from the graph{_names(d.missing_ops)}; "
+                f"{d.extra} extra{_names(d.extra_ops)}). "
                 f"{_context_note(view)}"
                 "Replay re-issues the recorded ops, so the step's ops never run. "
                 "Move the branching code into an eager break, or make the capture take the path real steps take."
             )
             yield self.finding(view, al.index, d.capture_op, d.shadow_op, None, message)
+
+
+def _names(ops: tuple[str, ...]) -> str:
+    return f": {cut(list(ops))}" if ops else ""
 
 
 def _context_note(view: StepView) -> str:
