@@ -112,21 +112,22 @@ class RuleInfo:
 class Numerical:
     """The numerical oracle for one runner and mode: token agreement of the captured
     run with its eager twin, and the largest per-step difference between a replay's
-    output and its shadow's."""
+    output and its shadow's. A user's target (``check --target``) has no eager twin:
+    its token agreement and logit error are ``None``."""
 
     runner: str
     mode: str
-    token_agreement: float
+    token_agreement: float | None  # None: the target has no eager twin
     max_step_error: float
-    max_logit_error: float
+    max_logit_error: float | None
     replay_steps: int
 
     def to_json(self) -> dict[str, Any]:
         return {
             "runner": self.runner,
             "mode": self.mode,
-            "token_agreement": round(self.token_agreement, 6),
+            "token_agreement": None if self.token_agreement is None else round(self.token_agreement, 6),
             "max_step_error": float(f"{self.max_step_error:.6g}"),
-            "max_logit_error": float(f"{self.max_logit_error:.6g}"),
+            "max_logit_error": None if self.max_logit_error is None else float(f"{self.max_logit_error:.6g}"),
             "replay_steps": self.replay_steps,
         }

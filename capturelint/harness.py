@@ -92,12 +92,12 @@ def trace_run(
 
 
 def coverage_gap(
-    label: RunLabel, findings: list[Finding], token_agreement: float, max_step_error: float, codes: frozenset[str]
+    label: RunLabel, findings: list[Finding], token_agreement: float | None, max_step_error: float, codes: frozenset[str]
 ) -> Finding | None:
     """CL901 when the numerical oracle diverges and no structural finding explains it."""
     if UnexplainedDivergence.code not in codes:
         return None
-    diverged = token_agreement < 1.0 or max_step_error > STEP_TOLERANCE
+    diverged = (token_agreement is not None and token_agreement < 1.0) or max_step_error > STEP_TOLERANCE
     if diverged and not any(f.code != UnexplainedDivergence.code for f in findings):
         return UnexplainedDivergence().make(label, token_agreement, max_step_error)
     return None

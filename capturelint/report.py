@@ -178,11 +178,13 @@ def render_rich(report: Report, console: Console, verbose: bool = False) -> None
         parts: list[Any] = []
         if cfg.numerical is not None:
             n = cfg.numerical
+            tokens = "no eager twin" if n.token_agreement is None else f"token agreement {n.token_agreement:.2f} with the eager twin"
+            ok = n.token_agreement in (None, 1.0) and n.max_step_error <= 1e-4
             parts.append(
                 Text(
-                    f"numerical: token agreement {n.token_agreement:.2f} with the eager twin, max replay-vs-eager "
-                    f"step error {n.max_step_error:.3g} over {n.replay_steps} replay steps",
-                    style="green" if n.token_agreement == 1.0 and n.max_step_error <= 1e-4 else "red",
+                    f"numerical: {tokens}, max replay-vs-eager step error {n.max_step_error:.3g} over "
+                    f"{n.replay_steps} replay steps",
+                    style="green" if ok else "red",
                 )
             )
         if cfg.note:

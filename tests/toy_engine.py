@@ -158,3 +158,24 @@ def check_toy(hazard: str, fixed: bool = False, mode: CUDAGraphMode = CUDAGraphM
     runner = ToyRunner(hazard, fixed, mode, steps, copy_break_outputs)
     result = trace_run(runner.run, {"model": runner.model, "runner": runner}, RunLabel("toy", str(mode)))
     return result, runner
+
+
+def _targets(hazard: str, fixed: bool):
+    from capturelint.target import Target
+
+    out = []
+    for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
+        runner = ToyRunner(hazard, fixed, mode)
+        out.append(Target(runner.run, {"model": runner.model, "runner": runner}, runner="toy", mode=str(mode)))
+    return out
+
+
+def stale_targets():
+    """`capturelint check --target tests/toy_engine.py:stale_targets`: a metadata tensor
+    re-allocated every step, under PIECEWISE and FULL graphs."""
+    return _targets("stale_input", False)
+
+
+def fixed_targets():
+    """The same engine refreshing its metadata buffer in place."""
+    return _targets("stale_input", True)

@@ -38,8 +38,9 @@ FORMATS = ("rich", "json", "sarif", "github")
 @click.option("--baseline", metavar="FILE", help="Also report region changes against this snapshot (settings: baseline).")
 @click.option("--max-eager-growth", type=float, metavar="PCT", help="Fail when eager ops per step grow by more than PCT percent against the baseline (default 0).")
 @click.option("-v", "--verbose", is_flag=True, help="Show every graph in the Rich report.")
+@click.option("--target", metavar="SPEC", help="Check your own engine instead of the bundled one: FILE.py:FUNCTION or MODULE:FUNCTION returning capturelint.target.Target objects (engine options do not apply).")
 def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, output: str | None, exit_zero: bool,
-          baseline: str | None, max_eager_growth: float | None, verbose: bool, **kw: Any) -> int:
+          baseline: str | None, max_eager_growth: float | None, verbose: bool, target: str | None, **kw: Any) -> int:
     """Check that CUDA-graph replay of the bundled engine computes what eager execution
     computes, under each runner and CUDA-graph mode.
 
@@ -55,13 +56,22 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
     growth = max_eager_growth if max_eager_growth is not None else settings.max_eager_growth
     if growth is not None and growth < 0:
         raise CapturelintError(f"--max-eager-growth must be a percentage >= 0, got {growth}")
+    if target is not None and baseline is not None:
+        raise CapturelintError("--baseline snapshots the bundled engine's regions and cannot gate --target; drop one of them")
     gate = None
-    if baseline_path is not None:
+    if baseline_path is not None and target is None:
         from capturelint.snapshot import load_snapshot
 
         gate = load_snapshot(baseline_path)  # fail on a bad baseline before running anything
-    with ProgressReporter(len(plan.configurations)) as progress:
-        report = run_check(plan, progress)
+    if target is not None:
+        from capturelint.target import load_targets, run_targets
+
+        targets = load_targets(target)
+        with ProgressReporter(len(targets)) as progress:
+            report = run_targets(targets, plan.codes, progress)
+    else:
+        with ProgressReporter(len(plan.configurations)) as progress:
+            report = run_check(plan, progress)
     if gate is not None:
         from capturelint.snapshot import compare_report
 

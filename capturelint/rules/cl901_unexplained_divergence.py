@@ -40,10 +40,11 @@ class UnexplainedDivergence(Rule):
     measured over the sampled workload only.
     """
 
-    def make(self, label: RunLabel, token_agreement: float, max_step_error: float) -> Finding:
+    def make(self, label: RunLabel, token_agreement: float | None, max_step_error: float) -> Finding:
+        tokens = "" if token_agreement is None else f", token agreement {token_agreement:.2f}"
         message = (
-            f"replay diverges from eager execution (max per-step error {max_step_error:.3g}, token agreement "
-            f"{token_agreement:.2f}) but no structural rule found a cause: a coverage gap of capturelint. "
+            f"replay diverges from eager execution (max per-step error {max_step_error:.3g}{tokens}) "
+            f"but no structural rule found a cause: a coverage gap of capturelint. "
             f"Bisect the eager region with `capturelint diff` and report the case."
         )
         return Finding(self.code, self.name, self.condition, label.runner, label.mode, "", "", "", -1, "", "<top>", None,
