@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         hint = ""
         if e.ctx is not None:
             hint = f"; see '{e.ctx.command_path} --help'"
-        click.echo(f"capturelint: error: {_one_line(e.format_message())}{hint}", err=True)
+        click.echo(f"capturelint: error: {_one_line(e.format_message()).rstrip('.')}{hint}", err=True)
         return EXIT_ERROR
     except click.ClickException as e:
         click.echo(f"capturelint: error: {_one_line(e.format_message())}", err=True)
