@@ -13,7 +13,8 @@ from capturelint.engine.config import EngineConfig
 from capturelint.engine.forward_context import CUDAGraphMode
 from capturelint.findings import Numerical
 from capturelint.harness import coverage_gap, merge, trace_run
-from capturelint.report import ConfigReport, GraphSummary
+from capturelint.regions import graph_map
+from capturelint.report import ConfigReport
 
 
 def engine_config(plan: CheckPlan, runner: str, mode: str) -> EngineConfig:
@@ -57,7 +58,7 @@ def run_configuration(plan: CheckPlan, runner: str, mode: str, shadow: bool = Tr
         gap = coverage_gap(label, findings, agreement, result.max_step_error, plan.codes)
         if gap is not None:
             findings.append(gap)
-    graphs = [GraphSummary.of(c) for c in result.captures]
+    graphs = [graph_map(c) for c in result.captures]
     return ConfigReport(runner, mode, str(cfg.effective_eager_region), merge(findings), numerical, graphs,
                         captures=result.captures, note=note)
 

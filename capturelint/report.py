@@ -19,58 +19,10 @@ from rich.text import Text
 from capturelint import __version__
 from capturelint.engine.cudagraph import SegmentKind
 from capturelint.findings import Finding, Numerical
+from capturelint.regions import GraphMap
 from capturelint.tracer import Stream
 
 JSON_VERSION = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class SegmentSummary:
-    index: int
-    kind: str
-    name: str | None
-    ops: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "kind": self.kind, "name": self.name, "ops": self.ops}
-
-
-@dataclasses.dataclass(frozen=True)
-class GraphSummary:
-    """One captured graph: its descriptor, runtime mode and segments."""
-
-    graph: str
-    runtime_mode: str
-    segments: tuple[SegmentSummary, ...]
-
-    @property
-    def captured_ops(self) -> int:
-        return sum(s.ops for s in self.segments if s.kind == "captured")
-
-    @property
-    def eager_ops(self) -> int:
-        return sum(s.ops for s in self.segments if s.kind == "eager")
-
-    @property
-    def eager_breaks(self) -> int:
-        return sum(1 for s in self.segments if s.kind == "eager")
-
-    @classmethod
-    def of(cls, stream: Stream) -> "GraphSummary":
-        segs = tuple(
-            SegmentSummary(s.index, str(s.kind), s.name, s.end_op - s.first_op) for s in stream.segments
-        )
-        return cls(stream.graph, stream.runtime_mode, segs)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "graph": self.graph,
-            "runtime_mode": self.runtime_mode,
-            "captured_ops": self.captured_ops,
-            "eager_ops": self.eager_ops,
-            "eager_breaks": self.eager_breaks,
-            "segments": [s.to_json() for s in self.segments],
-        }
 
 
 @dataclasses.dataclass
@@ -82,7 +34,7 @@ class ConfigReport:
     eager_region: str
     findings: list[Finding]
     numerical: Numerical | None
-    graphs: list[GraphSummary]
+    graphs: list[GraphMap]
     captures: list[Stream] = dataclasses.field(default_factory=list, repr=False)
     note: str | None = None
 
@@ -154,20 +106,20 @@ def render_json(report: Report) -> str:
     return dumps_json(report.to_json())
 
 
-def _graph_order(g: GraphSummary) -> tuple:
+def _graph_order(g: GraphMap) -> tuple:
     kind, _, size = g.graph.partition("/")
     return (g.runtime_mode, kind, int(size) if size.isdigit() else 0, g.graph)
 
 
-def _segments_cell(g: GraphSummary) -> Text:
+def _segments_cell(g: GraphMap) -> Text:
     t = Text()
     for i, s in enumerate(g.segments):
         if i:
             t.append(" | ", style="dim")
-        if s.kind == str(SegmentKind.EAGER):
-            t.append(f"E {s.name.rsplit('.', 1)[-1] if s.name else ''}:{s.ops}", style="yellow")
+        if s.kind is SegmentKind.EAGER:
+            t.append(f"E {s.name.rsplit('.', 1)[-1] if s.name else ''}:{s.op_count}", style="yellow")
         else:
-            t.append(f"C:{s.ops}", style="cyan")
+            t.append(f"C:{s.op_count}", style="cyan")
     return t
 
 
@@ -198,7 +150,7 @@ def render_rich(report: Report, console: Console, verbose: bool = False) -> None
             table.add_column("segments (C captured, E eager break: ops)")
             # Graphs of one mode usually share their segment structure (only the padded
             # size differs): one row per structure, listing the graphs.
-            groups: dict[tuple, list[GraphSummary]] = {}
+            groups: dict[tuple, list[GraphMap]] = {}
             for g in sorted(cfg.graphs, key=_graph_order):
                 groups.setdefault((g.runtime_mode, g.segments), []).append(g)
             rows = list(groups.values())

@@ -31,7 +31,8 @@ from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
 from capturelint.findings import Numerical
 from capturelint.harness import coverage_gap, merge, trace_run
-from capturelint.report import ConfigReport, GraphSummary, Report
+from capturelint.regions import graph_map
+from capturelint.report import ConfigReport, Report
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +110,7 @@ def run_targets(targets: list[Target], codes: frozenset[str], progress: Callable
             gap = coverage_gap(label, findings, None, result.max_step_error, codes)
             if gap is not None:
                 findings.append(gap)
-        graphs = [GraphSummary.of(c) for c in result.captures]
+        graphs = [graph_map(c) for c in result.captures]
         configs.append(ConfigReport(t.runner, t.mode, t.eager_region, merge(findings), numerical, graphs,
                                     captures=result.captures, note=note))
     return Report(configs)

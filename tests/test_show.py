@@ -14,7 +14,8 @@ import pytest
 from rich.console import Console
 
 from capturelint.cli import main
-from capturelint.report import ConfigReport, GraphSummary, Report
+from capturelint.regions import graph_map
+from capturelint.report import ConfigReport, Report
 from capturelint.render.dot import report_dot
 from capturelint.render.tree import render_tree
 from capturelint.render.view import report_views
@@ -167,7 +168,7 @@ def test_all_graphs(memo_runs, capsys):
 def toy_report(hazard: str, fixed: bool = False) -> Report:
     result, _ = check_toy(hazard, fixed=fixed, steps=3)
     cfg = ConfigReport("toy", "PIECEWISE", "toy", result.findings, None,
-                       [GraphSummary.of(c) for c in result.captures], captures=result.captures)
+                       [graph_map(c) for c in result.captures], captures=result.captures)
     return Report([cfg])
 
 
