@@ -45,3 +45,11 @@ def test_bad_targets_are_one_line_errors(capsys, spec, needle):
     code, out, err = check(capsys, "--target", spec)
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and needle in err and "Traceback" not in err
+
+
+def test_an_engine_that_raises_during_capture_is_a_one_line_error(capsys):
+    code, out, err = check(capsys, "--target", "tests/toy_engine.py:broken_targets")
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "the engine raised RuntimeError under runner toy, mode PIECEWISE" in err
+    assert "tests/toy_engine.py:" in err and "cache not allocated" in err

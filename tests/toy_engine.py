@@ -179,3 +179,16 @@ def stale_targets():
 def fixed_targets():
     """The same engine refreshing its metadata buffer in place."""
     return _targets("stale_input", True)
+
+
+def broken_targets():
+    """An engine whose forward raises during capture (a bug, not a hazard)."""
+    from capturelint.target import Target
+
+    runner = ToyRunner("shape", False, CUDAGraphMode.PIECEWISE)
+
+    def explode(*args, **kwargs):
+        raise RuntimeError("cache not allocated")
+
+    runner.model.inp.forward = explode
+    return Target(runner.run, {"model": runner.model}, runner="toy", mode="PIECEWISE")
