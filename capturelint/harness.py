@@ -80,7 +80,7 @@ def trace_run(
         where = rt.format_frame(_innermost_user_frame(e))
         raise CapturelintError(
             f"the engine raised {type(e).__name__} under runner {label.runner}, mode {label.mode} at {where}: "
-            f"{e}. Fix the engine (or run 'capturelint engine run' with the same options to reproduce)"
+            f"{e}; this is a bug of the engine, not a replay hazard: fix it and run again"
         ) from e
     if HostSyncInCapture.code in codes:
         for capture in tracer.captures.values():
