@@ -34,7 +34,7 @@ def engine_options(fn: Callable) -> Callable:
         click.option("--eager-region", metavar="narrow|wide|per-runner", help="Eager region of the attention; default per-runner."),
         click.option("--fresh-metadata", is_flag=True, help="V1 metadata builders allocate new tensors every step."),
         click.option("--layers", type=int, metavar="N", help="Decoder layers (default 4)."),
-        click.option("--steps", type=int, metavar="N", help="Decode steps of the workload."),
+        click.option("--steps", type=int, metavar="N", help="Engine steps of the workload, one forward each (default 24)."),
         click.option("--seed", type=int, metavar="N", help="Seed of weights and workload (default 0)."),
         click.option("--kernels", type=click.Choice(["torch", "triton"]), help="Kernel implementations (default torch)."),
         click.option("--platform", type=click.Choice(["cuda", "rocm", "cpu"]), default="cuda", show_default=True,
