@@ -8,7 +8,13 @@ From them it builds **streams**, one per run of the forward it checks:
   eager break it ran in);
 - ``SHADOW``: an eager execution of a replay step (same inputs, same forward context),
   segmented the way the capture was: in a PIECEWISE graph each outermost would-be break
-  opens an eager segment; in a FULL graph nothing does;
+  opens an eager segment; in a FULL graph nothing does. Ops inside a shadow's eager
+  segments re-run live on replay and are exempt from R1-R4, so only the storages they
+  allocate are kept, not op records.
+
+The replay itself is not traced: its captured segments re-issue what the capture
+recorded, and its eager segments re-run the code the shadow just ran. The dispatch mode
+is pushed only while a capture or a shadow records, never during replays.
 
 The shadow has no side effects: before an op writes a storage that existed before the
 shadow began, the tracer copies the storage; after the shadow it restores every copy,
