@@ -6,7 +6,6 @@ One baseline of the per-runner eager regions (V1 wide, V2 narrow), PIECEWISE, 2 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import shutil
@@ -18,26 +17,10 @@ from capturelint.errors import CapturelintError
 from capturelint.snapshot import FORMAT_MARKER, SNAPSHOT_VERSION, load_snapshot
 
 SMALL = ["--mode", "PIECEWISE", "--layers", "2", "--steps", "4"]
-_memo: dict = {}
-
-
 @pytest.fixture
-def memo_runs(monkeypatch):
-    """Share engine runs of identical plans between tests (check sets region_changes
-    on the report it gets, so each call gets its own copy)."""
-    import capturelint.commands.check as check
-    import capturelint.commands.regions as regions
-
-    real = check.run_check
-
-    def run_check(plan, progress=None, shadow=True):
-        key = (plan, shadow)
-        if key not in _memo:
-            _memo[key] = real(plan, progress, shadow=shadow)
-        return dataclasses.replace(_memo[key], region_changes=None)
-
-    monkeypatch.setattr(check, "run_check", run_check)
-    monkeypatch.setattr(regions, "run_check", run_check)
+def memo_runs(cached_configurations):
+    """Share engine runs of identical configurations between tests (tests/conftest.py)."""
+    yield
 
 
 def run(args, capsys) -> tuple[int, str, str]:

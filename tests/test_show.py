@@ -7,7 +7,6 @@ indexer, layer 1 has one). Runs of the same plan are shared between tests (a mem
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import pytest
@@ -23,22 +22,10 @@ from toy_engine import check_toy
 
 ENGINE = ["--runner", "v1", "--mode", "PIECEWISE", "--layers", "2", "--steps", "4"]
 PREPARE_BREAK = "eager break DeepseekV4Attention._prepare_and_attn_eager"
-_memo: dict = {}
-
-
 @pytest.fixture
-def memo_runs(monkeypatch):
-    import capturelint.commands.regions as regions
-
-    real = regions.run_check
-
-    def run_check(plan, progress=None, shadow=True):
-        key = (plan, shadow)
-        if key not in _memo:
-            _memo[key] = real(plan, progress, shadow=shadow)
-        return dataclasses.replace(_memo[key], region_changes=None)
-
-    monkeypatch.setattr(regions, "run_check", run_check)
+def memo_runs(cached_configurations):
+    """Share engine runs of identical configurations between tests (tests/conftest.py)."""
+    yield
 
 
 def run(args, capsys) -> tuple[int, str, str]:
