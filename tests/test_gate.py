@@ -17,6 +17,8 @@ from capturelint.errors import CapturelintError
 from capturelint.snapshot import FORMAT_MARKER, SNAPSHOT_VERSION, load_snapshot
 
 SMALL = ["--mode", "PIECEWISE", "--layers", "2", "--steps", "4"]
+
+
 @pytest.fixture
 def memo_runs(cached_configurations):
     """Share engine runs of identical configurations between tests (tests/conftest.py)."""

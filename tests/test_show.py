@@ -22,6 +22,8 @@ from toy_engine import check_toy
 
 ENGINE = ["--runner", "v1", "--mode", "PIECEWISE", "--layers", "2", "--steps", "4"]
 PREPARE_BREAK = "eager break DeepseekV4Attention._prepare_and_attn_eager"
+
+
 @pytest.fixture
 def memo_runs(cached_configurations):
     """Share engine runs of identical configurations between tests (tests/conftest.py)."""
