@@ -38,10 +38,10 @@ Expected output:
          step:        capturelint/engine/dsv4/attention.py:307 in _fused_qnorm_rope_kv_insert
          seen at replay steps 1, 2, 3, 4, 5 (12 times in all)
          captured segment mixed/32 #0 captured recorded aten.constant_pad_nd.default at
-         capturelint/engine/dsv4/attention.py:305 where step 1 runs aten.new_empty.default
-         at capturelint/engine/dsv4/attention.py:307: the capture recorded another branch
-         than the step runs (2 ops of the step missing from the graph:
-         aten.new_empty.default, dsv4.fused_qnorm_rope_kv_insert.default; 1 extra:
+         capturelint/engine/dsv4/attention.py:305 where replay step 1 runs
+         aten.new_empty.default at capturelint/engine/dsv4/attention.py:307: the capture
+         recorded another branch than the step runs (2 ops of the step missing from the
+         graph: aten.new_empty.default, dsv4.fused_qnorm_rope_kv_insert.default; 1 extra:
          aten.constant_pad_nd.default). The capture had no attention metadata (attn_metadata
          was None, a dummy/profile run) while the step has it (attn_metadata held 9
          entries): code that branches on it took the profile path at capture. Replay re-

@@ -37,7 +37,7 @@ def test_first_divergence_and_extent_not_a_cascade():
     assert view.op_map == {0: 0, 2: 3, 3: 4}  # but the producer map keeps every matched pair
     (f,) = list(BakedControlFlow().check(view))
     assert f.message == (
-        "captured segment decode/4 #0 captured recorded aten.pad at model.py:11 where step 3 runs dsv4.insert at "
+        "captured segment decode/4 #0 captured recorded aten.pad at model.py:11 where replay step 3 runs dsv4.insert at "
         "model.py:12: the capture recorded another branch than the step runs (2 ops of the step missing from the "
         "graph: dsv4.insert, dsv4.norm; 1 extra: aten.pad). The capture had no attention metadata (attn_metadata was None, a dummy/profile run) while "
         "the step has it (attn_metadata held 3 entries): code that branches on it took the profile path at capture. "

@@ -66,7 +66,7 @@ class BakedControlFlow(Rule):
             c_op = cap.ops[c_seg.first_op] if c_seg and c_seg.first_op < len(cap.ops) else None
             s_op = sh.ops[s_seg.first_op] if s_seg and s_seg.first_op < len(sh.ops) else None
             message = (
-                f"the capture of graph {cap.graph} has eager breaks [{cut(c_breaks)}] but step {sh.step} "
+                f"the capture of graph {cap.graph} has eager breaks [{cut(c_breaks)}] but replay step {sh.step} "
                 f"hits [{cut(s_breaks)}]; they part at segment #{first}. "
                 f"{_context_note(view)}Replay runs the capture's segments, so the step's code path never runs. "
                 "Make the capture take the path real steps take, or move the branch into an eager break."
@@ -81,7 +81,7 @@ class BakedControlFlow(Rule):
             recorded = f"recorded {d.capture_op.op} at {where(d.capture_op.frame)}" if d.capture_op else "ended"
             runs = f"runs {d.shadow_op.op} at {where(d.shadow_op.frame)}" if d.shadow_op else "has no more ops"
             message = (
-                f"captured segment {view.segment_label(al.index)} {recorded} where step {sh.step} {runs}: "
+                f"captured segment {view.segment_label(al.index)} {recorded} where replay step {sh.step} {runs}: "
                 f"the capture recorded another branch than the step runs "
                 f"({d.missing} ops of the step missing from the graph{_names(d.missing_ops)}; "
                 f"{d.extra} extra{_names(d.extra_ops)}). "

@@ -55,7 +55,7 @@ class BakedHostValue(Rule):
             view.tainted.add(c.index)
             message = (
                 f"{c.op} in captured segment {view.segment_label(al.index)} at {where(c.frame)} was recorded with "
-                f"{name}={cv}, but step {view.shadow.step} passes {name}={sv}: replay computes with the capture's "
+                f"{name}={cv}, but replay step {view.shadow.step} passes {name}={sv}: replay computes with the capture's "
                 f"value. Keep the value in a persistent tensor refreshed in place each step, or compute it inside "
                 f"an eager break."
             )

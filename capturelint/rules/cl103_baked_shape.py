@@ -52,7 +52,7 @@ class BakedShape(Rule):
                 tensor = view.tensor_name(view.shadow, su, s.scope)
                 message = (
                     f"{c.op} in captured segment {view.segment_label(al.index)} at {where(c.frame)} reads "
-                    f"{tensor} ({cu.arg}) as {cu.describe_geometry()} at capture, but step {view.shadow.step} "
+                    f"{tensor} ({cu.arg}) as {cu.describe_geometry()} at capture, but replay step {view.shadow.step} "
                     f"passes {su.describe_geometry()}: replay computes over the capture's extent. Pad the tensor "
                     f"to the captured size, or move the op into an eager break."
                 )

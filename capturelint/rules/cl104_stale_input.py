@@ -63,7 +63,7 @@ class StaleInput(Rule):
             also = f" (and {others} more captured op{'s' * (others != 1)} read it)" if others else ""
             message = (
                 f"{c.op} in captured segment {view.segment_label(al.index)} at {where(c.frame)} {access} "
-                f"{problem.capture_name} ({cu.arg}) as captured{also}, but step {view.shadow.step} uses "
+                f"{problem.capture_name} ({cu.arg}) as captured{also}, but replay step {view.shadow.step} uses "
                 f"{problem.shadow_name}: {problem.reason}. Replay {access} the stale tensor. Allocate it once "
                 f"and refresh it in place each step."
             )

@@ -54,7 +54,7 @@ class StaleBreakArgument(Rule):
                 tensor, detail = problem
                 message = (
                     f"eager break {cs.name} (segment {view.segment_label(cs.index)}, called at {where(cs.break_frame)}) "
-                    f"is replayed with its capture-time {ca.path}, but step {sh.step} passes {detail}: the break "
+                    f"is replayed with its capture-time {ca.path}, but replay step {sh.step} passes {detail}: the break "
                     f"re-runs on the frozen argument. Read per-step data inside the break (forward context or a "
                     f"persistent buffer) instead of passing it in."
                 )
