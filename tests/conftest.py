@@ -46,3 +46,9 @@ def real_configurations(monkeypatch):
     fresh = importlib.reload(bundled)
     monkeypatch.setattr(bundled, "run_configuration", fresh.run_configuration)
     yield
+
+
+@pytest.fixture
+def memo_runs(cached_configurations):
+    """Alias used by the region tests: share engine runs of identical configurations."""
+    yield

@@ -19,12 +19,6 @@ from capturelint.snapshot import FORMAT_MARKER, SNAPSHOT_VERSION, load_snapshot
 SMALL = ["--mode", "PIECEWISE", "--layers", "2", "--steps", "4"]
 
 
-@pytest.fixture
-def memo_runs(cached_configurations):
-    """Share engine runs of identical configurations between tests (tests/conftest.py)."""
-    yield
-
-
 def run(args, capsys) -> tuple[int, str, str]:
     rc = main(list(args))
     out, err = capsys.readouterr()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
 from rich.console import Console
 
 from capturelint.cli import main
@@ -22,12 +21,6 @@ from toy_engine import check_toy
 
 ENGINE = ["--runner", "v1", "--mode", "PIECEWISE", "--layers", "2", "--steps", "4"]
 PREPARE_BREAK = "eager break DeepseekV4Attention._prepare_and_attn_eager"
-
-
-@pytest.fixture
-def memo_runs(cached_configurations):
-    """Share engine runs of identical configurations between tests (tests/conftest.py)."""
-    yield
 
 
 def run(args, capsys) -> tuple[int, str, str]:

@@ -162,15 +162,23 @@ def _node_style(scope: str, tags: tuple[str, ...]) -> dict[str, str]:
     return {"fillcolor": scope_color(scope)}
 
 
-def report_dot(views: list[ConfigView], ops: bool = False) -> str:
-    """The DOT text of every shown graph of every configuration."""
-    dot = graphviz.Digraph("capturelint")
-    dot.attr(rankdir="LR", newrank="true", fontname=FONT, nodesep="0.12", ranksep="0.9", labelloc="t", label=_label(
-        "capturelint regions: captured segments (blue, solid) replay frozen; eager breaks (orange, dashed) re-run live",
-        "edges: tensors written in one segment and read in another",
-    ))
+def _digraph(name: str, title: str, subtitle: str) -> graphviz.Digraph:
+    """A diagram with the house layout, fonts and node and edge styles."""
+    dot = graphviz.Digraph(name)
+    dot.attr(rankdir="LR", newrank="true", fontname=FONT, nodesep="0.12", ranksep="0.9", labelloc="t",
+             label=_label(title, subtitle))
     dot.attr("node", shape="box", style="filled,rounded", fontname=FONT, fontsize="10", color="#555555", margin="0.08,0.03")
     dot.attr("edge", fontname=FONT, fontsize="8", color="#666666", arrowsize="0.6")
+    return dot
+
+
+def report_dot(views: list[ConfigView], ops: bool = False) -> str:
+    """The DOT text of every shown graph of every configuration."""
+    dot = _digraph(
+        "capturelint",
+        "capturelint regions: captured segments (blue, solid) replay frozen; eager breaks (orange, dashed) re-run live",
+        "edges: tensors written in one segment and read in another",
+    )
     ids = _Ids()
     gi = 0
     heads = []
@@ -238,13 +246,11 @@ def changes_dot(pairs, changes) -> str:
     moved and segments added or removed are purple."""
     from capturelint.snapshot import Direction, graph_diff
 
-    dot = graphviz.Digraph("capturelint_diff")
-    dot.attr(rankdir="LR", newrank="true", fontname=FONT, nodesep="0.12", ranksep="0.9", labelloc="t", label=_label(
+    dot = _digraph(
+        "capturelint_diff",
         "capturelint region diff: captured segments (blue, solid), eager breaks (orange, dashed);",
         "purple: ops that moved between captured and eager, segments added or removed",
-    ))
-    dot.attr("node", shape="box", style="filled,rounded", fontname=FONT, fontsize="10", color="#555555", margin="0.08,0.03")
-    dot.attr("edge", fontname=FONT, fontsize="8", color="#666666", arrowsize="0.6")
+    )
     ids = _Ids()
     gi = 0
     heads: list[str] = []
