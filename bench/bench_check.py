@@ -28,8 +28,8 @@ import time
 import torch
 
 from capturelint.analyzer import RunLabel
-from capturelint.bundled import engine_config
-from capturelint.checker import CHECK_MODES, make_plan, run_check
+from capturelint.adapters.bundled import engine_config
+from capturelint.adapters.bundled import CHECK_MODES, make_plan, run_check
 from capturelint.engine.llm import Engine
 from capturelint.harness import trace_run
 from capturelint.settings import Settings

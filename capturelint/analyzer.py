@@ -25,8 +25,8 @@ import dataclasses
 import difflib
 from typing import Iterable, Iterator, Sequence
 
-from capturelint.engine.cudagraph import SegmentKind
 from capturelint.findings import Condition, Finding
+from capturelint.runtime.protocol import HostSyncEvent, SegmentKind, StaleInputEvent
 from capturelint.tracer import OpRecord, Segment, Stream, TensorUse
 
 
@@ -246,14 +246,30 @@ class FindingSet:
         return sorted(self._by_key.values(), key=Finding.sort_key)
 
 
+@dataclasses.dataclass(frozen=True)
+class RunOutcome:
+    """What a whole traced run of one configuration ended with, for the rules that
+    judge a run rather than a step: the host sync that stopped its capture, if any,
+    the structural findings so far, and the numerical oracle (``token_agreement`` and
+    ``twin_error`` are ``None`` without an eager twin)."""
+
+    label: RunLabel
+    findings: tuple[Finding, ...]
+    host_sync: HostSyncEvent | None
+    replay_steps: int
+    max_step_error: float
+    token_agreement: float | None = None
+    twin_error: float | None = None
+
+
 class Analyzer:
-    """Runs the selected rules over each replay step of one configuration."""
+    """Runs the given rules over each replay step, capture, stale-input event and the
+    finished run of one configuration, and merges their findings. Rules are handed in
+    (``capturelint.rules.RULES``, selected): the analyzer does not know them."""
 
-    def __init__(self, label: RunLabel, rules: Sequence[type] | None = None):
-        from capturelint.rules import STEP_RULES
-
+    def __init__(self, label: RunLabel, rules: Sequence[type]):
         self.label = label
-        self.rules = [r() for r in (rules if rules is not None else STEP_RULES)]
+        self.rules = [r() for r in rules]
         self.findings = FindingSet()
         self.max_step_error = 0.0
         self.steps = 0
@@ -266,15 +282,25 @@ class Analyzer:
         for rule in self.rules:
             self.findings.extend(rule.check(view))
 
+    def on_stale(self, capture: Stream, event: StaleInputEvent) -> None:
+        """A graph without a shadow found a storage it reads freed by the engine."""
+        for rule in self.rules:
+            self.findings.extend(rule.check_stale(self.label, capture, event))
+
     def check_capture(self, capture: Stream) -> None:
         """Rules that need only a capture (host syncs a backend did not reject)."""
-        from capturelint.rules import CAPTURE_RULES
-
         if capture.graph_id in self._capture_checked:
             return
         self._capture_checked.add(capture.graph_id)
-        for rule_cls in CAPTURE_RULES:
-            self.findings.extend(rule_cls().check_capture(self.label, capture))
+        for rule in self.rules:
+            self.findings.extend(rule.check_capture(self.label, capture))
+
+    def finish(self, outcome: RunOutcome) -> list[Finding]:
+        """Rules over the whole run (a failed capture, the numerical oracle); returns
+        every finding, merged and sorted."""
+        for rule in self.rules:
+            self.findings.extend(rule.check_run(outcome))
+        return self.findings.sorted()
 
 
 def iter_pairs(view: StepView) -> Iterator[tuple[SegmentAlignment, OpRecord, OpRecord]]:
@@ -290,6 +316,7 @@ __all__ = [
     "FindingSet",
     "LocationProblem",
     "RunLabel",
+    "RunOutcome",
     "SegmentAlignment",
     "StepView",
     "build_view",

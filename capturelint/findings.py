@@ -8,6 +8,8 @@ import dataclasses
 import enum
 from typing import Any
 
+from capturelint.runtime.protocol import Frame
+
 
 class Condition(enum.Enum):
     """The replay-equivalence conditions of docs/replay-model.md."""
@@ -22,21 +24,6 @@ class Condition(enum.Enum):
 
     def __str__(self) -> str:
         return self.value
-
-
-@dataclasses.dataclass(frozen=True, order=True)
-class Frame:
-    """A source location in engine or model code."""
-
-    file: str
-    line: int
-    function: str
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line} in {self.function}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"file": self.file, "line": self.line, "function": self.function}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +55,7 @@ class Finding:
     message: str
     steps: tuple[int, ...] = ()
     occurrences: int = 1
+    allocation_frame: Frame | None = None  # where the step's replacement tensor was allocated (CL104)
 
     def sort_key(self) -> tuple:
         frame = self.capture_frame or self.shadow_frame or Frame("", 0, "")
@@ -89,6 +77,7 @@ class Finding:
             "tensor": self.tensor,
             "capture_frame": self.capture_frame.to_json() if self.capture_frame else None,
             "shadow_frame": self.shadow_frame.to_json() if self.shadow_frame else None,
+            "allocation_frame": self.allocation_frame.to_json() if self.allocation_frame else None,
             "message": self.message,
             "steps": list(self.steps),
             "occurrences": self.occurrences,
@@ -112,8 +101,9 @@ class RuleInfo:
 class Numerical:
     """The numerical oracle for one runner and mode: token agreement of the captured
     run with its eager twin, and the largest per-step difference between a replay's
-    output and its shadow's. A user's target (``check --target``) has no eager twin:
-    its token agreement and logit error are ``None``."""
+    output and its shadow's. A user's target (``check --target``) has no token
+    agreement (``None``); ``max_logit_error`` is then the largest difference between
+    its output and its ``eager()`` twin's, or ``None`` without one."""
 
     runner: str
     mode: str
@@ -127,7 +117,17 @@ class Numerical:
             "runner": self.runner,
             "mode": self.mode,
             "token_agreement": None if self.token_agreement is None else round(self.token_agreement, 6),
-            "max_step_error": float(f"{self.max_step_error:.6g}"),
-            "max_logit_error": None if self.max_logit_error is None else float(f"{self.max_logit_error:.6g}"),
+            "max_step_error": _number(self.max_step_error),
+            "max_logit_error": None if self.max_logit_error is None else _number(self.max_logit_error),
             "replay_steps": self.replay_steps,
         }
+
+
+def _number(x: float) -> float | str:
+    """A float for JSON: 6 significant digits; ``"inf"`` or ``"nan"`` where it is not
+    finite (JSON has no such numbers)."""
+    if x != x:
+        return "nan"
+    if x in (float("inf"), float("-inf")):
+        return "inf" if x > 0 else "-inf"
+    return float(f"{x:.6g}")

@@ -20,7 +20,7 @@ import enum
 from collections import Counter, defaultdict
 import networkx as nx
 
-from capturelint.engine.cudagraph import SegmentKind
+from capturelint.runtime.protocol import SegmentKind
 from capturelint.errors import CapturelintError
 from capturelint.tracer import Stream
 

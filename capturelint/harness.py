@@ -1,30 +1,38 @@
 """Runs an engine under the tracer and turns what it saw into findings.
 
-``trace_run`` works on any engine built with capturelint's capture runtime
-(``CUDAGraphWrapper`` or ``BreakableGraph`` plus ``@eager_break_during_capture``): give
-it a callable that captures and replays (e.g. a generation loop) and the objects that
-hold the engine's tensors, and it returns the findings and the numerical oracle for that
-configuration. ``capturelint check`` uses it on the bundled engine.
+``trace_run`` works on any engine whose captures a capture runtime announces
+(capturelint's breakable runtime, the emulated ``torch.cuda.CUDAGraph``, or an
+adapter's bridge to another runtime): give it a callable that captures and replays
+(e.g. a generation loop) and the objects that hold the engine's tensors, and it returns
+the findings and the numerical oracle for that configuration. The check pipeline
+(``capturelint.pipeline``) uses it for every adapter.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
-from capturelint.analyzer import Analyzer, FindingSet, RunLabel
-from capturelint.engine import cudagraph as rt
-from capturelint.engine.cudagraph import HostSyncInCaptureError
+from capturelint.analyzer import Analyzer, RunLabel, RunOutcome
 from capturelint.errors import CapturelintError
-from capturelint.findings import Finding, Frame
-from capturelint.rules import BY_CODE, STEP_RULES
-from capturelint.rules.cl106_host_sync_in_capture import HostSyncInCapture
-from capturelint.rules.cl901_unexplained_divergence import STEP_TOLERANCE, UnexplainedDivergence
-from capturelint.tracer import Stream, Tracer
+from capturelint.findings import Finding
+from capturelint.rules import RULES
+from capturelint.runtime import protocol
+from capturelint.runtime.protocol import HostSyncEvent, HostSyncInCaptureError
+from capturelint.tracer import ContextProbe, ScopeGroup, Stream, Tracer
 
-rt.register_runtime_file(__file__)
+protocol.register_runtime_file(__file__)
+
+
+@dataclasses.dataclass(frozen=True)
+class TwinResult:
+    """An eager twin's verdict on a run's output: token agreement (engines that
+    generate tokens) and the largest difference of compared values."""
+
+    token_agreement: float | None
+    max_error: float | None
 
 
 @dataclasses.dataclass
@@ -38,6 +46,7 @@ class TraceResult:
     max_step_error: float
     output: Any = None
     capture_failed: bool = False
+    twin: TwinResult | None = None
 
 
 def trace_run(
@@ -46,18 +55,24 @@ def trace_run(
     label: RunLabel,
     select: frozenset[str] | None = None,
     shadow: bool = True,
+    probe: ContextProbe | None = None,
+    scope_group: ScopeGroup | None = None,
+    twin: Callable[[Any], TwinResult] | None = None,
+    rules: Sequence[type] | None = None,
 ) -> TraceResult:
     """Run ``run()`` under the tracer; analyze every replay step against its shadow.
 
-    A host synchronisation that makes the capture fail becomes a CL106 finding (the run
-    stops there, as it would on a GPU); any other exception from the engine is a
-    ``CapturelintError`` naming the configuration.
+    ``twin(output)``, when given, compares the run's output with an eager twin's after
+    the traced run. A host synchronisation that makes the capture fail becomes a CL106
+    finding (the run stops there, as it would on a GPU); any other exception from the
+    engine is a ``CapturelintError`` naming the configuration.
     """
-    codes = select if select is not None else frozenset(BY_CODE)
-    analyzer = Analyzer(label, [r for r in STEP_RULES if r.code in codes])
-    tracer = Tracer(roots, on_step=analyzer.on_step, shadow=shadow)
+    codes = select if select is not None else frozenset(r.code for r in RULES)
+    analyzer = Analyzer(label, [r for r in (rules or RULES) if r.code in codes])
+    tracer = Tracer(roots, on_step=analyzer.on_step, shadow=shadow, probe=probe, scope_group=scope_group,
+                    on_stale=analyzer.on_stale)
     output = None
-    failed = False
+    host_sync: HostSyncEvent | None = None
     try:
         with torch.no_grad(), tracer:
             output = run()
@@ -66,58 +81,29 @@ def trace_run(
         e = raised if isinstance(raised, HostSyncInCaptureError) else raised.__cause__
         if not isinstance(e, HostSyncInCaptureError):
             raise
-        failed = True
-        if HostSyncInCapture.code in codes:
-            file, _, rest = e.frame.partition(":")
-            line, _, function = rest.partition(" in ")
-            frame = Frame(file, int(line) if line.isdigit() else 0, function)
-            analyzer.findings.add(
-                HostSyncInCapture().make(
-                    label, e.graph, e.runtime_mode, f"{e.graph} #{e.segment} captured", e.segment, e.op, "", frame
-                )
-            )
+        host_sync = e.event
     except Exception as e:  # an engine bug: say which configuration and what, no traceback
-        where = rt.format_frame(_innermost_user_frame(e))
         raise CapturelintError(
-            f"the engine raised {type(e).__name__} under runner {label.runner}, mode {label.mode} at {where}: "
-            f"{e}; this is a bug of the engine, not a replay hazard: fix it and run again"
+            f"the engine raised {type(e).__name__} under runner {label.runner}, mode {label.mode} at "
+            f"{protocol.traceback_frame(e)}: {e}; this is a bug of the engine, not a replay hazard: fix it and run again"
         ) from e
-    if HostSyncInCapture.code in codes:
-        for capture in tracer.captures.values():
-            analyzer.check_capture(capture)
-    return TraceResult(
-        label, analyzer.findings.sorted(), list(tracer.captures.values()), analyzer.steps,
-        analyzer.max_step_error, output, failed,
+    if tracer.unseen:
+        labels = ", ".join(sorted(set(tracer.unseen.values())))
+        raise CapturelintError(
+            f"under runner {label.runner}, mode {label.mode} the engine replayed graph(s) {labels} captured before "
+            "tracing began, so their replays cannot be checked; capture inside the traced run (a Target's run())"
+        )
+    for capture in tracer.captures.values():
+        analyzer.check_capture(capture)
+    steps = analyzer.steps or tracer.replays
+    verdict = twin(output) if twin is not None and host_sync is None and shadow else None
+    outcome = RunOutcome(
+        label, tuple(analyzer.findings.sorted()), host_sync, steps, analyzer.max_step_error,
+        verdict.token_agreement if verdict else None, verdict.max_error if verdict else None,
     )
+    findings = analyzer.finish(outcome)
+    return TraceResult(label, findings, list(tracer.captures.values()), steps, analyzer.max_step_error, output,
+                       host_sync is not None, verdict)
 
 
-def coverage_gap(
-    label: RunLabel, findings: list[Finding], token_agreement: float | None, max_step_error: float, codes: frozenset[str]
-) -> Finding | None:
-    """CL901 when the numerical oracle diverges and no structural finding explains it."""
-    if UnexplainedDivergence.code not in codes:
-        return None
-    diverged = (token_agreement is not None and token_agreement < 1.0) or max_step_error > STEP_TOLERANCE
-    if diverged and not any(f.code != UnexplainedDivergence.code for f in findings):
-        return UnexplainedDivergence().make(label, token_agreement, max_step_error)
-    return None
-
-
-def _innermost_user_frame(e: BaseException) -> tuple[str, int, str]:
-    tb = e.__traceback__
-    best = ("<unknown>", 0, "<unknown>")
-    prefixes = rt._skip_dirs()
-    import os
-
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        if not os.path.abspath(code.co_filename).startswith(prefixes):
-            best = (rt._display_path(code.co_filename), tb.tb_lineno, code.co_name)
-        tb = tb.tb_next
-    return best
-
-
-def merge(findings: list[Finding]) -> list[Finding]:
-    fs = FindingSet()
-    fs.extend(findings)
-    return fs.sorted()
+__all__ = ["TraceResult", "TwinResult", "trace_run"]

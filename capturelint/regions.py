@@ -10,7 +10,7 @@ import dataclasses
 from collections import Counter, defaultdict
 from typing import Any
 
-from capturelint.engine.cudagraph import SegmentKind
+from capturelint.runtime.protocol import SegmentKind
 from capturelint.tracer import Stream
 
 ScopeOps = tuple[tuple[str, tuple[tuple[str, int], ...]], ...]  # ((scope, ((op, count), ...)), ...)

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from capturelint import __version__
-from capturelint.engine.cudagraph import SegmentKind
+from capturelint.runtime.protocol import SegmentKind
 from capturelint.findings import Finding, Numerical
 from capturelint.regions import GraphMap
 from capturelint.tracer import Stream
@@ -130,7 +130,12 @@ def render_rich(report: Report, console: Console, verbose: bool = False) -> None
         parts: list[Any] = []
         if cfg.numerical is not None:
             n = cfg.numerical
-            tokens = "no eager twin" if n.token_agreement is None else f"token agreement {n.token_agreement:.2f} with the eager twin"
+            if n.token_agreement is not None:
+                tokens = f"token agreement {n.token_agreement:.2f} with the eager twin"
+            elif n.max_logit_error is not None:
+                tokens = f"max error {n.max_logit_error:.3g} against the eager twin"
+            else:
+                tokens = "no eager twin"
             ok = n.token_agreement in (None, 1.0) and n.max_step_error <= 1e-4
             parts.append(
                 Text(
@@ -183,6 +188,8 @@ def render_finding(f: Finding) -> Text:
         t.append(f"\n  capture: {f.capture_frame}")
     if f.shadow_frame:
         t.append(f"\n  step:    {f.shadow_frame}")
+    if f.allocation_frame:
+        t.append(f"\n  re-allocated at: {f.allocation_frame}")
     if f.steps:
         t.append(f"\n  seen at replay steps {', '.join(map(str, f.steps))}" + (f" ({f.occurrences} times)" if f.occurrences > 1 else ""), style="dim")
     t.append(f"\n  {f.message}\n")

@@ -18,6 +18,7 @@ found means every setting is unset. Printed form::
     steps = 8
     seed = 0
     kernels = "torch"
+    break-outputs = "copy"                   # copy or discard (vLLM 0.33.0)
     format = "sarif"
 
 **Precedence.** Command-line flags over settings over built-in defaults, one value at a
@@ -42,11 +43,12 @@ from capturelint.errors import CapturelintError
 
 PYPROJECT = "pyproject.toml"
 RUNNERS = ("v1", "v2")
-# the names of capturelint.engine.forward_context.CUDAGraphMode (a test keeps them equal);
+# the names of capturelint.runtime.forward_context.CUDAGraphMode (a test keeps them equal);
 # spelled out so that reading settings does not import the engine and torch
 MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 EAGER_REGIONS = ("narrow", "wide", "per-runner")
 KERNELS = ("torch", "triton")
+BREAK_OUTPUTS = ("copy", "discard")
 FORMATS = ("rich", "json", "sarif", "github")
 RULE_CODE = re.compile(r"^CL\d{1,3}$")  # a code (CL101) or a code prefix (CL1)
 
@@ -72,6 +74,7 @@ class Settings:
     steps: int | None = None
     seed: int | None = None
     kernels: str | None = None
+    break_outputs: str | None = None
     format: str | None = None
     source: Path | None = None
 
@@ -278,6 +281,7 @@ _KEYS = (
     "steps",
     "seed",
     "kernels",
+    "break-outputs",
     "format",
 )
 
@@ -304,6 +308,7 @@ def _settings(path: Path, table: dict[str, Any]) -> Settings:
         steps=r.integer("steps", 1),
         seed=r.integer("seed", None),
         kernels=r.choice("kernels", KERNELS, str.lower),
+        break_outputs=r.choice("break-outputs", BREAK_OUTPUTS, str.lower),
         format=r.choice("format", FORMATS, str.lower),
         source=path.resolve(),
     )

@@ -79,8 +79,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from capturelint.checker import CHECK_MODES, CheckPlan
-from capturelint.engine.cudagraph import SegmentKind
+from capturelint.adapters.bundled import CHECK_MODES, CheckPlan
+from capturelint.runtime.protocol import SegmentKind
 from capturelint.errors import CapturelintError
 from capturelint.report import ConfigReport, Report, dumps_json
 from capturelint.regions import GraphMap, SegmentMap
@@ -699,7 +699,7 @@ def pair_by_position(left: RegionMap, right: RegionMap) -> list[tuple[ConfigMap,
 
 def record_regions(plan: CheckPlan, progress: Any = None) -> RegionMap:
     """Run every configuration of the plan recording captures only (no shadow)."""
-    from capturelint.checker import run_check
+    from capturelint.adapters.bundled import run_check
 
     return region_map(run_check(plan, progress, shadow=False), plan)
 

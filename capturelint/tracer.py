@@ -37,18 +37,16 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import re
 import sys
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import torch
 import torch.nn.modules.module as module_hooks
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from capturelint.engine import cudagraph as rt
-from capturelint.engine.forward_context import CUDAGraphMode, get_forward_context, has_forward_context
-from capturelint.findings import Frame
+from capturelint.runtime import protocol as rt
+from capturelint.runtime.protocol import Frame, SegmentKind
 
 StorageId = int  # identity of a storage object, valid while the stream holds it
 OpIndex = int  # position of an op in its stream
@@ -56,7 +54,6 @@ SegmentIndex = int
 
 rt.register_runtime_file(__file__)
 _DETACH = torch.ops.aten.detach.default
-_LAYER = re.compile(r"layers\.\d+")
 
 
 class StreamKind(enum.Enum):
@@ -123,7 +120,7 @@ class Segment:
     """A segment of a stream. ``name`` is the break's qualified name for eager segments."""
 
     index: SegmentIndex
-    kind: rt.SegmentKind
+    kind: SegmentKind
     name: str | None
     scope: str
     first_op: OpIndex
@@ -146,16 +143,38 @@ class Origin(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class ContextSummary:
-    """What the forward context held: enough to explain a divergence."""
+    """What the forward context held, as an adapter's probe describes it.
 
-    has_metadata: bool
-    metadata_keys: int
-    runtime_mode: str
+    ``key`` is what two contexts are compared by (e.g. ``"metadata"`` / ``"none"``);
+    ``text`` says it in words for messages (``attn_metadata was None``).
+    """
+
+    key: str
+    text: str
 
     def describe(self) -> str:
-        if not self.has_metadata:
-            return "attn_metadata was None"
-        return f"attn_metadata held {self.metadata_keys} entries"
+        return self.text
+
+
+NO_CONTEXT = ContextSummary("", "no forward context")
+
+
+@dataclasses.dataclass(frozen=True)
+class ContextSnapshot:
+    """What a context probe returns: a summary and the context's tensors by name."""
+
+    summary: ContextSummary
+    tensors: tuple[tuple[str, torch.Tensor], ...] = ()
+
+
+ContextProbe = Callable[[], ContextSnapshot]
+"""An adapter's reader of the engine's forward context, called at capture and at each
+shadowed step."""
+
+ScopeGroup = Callable[[str], "str | None"]
+"""Maps a module scope to the prefix that the names of tensors it owns carry (the
+bundled adapter maps ``model.layers.3.attn`` to ``layers.3``), so that a tensor shared
+by every layer is named after the layer that read it."""
 
 
 _EXTERNAL = Origin(True, None)
@@ -178,7 +197,11 @@ class Stream:
     names: dict[StorageId, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     static_names: dict[StorageId, tuple[str, ...]] = dataclasses.field(default_factory=dict, repr=False)
     copy_break_outputs: bool = True
+    breaks_eager: bool = True
     output_storages: tuple[StorageId, ...] = ()
+    allocation_frames: dict[StorageId, Frame] = dataclasses.field(default_factory=dict, repr=False)
+    names_now: dict[str, StorageId] = dataclasses.field(default_factory=dict, repr=False)  # root paths at a stale replay
+    scope_group: ScopeGroup | None = dataclasses.field(default=None, repr=False)
     _alive: list[Any] = dataclasses.field(default_factory=list, repr=False)
 
     def segment_ops(self, index: SegmentIndex) -> list[OpRecord]:
@@ -189,14 +212,18 @@ class Stream:
         names = self.names.get(storage, ()) + self.static_names.get(storage, ())
         if not names:
             return None
-        if scope and len(names) > 1:
+        if scope and len(names) > 1 and self.scope_group is not None:
             # A tensor shared by every layer's metadata is named after the op's layer.
-            m = _LAYER.search(scope)
-            if m is not None:
+            group = self.scope_group(scope)
+            if group is not None:
                 for n in names:
-                    if m.group(0) + "." in n:
+                    if group + "." in n:
                         return n
         return names[0]
+
+    def allocated_at(self, storage: StorageId) -> Frame | None:
+        """The source line that allocated an external storage, when the tracer saw it."""
+        return self.allocation_frames.get(storage)
 
     def release(self) -> None:
         self._alive.clear()
@@ -231,6 +258,22 @@ def _schema(func: Any) -> _SchemaInfo:
     return info
 
 
+_fresh_cache: dict[Any, tuple[bool, ...]] = {}
+
+
+def _fresh_returns(func: Any) -> tuple[bool, ...]:
+    """Which returns of ``func`` are fresh allocations; empty for views and in-place ops."""
+    fresh = _fresh_cache.get(func)
+    if fresh is None:
+        schema = func._schema
+        mutates = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+        fresh = tuple(r.alias_info is None for r in schema.returns)
+        if mutates or not any(fresh):
+            fresh = ()
+        _fresh_cache[func] = fresh
+    return fresh
+
+
 _frames: dict[tuple, Frame] = {}
 _code_names: dict[Any, tuple[str, str] | None] = {}
 
@@ -243,7 +286,7 @@ def _frame() -> Frame:
         code = f.f_code
         names = _code_names.get(code, False)
         if names is False:
-            names = None if rt.hidden_code(code) else (rt._display_path(code.co_filename), code.co_name)
+            names = None if rt.hidden_code(code) else (rt.display_path(code.co_filename), code.co_name)
             _code_names[code] = names
         if names is not None:
             key = (code, f.f_lineno)
@@ -297,9 +340,18 @@ class Tracer(rt.CaptureObserver):
 
     ``roots`` name external tensors: an ``nn.Module`` contributes its parameters and
     buffers, a mapping or an object its tensor attributes (two levels deep), a
-    ``(name, tensor)`` iterable its pairs. ``on_step(capture, shadow, error)``
-    is called after every replay with ``error`` the max abs difference between the
-    replay's output and the shadow's. ``shadow=False`` records captures only.
+    ``(name, tensor)`` iterable its pairs. Roots are walked again at each capture and
+    each shadowed step, so a tensor the engine allocates later is named by the
+    attribute that holds it then. ``on_step(capture, shadow, error)`` is called after
+    every replay with ``error`` the max abs difference between the replay's output and
+    the shadow's. ``shadow=False`` records captures only. ``probe`` reads the engine's
+    forward context (an adapter's); ``scope_group`` maps a module scope to the name
+    prefix of the tensors it owns. ``on_stale(capture, event)`` hears a graph that
+    found a storage it reads freed by the engine, for graphs that get no shadow.
+
+    Between steps the dispatch mode stays on in a cheap *watch* state that only notes
+    which source line allocated each new storage, so that a finding about a
+    re-allocated tensor can name the line that re-allocated it.
     """
 
     def __init__(
@@ -307,18 +359,25 @@ class Tracer(rt.CaptureObserver):
         roots: dict[str, Any] | None = None,
         on_step: Callable[[Stream, Stream, float], None] | None = None,
         shadow: bool = True,
+        probe: ContextProbe | None = None,
+        scope_group: ScopeGroup | None = None,
+        on_stale: Callable[[Stream, rt.StaleInputEvent], None] | None = None,
     ):
         self.roots = roots or {}
         self._mode = _OpMode(self)
         self._mode_on = False
         self.on_step = on_step
+        self.on_stale = on_stale
         self.shadow_enabled = shadow
+        self.probe = probe
+        self.scope_group = scope_group
         self.captures: dict[int, Stream] = {}
         self.stream: Stream | None = None
         self.step = 0
         self.replays = 0
         self._segment: Segment | None = None
         self._cow: dict[StorageId, tuple[Any, Any]] | None = None
+        self._rng: list[tuple[Any, Any]] = []
         self._shadow: Stream | None = None
         self._shadow_out: list[torch.Tensor] = []
         self._scope_stack: list[str] = []
@@ -326,6 +385,8 @@ class Tracer(rt.CaptureObserver):
         self._hooks: list[Any] = []
         self._static_names: dict[StorageId, tuple[str, ...]] = {}
         self._static_alive: list[Any] = []
+        self._alloc_frames: dict[StorageId, Frame] = {}
+        self.unseen: dict[int, str] = {}  # graphs replayed whose capture the tracer did not see
 
     # ---------------------------------------------------------------- lifecycle
     def __enter__(self) -> "Tracer":
@@ -335,10 +396,11 @@ class Tracer(rt.CaptureObserver):
             module_hooks.register_module_forward_hook(self._post_hook),
         ]
         rt.add_observer(self)
+        self._mode_on_()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._mode_off()  # a capture that raised left it on
+        self._mode_off()
         self.stream = None
         rt.remove_observer(self)
         for h in self._hooks:
@@ -347,19 +409,30 @@ class Tracer(rt.CaptureObserver):
 
     def _index_roots(self) -> None:
         names: dict[StorageId, list[str]] = {}
-
-        def add(name: str, t: torch.Tensor) -> None:
-            st = t.untyped_storage()
-            self._static_alive.append(st)
-            names.setdefault(st._cdata, []).append(name)
-
         for root_name, root in self.roots.items():
-            for name, t in _named_tensors(root_name, root):
-                add(name, t)
-            if isinstance(root, torch.nn.Module):
-                for name, m in root.named_modules():
-                    self._module_names[id(m)] = name
+            for name, t in named_tensors(root_name, root):
+                st = t.untyped_storage()
+                self._static_alive.append(st)
+                names.setdefault(st._cdata, []).append(name)
+            for prefix, module in _modules(root_name, root):
+                for name, m in module.named_modules():
+                    self._module_names.setdefault(id(m), f"{prefix}.{name}" if name and prefix else name or prefix)
         self._static_names = {sid: tuple(v) for sid, v in names.items()}
+
+    def _root_names(self, stream: Stream) -> dict[StorageId, list[str]]:
+        """Names of the tensors the non-module roots hold now (modules were indexed once)."""
+        names: dict[StorageId, list[str]] = {}
+        for root_name, root in self.roots.items():
+            if isinstance(root, torch.nn.Module):
+                continue
+            for name, t in named_tensors(root_name, root):
+                st = t.untyped_storage()
+                sid = st._cdata
+                if name in self._static_names.get(sid, ()):
+                    continue
+                stream._alive.append(st)
+                names.setdefault(sid, []).append(name)
+        return names
 
     def _mode_on_(self) -> None:
         if not self._mode_on:
@@ -388,7 +461,12 @@ class Tracer(rt.CaptureObserver):
     # -------------------------------------------------------------- op records
     def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         stream = self.stream
-        if stream is None or func is _DETACH:
+        if stream is None:
+            out = func(*args, **kwargs)
+            if func is not _DETACH:
+                self._watch(func, out)
+            return out
+        if func is _DETACH:
             # detach is a no-op alias for replay purposes, and stacked dispatch modes add
             # it to factory ops at capture only: recording it would fake a divergence.
             return func(*args, **kwargs)
@@ -396,7 +474,7 @@ class Tracer(rt.CaptureObserver):
         if self._cow is not None and info.writes:
             self._copy_before_write(info, args, kwargs, stream)
         out = func(*args, **kwargs)
-        if self._cow is not None and self._segment is not None and self._segment.kind is rt.SegmentKind.EAGER:
+        if self._cow is not None and self._segment is not None and self._segment.kind is SegmentKind.EAGER:
             # Ops inside a shadow's eager break re-run live on replay and are exempt from
             # R1-R4: only the storages they allocate matter (as in-step, not external).
             for o in out if isinstance(out, (tuple, list)) else (out,):
@@ -408,6 +486,15 @@ class Tracer(rt.CaptureObserver):
             return out
         self._record(stream, func, info, args, kwargs, out)
         return out
+
+    def _watch(self, func: Any, out: Any) -> None:
+        """Between steps: note the source line of each fresh allocation."""
+        fresh = _fresh_returns(func)
+        if not fresh:
+            return
+        for o, is_fresh in zip(out if len(fresh) > 1 else (out,), fresh):
+            if is_fresh and isinstance(o, torch.Tensor):
+                self._alloc_frames[o.untyped_storage()._cdata] = _frame()
 
     def _copy_before_write(self, info: _SchemaInfo, args: tuple, kwargs: dict, stream: Stream) -> None:
         for pos, name, kwarg_only, _ in info.writes:
@@ -475,33 +562,24 @@ class Tracer(rt.CaptureObserver):
         )
 
     # ------------------------------------------------------------ stream setup
-    def _context(self) -> ContextSummary:
-        if not has_forward_context():
-            return ContextSummary(False, 0, "NONE")
-        ctx = get_forward_context()
-        md = ctx.attn_metadata
-        return ContextSummary(isinstance(md, dict), len(md) if isinstance(md, dict) else 0, str(ctx.cudagraph_runtime_mode))
+    def _snapshot(self) -> ContextSnapshot:
+        return self.probe() if self.probe is not None else ContextSnapshot(NO_CONTEXT)
 
-    def _new_stream(self, kind: StreamKind, graph: rt.BreakableGraph) -> Stream:
-        s = Stream(kind, graph.id, graph.label,
-                   str(graph.runtime_mode), self.step, self._context(), copy_break_outputs=graph.copy_break_outputs)
-        self._name_context(s)
+    def _new_stream(self, kind: StreamKind, graph: rt.GraphInfo) -> Stream:
+        snap = self._snapshot()
+        s = Stream(kind, graph.id, graph.label, graph.mode, self.step, snap.summary,
+                   copy_break_outputs=graph.break_outputs is rt.BreakOutputs.COPY, breaks_eager=graph.breaks_eager,
+                   allocation_frames=self._alloc_frames, scope_group=self.scope_group)
+        s.static_names = self._static_names
+        names = self._root_names(s)
+        for name, t in snap.tensors:
+            st = t.untyped_storage()
+            s._alive.append(st)
+            names.setdefault(st._cdata, []).append(name)
+        s.names = {sid: tuple(v) for sid, v in names.items()}
         return s
 
-    def _name_context(self, stream: Stream) -> None:
-        stream.static_names = self._static_names
-        names: dict[StorageId, list[str]] = {}
-        if has_forward_context():
-            md = get_forward_context().attn_metadata
-            if isinstance(md, dict):
-                for key, value in md.items():
-                    for name, t in _named_tensors(f"attn_metadata[{key!r}]", value, sep=""):
-                        st = t.untyped_storage()
-                        stream._alive.append(st)
-                        names.setdefault(st._cdata, []).append(name)
-        stream.names = {sid: tuple(v) for sid, v in names.items()}
-
-    def _open_segment(self, stream: Stream, index: int, kind: rt.SegmentKind, name: str | None) -> Segment:
+    def _open_segment(self, stream: Stream, index: int, kind: SegmentKind, name: str | None) -> Segment:
         seg = Segment(index, kind, name, self.scope, len(stream.ops))
         stream.segments.append(seg)
         self._segment = seg
@@ -514,37 +592,55 @@ class Tracer(rt.CaptureObserver):
 
     def _break_args(self, stream: Stream, call: rt.BreakCall) -> tuple[BreakArg, ...]:
         out = []
-        leaves, _ = tree_flatten((call.args, call.kwargs))
-        for i, v in enumerate(leaves):
-            path = f"arg{i}"
+        for path, v in _break_leaves(call.named_arguments()):
             if isinstance(v, torch.Tensor):
                 out.append(BreakArg(path, self._use(stream, v, path, False), None))
-            elif isinstance(v, (int, float, bool, str, type(None), torch.dtype, torch.device)):
+            else:
                 out.append(BreakArg(path, None, scalar_repr(v)))
         return tuple(out)
 
     # ----------------------------------------------------------- observer API
-    def on_graph_begin(self, graph: rt.BreakableGraph, phase: rt.Phase) -> None:
+    def on_graph_begin(self, graph: rt.GraphInfo, phase: rt.Phase) -> None:
         if phase is rt.Phase.CAPTURE:
             self.stream = self._new_stream(StreamKind.CAPTURE, graph)
+            if not graph.segmented:
+                self._open_segment(self.stream, 0, SegmentKind.CAPTURED, None)
             self._mode_on_()
+        elif phase is rt.Phase.REPLAY and not graph.segmented:
+            if graph.id not in self.captures:
+                self.unseen[graph.id] = graph.label
+            self._mode_off()  # a bare graph's replay is not traced
 
-    def on_graph_end(self, graph: rt.BreakableGraph, phase: rt.Phase, output: Any) -> None:
+    def on_graph_end(self, graph: rt.GraphInfo, phase: rt.Phase, output: Any) -> None:
         if phase is rt.Phase.CAPTURE and self.stream is not None:
+            if not graph.segmented:
+                self._close_segment(self.stream)
             self.stream.output_storages = tuple(t.untyped_storage()._cdata for t in rt.flatten_tensors(output))
+            names = self._root_names(self.stream)  # tensors the engine made during the capture
+            for sid, extra in names.items():
+                self.stream.names[sid] = tuple(dict.fromkeys(self.stream.names.get(sid, ()) + tuple(extra)))
             self.captures[graph.id] = self.stream
             self.stream = None
-            self._mode_off()
-        elif phase is rt.Phase.REPLAY and self._shadow is not None:
-            # The replay itself is not traced: captured segments re-issue what the capture
-            # recorded, and eager segments re-run the code the shadow just ran.
-            shadow, self._shadow = self._shadow, None
-            error = _max_abs_diff(list(rt.flatten_tensors(output)), self._shadow_out)
-            self._shadow_out = []
-            self.replays += 1
-            if self.on_step is not None:
-                self.on_step(self.captures[graph.id], shadow, error)
-            shadow.release()
+        elif phase is rt.Phase.REPLAY:
+            self._mode_on_()  # back to watching allocations between steps
+            if not graph.segmented:
+                self.replays += 1
+            if self._shadow is not None:
+                # The replay itself is not traced: captured segments re-issue what the capture
+                # recorded, and eager segments re-run the code the shadow just ran.
+                shadow, self._shadow = self._shadow, None
+                error = _max_abs_diff(list(rt.flatten_tensors(output)), self._shadow_out)
+                self._shadow_out = []
+                self.replays += 1
+                if self.on_step is not None:
+                    self.on_step(self.captures[graph.id], shadow, error)
+                shadow.release()
+
+    def on_stale_input(self, event: rt.StaleInputEvent) -> None:
+        capture = self.captures.get(event.graph.id)
+        if capture is not None and self.on_stale is not None and not event.graph.segmented:
+            capture.names_now = {name: sid for sid, names in self._root_names(capture).items() for name in names}
+            self.on_stale(capture, event)
 
     def on_segment_begin(self, info: rt.SegmentInfo) -> None:
         if self.stream is not None and info.phase is rt.Phase.CAPTURE:
@@ -559,14 +655,14 @@ class Tracer(rt.CaptureObserver):
         if stream is None:
             return
         if stream.kind is StreamKind.SHADOW:
-            if call.depth == 0 and stream.runtime_mode == str(CUDAGraphMode.PIECEWISE):
+            if call.depth == 0 and stream.breaks_eager:
                 self._close_segment(stream)
-                seg = self._open_segment(stream, len(stream.segments), rt.SegmentKind.EAGER, call.name)
+                seg = self._open_segment(stream, len(stream.segments), SegmentKind.EAGER, call.name)
                 seg.break_args = self._break_args(stream, call)
-                seg.break_frame = Frame(*rt.user_frame(3))
+                seg.break_frame = call.frame
         elif not call.inline and self._segment is not None:
             self._segment.break_args = self._break_args(stream, call)
-            self._segment.break_frame = Frame(*rt.user_frame(4))
+            self._segment.break_frame = call.frame
 
     def on_break_exit(self, call: rt.BreakCall, result: Any) -> None:
         stream = self.stream
@@ -574,21 +670,25 @@ class Tracer(rt.CaptureObserver):
             return
         returned = frozenset(t.untyped_storage()._cdata for t in rt.flatten_tensors(result))
         if stream.kind is StreamKind.SHADOW:
-            if call.depth == 0 and stream.runtime_mode == str(CUDAGraphMode.PIECEWISE):
+            if call.depth == 0 and stream.breaks_eager:
                 if self._segment is not None:
                     self._segment.returned = returned
                 self._close_segment(stream)
-                self._open_segment(stream, len(stream.segments), rt.SegmentKind.CAPTURED, None)
+                self._open_segment(stream, len(stream.segments), SegmentKind.CAPTURED, None)
         elif not call.inline and self._segment is not None:
             self._segment.returned = returned
 
-    def before_replay(self, graph: rt.BreakableGraph, shadow: Callable[[], Any]) -> None:
+    def before_replay(self, graph: rt.GraphInfo, shadow: Callable[[], Any]) -> None:
+        if graph.id not in self.captures:
+            self.unseen[graph.id] = graph.label
         if not self.shadow_enabled or graph.id not in self.captures:
+            self._mode_off()
             return
         self.step += 1
         stream = self._new_stream(StreamKind.SHADOW, graph)
         self.stream, self._cow = stream, {}
-        self._open_segment(stream, 0, rt.SegmentKind.CAPTURED, None)
+        self._open_segment(stream, 0, SegmentKind.CAPTURED, None)
+        self._rng = _random_states(self.roots)
         self._mode_on_()
         try:
             out = shadow()
@@ -600,9 +700,91 @@ class Tracer(rt.CaptureObserver):
                 for st, saved in self._cow.values():
                     st.copy_(saved)
             self._cow = None
+            _restore_random_states(self._rng)
+            self._rng = []
         self._shadow_out = [t.detach().clone() for t in rt.flatten_tensors(out)]
         stream.output_storages = tuple(t.untyped_storage()._cdata for t in rt.flatten_tensors(out))
         self._shadow = stream
+
+
+def _modules(name: str, root: Any) -> Iterator[tuple[str, torch.nn.Module]]:
+    """The modules a root holds, with the scope prefix their ops get: a module root
+    names its own submodules (``layers.0.attn``); an object root's module attributes
+    are named by path (``server.model.0``)."""
+    if isinstance(root, torch.nn.Module):
+        yield "", root
+        return
+    attrs = root.items() if isinstance(root, dict) else getattr(root, "__dict__", {}).items()
+    for key, value in attrs:
+        if isinstance(value, torch.nn.Module):
+            yield f"{name}.{key}", value
+
+
+def _random_states(roots: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """The state of every random generator a shadow may advance: the CPU default
+    generator, the CUDA generators (where CUDA is initialised), and every
+    ``torch.Generator`` reachable from the roots."""
+    states: list[tuple[Any, Any]] = [(torch.random.default_generator, torch.random.default_generator.get_state())]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i in range(torch.cuda.device_count()):
+            gen = torch.cuda.default_generators[i]
+            states.append((gen, gen.get_state()))
+    seen = {id(torch.random.default_generator)}
+    for gen in _generators(roots):
+        if id(gen) not in seen:
+            seen.add(id(gen))
+            states.append((gen, gen.get_state()))
+    return states
+
+
+def _restore_random_states(states: list[tuple[Any, Any]]) -> None:
+    for gen, state in states:
+        gen.set_state(state)
+
+
+def _generators(obj: Any, depth: int = 0, seen: set[int] | None = None) -> Iterator[torch.Generator]:
+    seen = set() if seen is None else seen
+    if id(obj) in seen or depth > 3 or obj is None or isinstance(obj, (int, float, str, bool, torch.Tensor)):
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Generator):
+        yield obj
+        return
+    if isinstance(obj, dict):
+        values: Iterable[Any] = obj.values()
+    elif isinstance(obj, (list, tuple)):
+        values = obj
+    elif isinstance(obj, torch.nn.Module):
+        values = [v for k, v in vars(obj).items() if not k.startswith("_")] + list(obj.children())
+    else:
+        values = [v for k, v in getattr(obj, "__dict__", {}).items() if not k.startswith("__")]
+    for v in values:
+        yield from _generators(v, depth + 1, seen)
+
+
+def _break_leaves(named: list[tuple[str, Any]], depth: int = 0) -> Iterator[tuple[str, Any]]:
+    """The values handed to a break, by path: tensors and plain scalars inside tuples,
+    lists, dicts, NamedTuples, dataclasses and objects with attributes
+    (``metadata.slot_mapping``, ``args[1]``). Other objects are not compared."""
+    for path, v in named:
+        if isinstance(v, torch.Tensor) or isinstance(v, (int, float, bool, str, type(None), torch.dtype, torch.device)):
+            yield path, v
+        elif depth >= 4 or callable(v) and not dataclasses.is_dataclass(v):
+            continue
+        elif isinstance(v, dict):
+            yield from _break_leaves([(f"{path}[{k!r}]", x) for k, x in v.items()], depth + 1)
+        elif isinstance(v, tuple) and hasattr(v, "_fields"):
+            yield from _break_leaves([(f"{path}.{k}", getattr(v, k)) for k in v._fields], depth + 1)
+        elif isinstance(v, (list, tuple)):
+            yield from _break_leaves([(f"{path}[{i}]", x) for i, x in enumerate(v)], depth + 1)
+        elif dataclasses.is_dataclass(v):
+            yield from _break_leaves([(f"{path}.{f.name}", getattr(v, f.name)) for f in dataclasses.fields(v)], depth + 1)
+        elif isinstance(v, torch.nn.Module):
+            continue  # parameters and buffers are external and compared by the ops that read them
+        elif hasattr(v, "__dict__"):
+            yield from _break_leaves(
+                [(f"{path}.{k}", x) for k, x in vars(v).items() if not k.startswith("_")], depth + 1
+            )
 
 
 def _max_abs_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
@@ -618,7 +800,7 @@ def _max_abs_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return worst
 
 
-def _named_tensors(prefix: str, obj: Any, depth: int = 0, sep: str = ".") -> Iterator[tuple[str, torch.Tensor]]:
+def named_tensors(prefix: str, obj: Any, depth: int = 0, sep: str = ".") -> Iterator[tuple[str, torch.Tensor]]:
     """Tensors reachable from ``obj`` with readable paths, two levels deep."""
     if isinstance(obj, torch.Tensor):
         yield prefix, obj
@@ -633,22 +815,22 @@ def _named_tensors(prefix: str, obj: Any, depth: int = 0, sep: str = ".") -> Ite
         return
     if isinstance(obj, dict):
         for k, v in obj.items():
-            yield from _named_tensors(f"{prefix}[{k!r}]", v, depth + 1, sep=".")
+            yield from named_tensors(f"{prefix}[{k!r}]", v, depth + 1, sep=".")
         return
     if isinstance(obj, (list, tuple)):
         if obj and all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) for x in obj):
             for n, t in obj:
-                yield from _named_tensors(n, t, depth + 1)
+                yield from named_tensors(n, t, depth + 1)
             return
         for i, v in enumerate(obj):
-            yield from _named_tensors(f"{prefix}[{i}]", v, depth + 1)
+            yield from named_tensors(f"{prefix}[{i}]", v, depth + 1)
         return
     if dataclasses.is_dataclass(obj):
         for f in dataclasses.fields(obj):
-            yield from _named_tensors(f"{prefix}.{f.name}", getattr(obj, f.name), depth + 1)
+            yield from named_tensors(f"{prefix}.{f.name}", getattr(obj, f.name), depth + 1)
         return
     attrs = getattr(obj, "__dict__", None)
     if attrs:
         for k, v in attrs.items():
             if not k.startswith("__"):
-                yield from _named_tensors(f"{prefix}.{k}", v, depth + 1)
+                yield from named_tensors(f"{prefix}.{k}", v, depth + 1)

@@ -42,11 +42,12 @@ Expected output:
          aten.new_empty.default at capturelint/engine/dsv4/attention.py:307: the capture
          recorded another branch than the step runs (2 ops of the step missing from the
          graph: aten.new_empty.default, dsv4.fused_qnorm_rope_kv_insert.default; 1 extra:
-         aten.constant_pad_nd.default). The capture had no attention metadata (attn_metadata
-         was None, a dummy/profile run) while the step has it (attn_metadata held 9
-         entries): code that branches on it took the profile path at capture. Replay re-
-         issues the recorded ops, so the step's ops never run. Move the branching code into
-         an eager break, or make the capture take the path real steps take.
+         aten.constant_pad_nd.default). The forward context differed at capture:
+         attn_metadata was None (a dummy or profile run: no attention metadata), while at
+         the step attn_metadata held 9 entries; code that branches on it took another path
+         at capture. Replay re-issues the recorded ops, so the step's ops never run. Move
+         the branching code into an eager break, or make the capture take the path real
+         steps take.
        exit status 1; findings by code: CL101 x4
 
     The story holds: replay diverges from eager execution (0.0% token agreement), and
@@ -63,7 +64,7 @@ import textwrap
 
 import torch
 
-from capturelint.checker import make_plan, run_check
+from capturelint.adapters.bundled import make_plan, run_check
 from capturelint.cli import EXIT_CLEAN, EXIT_FINDINGS
 from capturelint.engine.config import EngineConfig
 from capturelint.engine.llm import EQUAL_LOGIT_TOLERANCE, run_with_eager_twin

@@ -60,9 +60,9 @@ import textwrap
 
 import torch
 
-from capturelint.checker import make_plan, run_check
+from capturelint.adapters.bundled import make_plan, run_check
 from capturelint.engine.config import DEEPSEEK_V4, EagerRegion, EngineConfig, Runner
-from capturelint.engine.forward_context import CUDAGraphMode
+from capturelint.runtime.forward_context import CUDAGraphMode
 from capturelint.engine.llm import EQUAL_LOGIT_TOLERANCE
 from capturelint.errors import CapturelintError
 from capturelint.report import ConfigReport

@@ -1,7 +1,7 @@
 """The analyzer on hand-built streams: alignment, extent, messages. No dispatch mode."""
 
 from capturelint.analyzer import RunLabel, build_view, location_problem
-from capturelint.engine.cudagraph import SegmentKind
+from capturelint.runtime.protocol import SegmentKind
 from capturelint.findings import Frame
 from capturelint.rules.cl101_baked_control_flow import BakedControlFlow
 from capturelint.tracer import ContextSummary, OpRecord, Origin, Segment, Stream, StreamKind, TensorUse
@@ -18,7 +18,7 @@ def op(i: int, name: str, line: int, inputs=(), outputs=(), scope: str = "layers
 
 
 def stream(kind: StreamKind, ops: list[OpRecord], has_md: bool, origins=None, step: int = 0) -> Stream:
-    s = Stream(kind, 1, "decode/4", "PIECEWISE", step, ContextSummary(has_md, 3 if has_md else 0, "PIECEWISE"))
+    s = Stream(kind, 1, "decode/4", "PIECEWISE", step, ContextSummary("metadata", "attn_metadata held 3 entries") if has_md else ContextSummary("none", "attn_metadata was None"))
     s.ops = ops
     s.segments = [Segment(0, SegmentKind.CAPTURED, None, "layers.0.attn", 0, len(ops))]
     s.origins = origins or {}
@@ -39,8 +39,8 @@ def test_first_divergence_and_extent_not_a_cascade():
     assert f.message == (
         "captured segment decode/4 #0 captured recorded aten.pad at model.py:11 where replay step 3 runs dsv4.insert at "
         "model.py:12: the capture recorded another branch than the step runs (2 ops of the step missing from the "
-        "graph: dsv4.insert, dsv4.norm; 1 extra: aten.pad). The capture had no attention metadata (attn_metadata was None, a dummy/profile run) while "
-        "the step has it (attn_metadata held 3 entries): code that branches on it took the profile path at capture. "
+        "graph: dsv4.insert, dsv4.norm; 1 extra: aten.pad). The forward context differed at capture: attn_metadata was "
+        "None, while at the step attn_metadata held 3 entries; code that branches on it took another path at capture. "
         "Replay re-issues the recorded ops, so the step's ops never run. Move the branching code into an eager "
         "break, or make the capture take the path real steps take."
     )

@@ -32,7 +32,7 @@ def test_v1_narrow_region_is_caught_as_baked_control_flow(capsys):
     assert f["code"] == "CL101" and f["runner"] == "v1" and f["mode"] in ("PIECEWISE", "FULL_AND_PIECEWISE")
     assert ".attn" in f["scope"] and "layers." in f["scope"]
     assert "recorded another branch than the step runs" in f["message"]
-    assert "capture had no attention metadata" in f["message"]
+    assert "forward context differed at capture: attn_metadata was None" in f["message"]
     assert f["capture_frame"]["file"].endswith("dsv4/attention.py")
     assert f["capture_frame"]["line"] != f["shadow_frame"]["line"]
     for key in ("segment", "op", "scope", "capture_frame", "shadow_frame", "message"):

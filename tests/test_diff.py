@@ -7,7 +7,7 @@ import json
 import pytest
 
 from capturelint.cli import main
-from capturelint.engine.cudagraph import SegmentKind
+from capturelint.runtime.breakable import SegmentKind
 from capturelint.snapshot import ConfigMap, EngineParams, GraphMap, RegionMap, SegmentMap, compare_maps
 
 ENGINE = ["--runner", "v1", "--mode", "PIECEWISE", "--layers", "2", "--steps", "4"]

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from capturelint.engine.config import EngineConfig
-from capturelint.engine.cudagraph import BreakCall, CaptureObserver, EagerSegment, SegmentKind, observing
-from capturelint.engine.forward_context import CUDAGraphMode, set_forward_context
+from capturelint.runtime.breakable import BreakCall, CaptureObserver, EagerSegment, SegmentKind, observing
+from capturelint.runtime.forward_context import CUDAGraphMode, set_forward_context
 from capturelint.engine.llm import Engine
 from capturelint.engine.metadata import StepBatch
 
@@ -33,7 +33,7 @@ def captured_ops(graph) -> collections.Counter:
     ops = collections.Counter()
     for seg in graph.segments:
         if seg.kind is SegmentKind.CAPTURED:
-            ops.update(str(call.func) for call in seg.calls)
+            ops.update(str(call.func) for call in seg.graph._calls)
     return ops
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from capturelint.engine.config import EngineConfig
-from capturelint.engine.forward_context import CUDAGraphMode
+from capturelint.runtime.forward_context import CUDAGraphMode
 from capturelint.engine.llm import Engine, compare
 
 TINY_61 = EngineConfig(

@@ -8,7 +8,7 @@ import pytest
 
 from capturelint.cli import main
 from capturelint.engine.config import DEFAULT_RUNNER, EagerRegion, EngineConfig, Platform, Runner
-from capturelint.engine.forward_context import CUDAGraphMode
+from capturelint.runtime.forward_context import CUDAGraphMode
 from capturelint.errors import CapturelintError
 
 

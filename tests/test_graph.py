@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from capturelint import graph as rg
-from capturelint.engine.cudagraph import SegmentKind
+from capturelint.runtime.breakable import SegmentKind
 from capturelint.graph import Access, NodeKind, RegionGraphError, build_region_graph
 from toy_engine import check_toy
 

@@ -4,7 +4,7 @@ with the matrix in docs/engine.md."""
 
 import pytest
 
-from capturelint.checker import make_plan
+from capturelint.adapters.bundled import make_plan
 from capturelint.settings import Settings
 
 WRONG, EQUAL = "wrong", "equal"

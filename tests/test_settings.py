@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from capturelint.engine.forward_context import CUDAGraphMode
+from capturelint.runtime.forward_context import CUDAGraphMode
 from capturelint.errors import CapturelintError
 from capturelint.settings import MODES, Settings, find_config, load_settings, merge, read_settings
 

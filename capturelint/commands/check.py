@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from capturelint import __version__
-from capturelint.checker import run_check
+from capturelint.adapters.bundled import run_check
 from capturelint.cli import EXIT_CLEAN, EXIT_FINDINGS
 from capturelint.commands.common import (
     ProgressReporter,

@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from capturelint.checker import CHECK_MODES, CheckPlan, make_plan
+from capturelint.adapters.bundled import CHECK_MODES, CheckPlan, make_plan
 from capturelint.errors import CapturelintError
 from capturelint.settings import Settings, load_settings
 
@@ -37,6 +37,9 @@ def engine_options(fn: Callable) -> Callable:
         click.option("--steps", type=int, metavar="N", help="Engine steps of the workload, one forward each (default 24)."),
         click.option("--seed", type=int, metavar="N", help="Seed of weights and workload (default 0)."),
         click.option("--kernels", type=click.Choice(["torch", "triton"]), help="Kernel implementations (default torch)."),
+        click.option("--break-outputs", type=click.Choice(["copy", "discard"]),
+                     help="What the capture runtime does with eager-break return values on replay: copy them into "
+                          "static buffers (default) or discard them, as vLLM 0.33.0 does (settings: break-outputs)."),
         click.option("--platform", type=click.Choice(["cuda", "rocm", "cpu"]), default="cuda", show_default=True,
                      help="Platform whose default runner applies."),
         click.option("--config", "config_path", type=click.Path(dir_okay=False), metavar="PYPROJECT",
@@ -58,6 +61,7 @@ def resolve_plan(settings: Settings, kw: dict[str, Any], select: tuple[str, ...]
         steps=kw.get("steps"),
         seed=kw.get("seed"),
         kernels=kw.get("kernels"),
+        break_outputs=kw.get("break_outputs"),
         platform=kw.get("platform") or "cuda",
         select=select,
         ignore=ignore,

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from capturelint.checker import run_check
+from capturelint.adapters.bundled import run_check
 from capturelint.cli import EXIT_CLEAN
 from capturelint.commands.common import (
     ProgressReporter,

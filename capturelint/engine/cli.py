@@ -13,8 +13,8 @@ import json
 import click
 
 from capturelint.engine.config import EagerRegion, EngineConfig, Kernels, Platform, Runner
-from capturelint.engine.cudagraph import GraphBackend
-from capturelint.engine.forward_context import CUDAGraphMode
+from capturelint.runtime.breakable import GraphBackend
+from capturelint.runtime.forward_context import CUDAGraphMode
 from capturelint.engine.llm import EQUAL_LOGIT_TOLERANCE, TwinReport, run_with_eager_twin
 
 

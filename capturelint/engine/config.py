@@ -32,8 +32,8 @@ import enum
 import math
 from typing import Any, Mapping
 
-from capturelint.engine.cudagraph import GraphBackend
-from capturelint.engine.forward_context import CUDAGraphMode
+from capturelint.runtime.breakable import GraphBackend
+from capturelint.runtime.forward_context import CUDAGraphMode
 from capturelint.errors import CapturelintError
 
 DEEPSEEK_V4 = "DeepseekV4ForCausalLM"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 from typing import Sequence
 
-from capturelint.engine.forward_context import BatchDescriptor, CUDAGraphMode
+from capturelint.runtime.forward_context import BatchDescriptor, CUDAGraphMode
 
 
 class CudagraphDispatcher:

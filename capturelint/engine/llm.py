@@ -23,9 +23,9 @@ from typing import Any, Iterator, NamedTuple
 import torch
 
 from capturelint.engine.config import EngineConfig
-from capturelint.engine.cudagraph import GraphBackend, HostSyncInCaptureError
+from capturelint.runtime.breakable import GraphBackend, HostSyncInCaptureError
 from capturelint.engine.dsv4.model import DeepseekV4ForCausalLM, init_weights
-from capturelint.engine.forward_context import BatchDescriptor, CUDAGraphMode
+from capturelint.runtime.forward_context import BatchDescriptor, CUDAGraphMode
 from capturelint.engine.kv_cache import BlockAllocator, KVCache
 from capturelint.engine.runner import RUNNERS, ModelRunner
 from capturelint.engine.scheduler import Scheduler

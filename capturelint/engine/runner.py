@@ -36,10 +36,10 @@ from typing import ClassVar, Iterator
 import torch
 
 from capturelint.engine.config import EngineConfig, Runner
-from capturelint.engine.cudagraph import CUDAGraphWrapper
+from capturelint.runtime.breakable import CUDAGraphWrapper
 from capturelint.engine.dispatcher import CudagraphDispatcher
 from capturelint.engine.dsv4.model import DeepseekV4ForCausalLM
-from capturelint.engine.forward_context import BatchDescriptor, CUDAGraphMode, set_forward_context
+from capturelint.runtime.forward_context import BatchDescriptor, CUDAGraphMode, set_forward_context
 from capturelint.engine.kv_cache import KVCache
 from capturelint.engine.metadata import (
     AttentionMetadata,

@@ -145,6 +145,13 @@ def _result(finding: Finding, rule_index: int, fallback_uri: str | None) -> dict
                 "message": {"text": f"shadow (eager) side: {finding.shadow_frame.function}"},
             }
             result["relatedLocations"] = [related]
+    allocated = _location(finding.allocation_frame) if finding.allocation_frame is not None else None
+    if allocated is not None:
+        result.setdefault("relatedLocations", []).append({
+            "id": len(result.get("relatedLocations", [])) + 1,
+            **allocated,
+            "message": {"text": f"the step's tensor is re-allocated here: {finding.allocation_frame.function}"},
+        })
     result["partialFingerprints"] = {FINGERPRINT_KEY: fingerprint(finding)}
     result["properties"] = {
         "runner": finding.runner,

@@ -25,7 +25,7 @@ import zlib
 
 import graphviz
 
-from capturelint.engine.cudagraph import SegmentKind
+from capturelint.runtime.protocol import SegmentKind
 from capturelint.errors import CapturelintError
 from capturelint.graph import op_dataflow, scope_group
 from capturelint.render.view import ConfigView, GraphView, op_runs, scope_label

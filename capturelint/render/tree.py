@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.text import Text
 from rich.tree import Tree
 
-from capturelint.engine.cudagraph import SegmentKind
+from capturelint.runtime.protocol import SegmentKind
 from capturelint.render.view import ConfigView, GraphView, finding_tag, num, op_runs, scope_label, segment_title
 
 CAPTURED_STYLE = "cyan"

@@ -5,8 +5,9 @@ from __future__ import annotations
 import textwrap
 from typing import ClassVar, Iterator
 
-from capturelint.analyzer import RunLabel, StepView
+from capturelint.analyzer import RunLabel, RunOutcome, StepView
 from capturelint.findings import Condition, Finding, Frame, RuleInfo
+from capturelint.runtime.protocol import StaleInputEvent
 from capturelint.tracer import OpRecord, Stream
 
 DOC_SECTIONS = ("What it does", "Why is this bad?", "Example", "Use instead", "Limitations")
@@ -18,7 +19,9 @@ class Rule:
     Subclasses set ``code`` (``CL`` + 3 digits, never reused), ``name`` (kebab case),
     ``condition`` (which condition of the replay model it checks), ``summary`` (one
     sentence) and ``doc`` (Markdown with the sections of ``DOC_SECTIONS``), and
-    implement ``check`` over a ``StepView``.
+    implement one or more of ``check`` (a replay step), ``check_capture`` (a capture),
+    ``check_stale`` (a freed input of a graph without a shadow) and ``check_run`` (the
+    whole run of a configuration).
     """
 
     code: ClassVar[str]
@@ -31,6 +34,14 @@ class Rule:
         return iter(())
 
     def check_capture(self, label: RunLabel, capture: Stream) -> Iterator[Finding]:
+        return iter(())
+
+    def check_stale(self, label: RunLabel, capture: Stream, event: StaleInputEvent) -> Iterator[Finding]:
+        """A graph that gets no shadow found a storage it reads freed by the engine."""
+        return iter(())
+
+    def check_run(self, outcome: RunOutcome) -> Iterator[Finding]:
+        """The whole run: a capture stopped by a host sync, the numerical oracle."""
         return iter(())
 
     @classmethod

@@ -98,11 +98,9 @@ def _names(ops: tuple[str, ...]) -> str:
 
 def _context_note(view: StepView) -> str:
     c, s = view.capture.context, view.shadow.context
-    if c.has_metadata == s.has_metadata:
+    if c.key == s.key:
         return ""
-    if not c.has_metadata:
-        return (
-            f"The capture had no attention metadata ({c.describe()}, a dummy/profile run) while the step "
-            f"has it ({s.describe()}): code that branches on it took the profile path at capture. "
-        )
-    return f"The capture had attention metadata ({c.describe()}) but the step has none ({s.describe()}). "
+    return (
+        f"The forward context differed at capture: {c.describe()}, while at the step {s.describe()}; "
+        "code that branches on it took another path at capture. "
+    )

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from capturelint.analyzer import RunLabel
-from capturelint.engine.cudagraph import SegmentKind
+from capturelint.analyzer import RunLabel, RunOutcome
 from capturelint.findings import Condition, Finding, Frame
 from capturelint.rules.base import Rule
+from capturelint.runtime.protocol import SegmentKind, is_host_sync_op
 from capturelint.tracer import Stream
-
-HOST_SYNC_OPS = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.unique", "aten._unique2", "aten.bincount", "aten.equal", "aten.is_nonzero")
 
 
 class HostSyncInCapture(Rule):
@@ -50,8 +48,16 @@ class HostSyncInCapture(Rule):
             if seg.kind is not SegmentKind.CAPTURED:
                 continue
             for op in capture.ops[seg.first_op : seg.end_op]:
-                if op.op.rsplit(".", 1)[0] in HOST_SYNC_OPS:
+                if is_host_sync_op(op.op):
                     yield self.make(label, capture.graph, capture.runtime_mode, f"{capture.graph} {seg.label}", seg.index, op.op, op.scope, op.frame)
+
+    def check_run(self, outcome: RunOutcome) -> Iterator[Finding]:
+        e = outcome.host_sync
+        if e is None:
+            return
+        graph = e.graph.label if e.graph else "graph"
+        mode = e.graph.mode if e.graph else ""
+        yield self.make(outcome.label, graph, mode, f"{graph} #{e.segment} captured", e.segment, e.op, "", e.frame)
 
     def make(self, label: RunLabel, graph: str, runtime_mode: str, segment: str, index: int, op: str, scope: str, frame: Frame | None) -> Finding:
         where = f"{frame.file}:{frame.line}" if frame else "<unknown>"

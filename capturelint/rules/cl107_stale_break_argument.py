@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from capturelint.analyzer import StepView, location_problem
-from capturelint.engine.cudagraph import SegmentKind
+from capturelint.runtime.protocol import SegmentKind
 from capturelint.findings import Condition, Finding
 from capturelint.rules.base import Rule, where
 
@@ -38,8 +38,9 @@ class StaleBreakArgument(Rule):
     buffer), and pass only tensors that live in persistent or graph memory.
 
     ## Limitations
-    Arguments are compared after flattening nested containers; objects that are neither
-    tensors nor plain scalars are not compared.
+    Arguments are compared inside tuples, lists, dicts, NamedTuples, dataclasses and
+    objects with attributes (four levels deep) and named by path (`meta.slot_mapping`);
+    modules and callables passed to a break are not compared.
     """
 
     def check(self, view: StepView) -> Iterator[Finding]:
@@ -71,12 +72,21 @@ class StaleBreakArgument(Rule):
             return None
         cu, su = ca.tensor, sa.tensor
         if cu.geometry != su.geometry:
-            name = view.tensor_name(view.shadow, su)
+            name = _name(view, su, sa.path)
             return name, f"{name} as {su.describe_geometry()} (captured {cu.describe_geometry()})"
         problem = location_problem(view, cu, su, "")
         if problem is not None:
-            return problem.shadow_name, f"{problem.shadow_name}, while the capture passed {problem.capture_name}: {problem.reason}"
+            name = _name(view, su, sa.path)
+            return name, f"{name}, while the capture passed {_name(view, cu, ca.path, view.capture)}: {problem.reason}"
         return None
+
+
+def _name(view: StepView, use, path: str, stream=None) -> str:
+    """A break argument is named by the engine's name for its storage, else by its path
+    in the call (``meta.slot_mapping``: a field of a dataclass passed as ``meta``)."""
+    stream = stream if stream is not None else view.shadow
+    named = stream.name_of(use.storage)
+    return named if named is not None else f"argument {path}"
 
 
 def _at(f: Finding, cs, ss) -> Finding:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from capturelint.analyzer import RunLabel
+from typing import Iterator
+
+from capturelint.analyzer import RunLabel, RunOutcome
 from capturelint.findings import Condition, Finding
 from capturelint.rules.base import Rule
 
@@ -40,8 +42,23 @@ class UnexplainedDivergence(Rule):
     measured over the sampled workload only.
     """
 
-    def make(self, label: RunLabel, token_agreement: float | None, max_step_error: float) -> Finding:
+    def check_run(self, outcome: RunOutcome) -> Iterator[Finding]:
+        if outcome.host_sync is not None:
+            return  # the capture failed: nothing was replayed
+        agreement, twin = outcome.token_agreement, outcome.twin_error
+        diverged = (
+            (agreement is not None and agreement < 1.0)
+            or (agreement is None and twin is not None and twin > STEP_TOLERANCE)
+            or outcome.max_step_error > STEP_TOLERANCE
+        )
+        if diverged and not any(f.code != self.code for f in outcome.findings):
+            yield self.make(outcome.label, agreement, outcome.max_step_error, twin)
+
+    def make(self, label: RunLabel, token_agreement: float | None, max_step_error: float,
+             twin_error: float | None = None) -> Finding:
         tokens = "" if token_agreement is None else f", token agreement {token_agreement:.2f}"
+        if twin_error is not None:
+            tokens += f", eager-twin error {twin_error:.3g}"
         message = (
             f"replay diverges from eager execution (max per-step error {max_step_error:.3g}{tokens}) "
             f"but no structural rule found a cause: a coverage gap of capturelint. "

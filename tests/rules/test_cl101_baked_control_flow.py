@@ -1,6 +1,6 @@
 """CL101: the capture recorded another branch than the step runs."""
 
-from capturelint.engine.forward_context import CUDAGraphMode
+from capturelint.runtime.forward_context import CUDAGraphMode
 from toy_engine import check_toy
 
 

@@ -1,6 +1,6 @@
 """CL102: a non-tensor argument of a captured op differs in the step."""
 
-from capturelint.engine.forward_context import CUDAGraphMode
+from capturelint.runtime.forward_context import CUDAGraphMode
 from toy_engine import check_toy
 
 

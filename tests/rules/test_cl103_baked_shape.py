@@ -1,6 +1,6 @@
 """CL103: a tensor argument's shape, stride, offset or dtype differs in the step."""
 
-from capturelint.engine.forward_context import CUDAGraphMode
+from capturelint.runtime.forward_context import CUDAGraphMode
 from toy_engine import check_toy
 
 

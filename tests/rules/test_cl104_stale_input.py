@@ -1,6 +1,6 @@
 """CL104: a captured op reads a storage that was re-allocated after capture."""
 
-from capturelint.engine.forward_context import CUDAGraphMode
+from capturelint.runtime.forward_context import CUDAGraphMode
 from toy_engine import check_toy
 
 

@@ -22,6 +22,6 @@ def test_persistent_tensor_argument_passes():
 def test_python_scalar_argument_that_changes_per_step():
     result, runner = check_toy("break_scalar")
     assert [f.code for f in result.findings] == ["CL107"]
-    assert result.findings[0].tensor == "argument arg2"
+    assert result.findings[0].tensor == "argument value"  # the parameter's name
     fixed, _ = check_toy("break_scalar", fixed=True)
     assert fixed.findings == []

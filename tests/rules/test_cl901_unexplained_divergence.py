@@ -1,26 +1,36 @@
 """CL901: numerical divergence that no structural rule explains (a coverage gap)."""
 
-from capturelint.analyzer import RunLabel
-from capturelint.harness import coverage_gap
-from capturelint.rules import BY_CODE
+from capturelint.analyzer import RunLabel, RunOutcome
+from capturelint.rules.cl901_unexplained_divergence import UnexplainedDivergence
 from toy_engine import check_toy
 
-ALL = frozenset(BY_CODE)
 LABEL = RunLabel("v1", "PIECEWISE")
 
 
+def gap(findings=(), token_agreement=None, max_step_error=0.0, twin_error=None, host_sync=None):
+    outcome = RunOutcome(LABEL, tuple(findings), host_sync, 4, max_step_error, token_agreement, twin_error)
+    return list(UnexplainedDivergence().check_run(outcome))
+
+
 def test_divergence_without_a_structural_finding_is_reported():
-    f = coverage_gap(LABEL, [], token_agreement=0.4, max_step_error=3.0, codes=ALL)
-    assert f is not None and f.code == "CL901" and f.condition.value == "numerical"
+    (f,) = gap(token_agreement=0.4, max_step_error=3.0)
+    assert f.code == "CL901" and f.condition.value == "numerical"
     assert "coverage gap" in f.message and "3" in f.message
+
+
+def test_an_eager_twin_error_alone_is_a_gap_when_there_are_no_tokens():
+    (f,) = gap(twin_error=0.5)
+    assert "eager-twin error 0.5" in f.message
+    assert gap(token_agreement=1.0, twin_error=0.5) == []  # tokens, when there are some, decide
 
 
 def test_divergence_explained_by_a_structural_finding_is_not_a_gap():
     result, _ = check_toy("stale_input")
     assert result.findings and result.max_step_error > 0.1
-    assert coverage_gap(LABEL, result.findings, 1.0, result.max_step_error, ALL) is None
+    assert gap(result.findings, 1.0, result.max_step_error) == []
+    assert not any(f.code == "CL901" for f in result.findings)
 
 
-def test_float_noise_and_deselection_are_not_gaps():
-    assert coverage_gap(LABEL, [], 1.0, 5e-5, ALL) is None
-    assert coverage_gap(LABEL, [], 0.2, 3.0, ALL - {"CL901"}) is None
+def test_float_noise_is_not_a_gap():
+    assert gap(token_agreement=1.0, max_step_error=5e-5) == []
+    assert gap(twin_error=5e-5) == []

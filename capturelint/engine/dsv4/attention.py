@@ -50,9 +50,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from capturelint.engine.config import EagerRegion, EngineConfig, Kernels
-from capturelint.engine.cudagraph import eager_break_during_capture
+from capturelint.runtime.breakable import eager_break_during_capture
 from capturelint.engine.dsv4 import ops
-from capturelint.engine.forward_context import get_forward_context
+from capturelint.runtime.forward_context import get_forward_context
 from capturelint.engine.kv_cache import INDEXER_RATIO, LayerKVCache
 from capturelint.engine.metadata import CacheKind, metadata_key
 from capturelint.errors import CapturelintError

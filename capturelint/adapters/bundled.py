@@ -1,0 +1,231 @@
+"""The adapter for the bundled DeepSeek V4 engine, and capturelint's forward-context
+conventions.
+
+``CheckPlan`` is what every command resolves its options and ``[tool.capturelint]``
+settings into (command line over settings over defaults); ``configurations`` builds one
+``Configuration`` per runner and mode; ``run_check`` runs them through the check
+pipeline. This is the only module of the checker that knows the bundled engine's API
+(the ``Engine``, its config and its runner's ``named_state_tensors``). It never reaches
+into the model's code: what the checker knows of the model, it learns from traces.
+
+**Forward-context conventions** (shared with vLLM, so they live here and not in any
+rule): ``attn_metadata`` is a dict keyed by layer-cache prefix on real steps and
+``None`` on profile and dummy runs; module scopes ``...layers.N...`` own the metadata
+entries ``attn_metadata['layers.N....']``. ``forward_context_probe`` and
+``layer_scope_group`` encode them; ``--target`` engines built on capturelint's runtime
+use them too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Callable, Iterator, Sequence
+
+from capturelint.analyzer import RunLabel
+from capturelint.errors import CapturelintError
+from capturelint.harness import TwinResult
+from capturelint.pipeline import Configuration, check_configuration
+from capturelint.report import ConfigReport, Report
+from capturelint.rules import select_codes
+from capturelint.runtime.forward_context import CUDAGraphMode, get_forward_context, has_forward_context
+from capturelint.runtime.protocol import BreakOutputs
+from capturelint.settings import Settings, merge
+from capturelint.tracer import ContextSnapshot, ContextSummary, named_tensors
+
+RUNNERS = ("v1", "v2")
+CHECK_MODES = ("PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+REGIONS = ("narrow", "wide", "per-runner")
+_LAYER = re.compile(r"layers\.\d+")
+
+
+# ------------------------------------------------------------- forward context
+
+
+def forward_context_probe() -> ContextSnapshot:
+    """Reads capturelint's forward context: whether ``attn_metadata`` is a dict (a real
+    step, or a capture with metadata) or ``None`` (a dummy or profile run), and the
+    metadata's tensors by path (``attn_metadata['layers.0.swa'].slot_mapping``)."""
+    if not has_forward_context():
+        return ContextSnapshot(ContextSummary("none", "no forward context was set"))
+    md = get_forward_context().attn_metadata
+    if not isinstance(md, dict):
+        summary = ContextSummary("none", "attn_metadata was None (a dummy or profile run: no attention metadata)")
+        return ContextSnapshot(summary)
+    summary = ContextSummary("metadata", f"attn_metadata held {len(md)} entries")
+    tensors: list[tuple[str, Any]] = []
+    for key, value in md.items():
+        tensors.extend(named_tensors(f"attn_metadata[{key!r}]", value, sep=""))
+    return ContextSnapshot(summary, tuple(tensors))
+
+
+def layer_scope_group(scope: str) -> str | None:
+    """``model.layers.3.attn`` -> ``layers.3``: a tensor shared by every layer's
+    metadata is named after the layer whose op read it."""
+    m = _LAYER.search(scope)
+    return m.group(0) if m else None
+
+
+# ------------------------------------------------------------------ the plan
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckPlan:
+    """Every configuration a command will run, fully resolved."""
+
+    runners: tuple[str, ...]
+    modes: tuple[str, ...]
+    eager_region: str
+    fresh_metadata: bool
+    layers: int | None
+    steps: int | None
+    seed: int
+    kernels: str
+    platform: str
+    codes: frozenset[str]
+    copy_break_outputs: bool = True
+
+    @property
+    def configurations(self) -> list[tuple[str, str]]:
+        return [(r, m) for r in self.runners for m in self.modes]
+
+    @property
+    def break_outputs(self) -> BreakOutputs:
+        return BreakOutputs.parse(self.copy_break_outputs)
+
+
+def default_runner(platform: str) -> str:
+    from capturelint.engine.config import EngineConfig
+
+    return str(EngineConfig(platform=platform).resolved_runner)
+
+
+def make_plan(
+    settings: Settings,
+    runner: str | None = None,
+    modes: Sequence[str] = (),
+    eager_region: str | None = None,
+    fresh_metadata: bool = False,
+    layers: int | None = None,
+    steps: int | None = None,
+    seed: int | None = None,
+    kernels: str | None = None,
+    platform: str = "cuda",
+    select: Sequence[str] = (),
+    ignore: Sequence[str] = (),
+    copy_break_outputs: bool | None = None,
+    break_outputs: str | None = None,
+) -> CheckPlan:
+    """Resolve command-line values over settings over defaults, and validate them."""
+    if runner is not None:
+        runners: tuple[str, ...] = RUNNERS if runner.lower() == "all" else (runner.lower(),)
+    elif settings.runners:
+        runners = tuple(settings.runners)
+    else:
+        runners = (default_runner(platform),)
+    for r in runners:
+        if r not in RUNNERS:
+            raise CapturelintError(f"unknown runner {r!r}; use v1, v2 or all")
+    chosen = tuple(modes) or tuple(settings.modes or ()) or CHECK_MODES
+    parsed = []
+    for m in chosen:
+        try:
+            mode = CUDAGraphMode.parse(m)
+        except ValueError as e:
+            raise CapturelintError(str(e)) from None
+        parsed.append(str(mode))
+    region = merge(eager_region, settings.eager_region, "per-runner")
+    if region not in REGIONS:
+        raise CapturelintError(f"unknown eager region {region!r}; use narrow, wide or per-runner")
+    for name, value in (("layers", layers), ("steps", steps)):
+        if value is not None and value <= 0:
+            raise CapturelintError(f"--{name} must be a positive integer, got {value}")
+    policy = merge(break_outputs, getattr(settings, "break_outputs", None), None)
+    if policy is not None:
+        try:
+            copy = BreakOutputs.parse(policy) is BreakOutputs.COPY
+        except ValueError as e:
+            raise CapturelintError(f"--break-outputs: {e}") from None
+    else:
+        copy = True if copy_break_outputs is None else copy_break_outputs
+    sel = list(select) or list(settings.select or ())
+    ign = list(ignore) or list(settings.ignore or ())
+    return CheckPlan(
+        runners=tuple(dict.fromkeys(runners)),
+        modes=tuple(dict.fromkeys(parsed)),
+        eager_region=region,
+        fresh_metadata=fresh_metadata,
+        layers=merge(layers, settings.layers, None),
+        steps=merge(steps, settings.steps, None),
+        seed=merge(seed, settings.seed, 0),
+        kernels=merge(kernels, settings.kernels, "torch"),
+        platform=platform,
+        codes=select_codes(sel, ign),
+        copy_break_outputs=copy,
+    )
+
+
+# ------------------------------------------------------------ configurations
+
+
+def engine_config(plan: CheckPlan, runner: str, mode: str) -> Any:
+    from capturelint.engine.config import EngineConfig
+
+    kw: dict = dict(
+        runner=runner,
+        platform=plan.platform,
+        cudagraph_mode=CUDAGraphMode.parse(mode),
+        eager_region=plan.eager_region,
+        fresh_metadata=plan.fresh_metadata,
+        kernels=plan.kernels,
+        seed=plan.seed,
+        copy_break_outputs=plan.copy_break_outputs,
+    )
+    if plan.layers is not None:
+        kw["num_layers"] = plan.layers
+    if plan.steps is not None:
+        kw["steps"] = plan.steps
+    return EngineConfig(**kw).validate()
+
+
+def configuration(plan: CheckPlan, runner: str, mode: str) -> Configuration:
+    """Build the engine for one runner and mode, and describe it to the pipeline."""
+    from capturelint.engine.llm import Engine, compare
+
+    cfg = engine_config(plan, runner, mode)
+    engine = Engine(cfg)
+
+    def twin(output: Any) -> TwinResult:
+        agreement, logit_error = compare(output, Engine(cfg.eager_twin()).generate())
+        return TwinResult(agreement, logit_error)
+
+    roots = {"model": engine.model, "state": list(engine.runner.named_state_tensors())}
+    return Configuration(RunLabel(runner, mode), engine.generate, roots, str(cfg.effective_eager_region),
+                         forward_context_probe, layer_scope_group, twin)
+
+
+def run_configuration(plan: CheckPlan, runner: str, mode: str, shadow: bool = True) -> ConfigReport:
+    """Trace one runner and mode; with ``shadow`` also check every replay step and run
+    the eager twin for the numerical oracle. Without it, only the captures are
+    recorded (what region maps and diffs need)."""
+    return check_configuration(configuration(plan, runner, mode), plan.codes, shadow=shadow)
+
+
+def run_check(plan: CheckPlan, progress: Callable[[str], None] | None = None, shadow: bool = True) -> Report:
+    configs: list[ConfigReport] = []
+    for runner, mode in plan.configurations:
+        if progress is not None:
+            progress(f"runner {runner} · {mode}")
+        configs.append(run_configuration(plan, runner, mode, shadow=shadow))
+    return Report(configs)
+
+
+def iter_configurations(plan: CheckPlan) -> Iterator[Configuration]:
+    for runner, mode in plan.configurations:
+        yield configuration(plan, runner, mode)
+
+
+__all__ = [
+    "CHECK_MODES", "CheckPlan", "REGIONS", "RUNNERS", "configuration", "default_runner", "engine_config",
+    "forward_context_probe", "layer_scope_group", "make_plan", "run_check", "run_configuration",
+]

@@ -1,0 +1,137 @@
+"""The adapter for a user's engine: ``capturelint check --target SPEC``.
+
+``SPEC`` is ``path/to/file.py:function`` or ``package.module:function``. The named file
+is **executed** (imported, like pytest imports test files), then the function is called
+with no arguments and returns one ``Target`` or a list of them (one per configuration
+you want checked, e.g. per runner and CUDA-graph mode). A target is a callable that
+captures and replays (a generation loop of an engine built with capturelint's runtime,
+or a program using ``torch.cuda.CUDAGraph`` directly) and the objects that hold its
+tensors, so findings can name them::
+
+    from capturelint.target import Target
+
+    def targets():
+        return [Target(run=make_engine(mode).generate, roots={"model": ..., "runner": ...},
+                       runner="mine", mode=mode) for mode in ("PIECEWISE", "FULL")]
+
+Both the factory and every ``run()`` execute under ``emulate_cuda()`` where no CUDA
+device is usable, so code written for a GPU's ``torch.cuda`` graph API runs as it is.
+
+Each target is traced like a configuration of the bundled engine: every replay step of a
+breakable graph is shadowed and checked; a bare ``torch.cuda.CUDAGraph`` has no shadow
+(no Python re-runs on replay) and is checked for inputs the program freed. The numerical
+oracle is the replay-versus-shadow error per step, plus ``eager()`` when the target
+gives one: an eager run of the same workload whose output is compared with ``run()``'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from capturelint.adapters.bundled import forward_context_probe, layer_scope_group
+from capturelint.analyzer import RunLabel
+from capturelint.errors import CapturelintError
+from capturelint.harness import TwinResult
+from capturelint.pipeline import Configuration, check_all
+from capturelint.report import Report
+from capturelint.runtime.emulated import emulate_cuda
+from capturelint.runtime.protocol import flatten_tensors
+from capturelint.tracer import ContextProbe, ScopeGroup
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One configuration of a user's engine.
+
+    - ``run()`` captures and replays, and returns the output to compare;
+    - ``roots`` name its tensors (modules, objects with tensor attributes,
+      ``(name, tensor)`` lists); walked again at each step, so a tensor re-allocated
+      later is named by the attribute that holds it;
+    - ``eager()``, optional, runs the same workload without graphs and returns the
+      output ``run()`` must equal (tensors are compared, flattened, max abs error);
+    - ``probe`` reads the forward context (default: capturelint's own forward context,
+      ``attn_metadata`` dict-or-None); ``scope_group`` maps a module scope to the name
+      prefix of its tensors (default: ``layers.N``).
+    """
+
+    run: Callable[[], Any]
+    roots: dict[str, Any] = dataclasses.field(default_factory=dict)
+    runner: str = "custom"
+    mode: str = "custom"
+    eager_region: str = "-"
+    eager: Callable[[], Any] | None = None
+    probe: ContextProbe | None = forward_context_probe
+    scope_group: ScopeGroup | None = layer_scope_group
+
+
+def load_targets(spec: str) -> list[Target]:
+    """Import ``SPEC`` and call it; every way this can fail is a one-line error."""
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name:
+        raise CapturelintError(f"--target {spec!r} is not MODULE:FUNCTION or FILE.py:FUNCTION; e.g. myengine.check:targets")
+    module = _import(where, spec)
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise CapturelintError(f"--target {spec!r}: {where} has no function {name!r}; define it to return Target objects")
+    try:
+        with emulate_cuda():
+            made = factory()
+    except Exception as e:
+        raise CapturelintError(f"--target {spec!r}: {name}() raised {type(e).__name__}: {e}; fix it, then run again") from e
+    targets = list(made) if isinstance(made, (list, tuple)) else [made]
+    if not targets or not all(isinstance(t, Target) for t in targets):
+        raise CapturelintError(f"--target {spec!r}: {name}() must return a Target or a non-empty list of Targets (capturelint.target.Target)")
+    return targets
+
+
+def _import(where: str, spec: str) -> Any:
+    if where.endswith(".py"):
+        path = Path(where)
+        if not path.is_file():
+            raise CapturelintError(f"--target {spec!r}: no file {where}; give a path to a .py file or a module name")
+        # The file's folder goes on sys.path so that it can import its neighbours.
+        sys.path.insert(0, str(path.resolve().parent))
+        module_name = f"capturelint_target_{path.stem}"
+        loader_spec = importlib.util.spec_from_file_location(module_name, path)
+        module = importlib.util.module_from_spec(loader_spec)  # type: ignore[arg-type]
+        sys.modules[module_name] = module
+        try:
+            loader_spec.loader.exec_module(module)  # type: ignore[union-attr]
+        except Exception as e:
+            raise CapturelintError(f"--target {spec!r}: importing {where} raised {type(e).__name__}: {e}") from e
+        return module
+    try:
+        return importlib.import_module(where)
+    except Exception as e:
+        raise CapturelintError(f"--target {spec!r}: cannot import module {where}: {type(e).__name__}: {e}") from e
+
+
+def _twin(eager: Callable[[], Any]) -> Callable[[Any], TwinResult]:
+    def compare(output: Any) -> TwinResult:
+        with emulate_cuda():
+            expected = eager()
+        a, b = list(flatten_tensors(output)), list(flatten_tensors(expected))
+        if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b)):
+            return TwinResult(None, float("inf"))
+        worst = 0.0
+        for x, y in zip(a, b):
+            if x.numel():
+                d = (x.detach().double() - y.detach().double()).abs().max()
+                worst = max(worst, float("inf") if d.isnan() else float(d))
+        return TwinResult(None, worst)
+
+    return compare
+
+
+def configuration(t: Target) -> Configuration:
+    return Configuration(RunLabel(t.runner, t.mode), t.run, t.roots, t.eager_region, t.probe, t.scope_group,
+                         _twin(t.eager) if t.eager is not None else None, require_replays=True)
+
+
+def run_targets(targets: list[Target], codes: frozenset[str], progress: Callable[[str], None] | None = None) -> Report:
+    return check_all((configuration(t) for t in targets), codes, progress=progress)

@@ -1,0 +1,84 @@
+"""The check pipeline: one function for every adapter.
+
+An adapter (``capturelint.adapters``) turns what the user asked for into
+``Configuration``\\ s: how to run one configuration of an engine, which objects hold its
+tensors, how to read its forward context, how to name scopes, and optionally an eager
+twin. ``check_configuration`` traces it, runs the rules, and returns its
+``ConfigReport``; ``check_all`` does it for a sequence. Nothing here knows an engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterable
+
+from capturelint.analyzer import RunLabel
+from capturelint.errors import CapturelintError
+from capturelint.findings import Numerical
+from capturelint.harness import TwinResult, trace_run
+from capturelint.regions import graph_map
+from capturelint.report import ConfigReport, Report
+from capturelint.runtime.emulated import emulate_cuda
+from capturelint.tracer import ContextProbe, ScopeGroup
+
+
+@dataclasses.dataclass(frozen=True)
+class Configuration:
+    """One configuration of an engine, ready to trace.
+
+    ``run()`` captures and replays (a generation loop) and returns the output that an
+    eager twin compares; ``roots`` name the engine's tensors (modules, objects with
+    tensor attributes, ``(name, tensor)`` lists); ``probe`` reads its forward context;
+    ``scope_group`` maps a module scope to the name prefix of its tensors; ``twin``
+    compares ``run()``'s output with an eager run of the same workload.
+    ``require_replays`` makes a configuration that replayed nothing an error (for
+    engines capturelint did not build, whose workload it cannot vouch for).
+    """
+
+    label: RunLabel
+    run: Callable[[], Any]
+    roots: dict[str, Any] = dataclasses.field(default_factory=dict)
+    eager_region: str = "-"
+    probe: ContextProbe | None = None
+    scope_group: ScopeGroup | None = None
+    twin: Callable[[Any], TwinResult] | None = None
+    require_replays: bool = False
+
+
+def check_configuration(config: Configuration, codes: frozenset[str], shadow: bool = True) -> ConfigReport:
+    """Trace one configuration; with ``shadow`` also check every replay step and run
+    the eager twin. Without it, only the captures are recorded (what region maps need).
+    Runs under the emulated ``torch.cuda`` surface where no CUDA device is usable."""
+    label = config.label
+    with emulate_cuda():
+        result = trace_run(config.run, config.roots, label, codes, shadow=shadow, probe=config.probe,
+                           scope_group=config.scope_group, twin=config.twin)
+    numerical = None
+    note = None
+    if result.capture_failed:
+        note = "the capture failed on a host synchronisation; replay and the numerical oracle did not run"
+    elif shadow:
+        if result.replay_steps == 0 and config.require_replays:
+            raise CapturelintError(
+                f"target {label.runner}/{label.mode} captured {len(result.captures)} graph(s) but replayed none, so no "
+                "step could be checked; make run() replay its graphs (run more steps)"
+            )
+        twin = result.twin
+        numerical = Numerical(label.runner, label.mode, twin.token_agreement if twin else None, result.max_step_error,
+                              twin.max_error if twin else None, result.replay_steps)
+    graphs = [graph_map(c) for c in result.captures]
+    return ConfigReport(label.runner, label.mode, config.eager_region, result.findings, numerical, graphs,
+                        captures=result.captures, note=note)
+
+
+def check_all(configs: Iterable[Configuration], codes: frozenset[str], shadow: bool = True,
+              progress: Callable[[str], None] | None = None) -> Report:
+    reports = []
+    for config in configs:
+        if progress is not None:
+            progress(f"{config.label.runner} · {config.label.mode}")
+        reports.append(check_configuration(config, codes, shadow))
+    return Report(reports)
+
+
+__all__ = ["Configuration", "check_all", "check_configuration"]

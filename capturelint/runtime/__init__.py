@@ -1,0 +1,10 @@
+"""Capture runtimes and the protocol the checker observes them through.
+
+- ``protocol``: the vocabulary (segments, phases, break calls, graph descriptions,
+  observers, host-sync events, frames); all the checker may know of a runtime.
+- ``emulated``: ``torch.cuda.CUDAGraph`` and friends on a CPU, with a GPU's capture
+  semantics; ``emulate_cuda()`` installs them in ``torch.cuda``.
+- ``breakable``: capturelint's breakable runtime (eager breaks between captured
+  segments, a wrapper keyed by batch descriptor), built on the primitive.
+- ``forward_context``: the forward context the breakable runtime's wrapper reads.
+"""

@@ -1,0 +1,687 @@
+"""An emulated ``torch.cuda.CUDAGraph`` with a GPU's capture semantics, on a CPU.
+
+**Idea.** A CUDA graph records kernels with frozen pointers and frozen arguments and
+replays them without Python. On a CPU the emulated primitive records the dispatcher
+calls of a capture under a ``TorchDispatchMode`` and re-issues them on the capture-time
+tensors at replay, so a stale read or a baked branch corrupts outputs on a CPU exactly
+as it would on a GPU.
+
+**What is built.** ``EmulatedCUDAGraph`` (``capture_begin(pool=...)``,
+``capture_end``, ``replay``, ``reset``, ``pool``), ``graph`` (the
+``torch.cuda.graph`` context manager), ``graph_pool_handle``, stream and event
+stand-ins, ``make_graphed_callables`` (inference only), and ``emulate_cuda()``, which
+installs all of them in ``torch.cuda`` on a machine without CUDA so that unmodified
+code written for a GPU runs.
+
+**Capture semantics, as on a GPU.**
+
+**Captured kernels do not take effect at capture.** Ops run during the capture (their
+output shapes and the Python that follows need them), but at ``capture_end`` every
+storage that existed before the capture and that a captured op wrote is restored from
+a copy taken before its first write, so a buffer keeps its pre-capture value.
+
+**Capture-time values are garbage.** Every storage first produced during the capture
+(graph-pool memory) is *poisoned* at ``capture_end``: floating and complex dtypes hold
+NaN, integer dtypes 0, booleans ``True``. Code that consumes a capture run's values,
+rather than a replay's, computes with the poison and is caught by the numerical oracle.
+Integers are poisoned with 0 rather than an out-of-range value so that an index read
+from poisoned memory stays in bounds: on a GPU such a read is garbage (or an illegal
+address), here it is a wrong but valid index, whose effect the numerical oracle sees
+instead of the engine crashing in a replay.
+
+**Freed inputs are reused memory.** The graph keeps its own aliases of the tensors it
+reads but does not own them, as a GPU graph keeps raw pointers. Before each replay it
+checks every storage it reads that it did not allocate: if nothing outside the graphs
+holds it any more (the engine dropped its last reference, e.g. by re-allocating the
+tensor), the storage is poisoned, as the caching allocator would hand the memory to
+someone else. A tensor re-allocated with the same values therefore diverges. Memory
+allocated during any capture is graph-pool memory: it lives as long as its graph (a
+private pool is not returned to the allocator), so it is never taken for freed.
+
+**No host synchronisation in a capture.** ``.item()``, ``.tolist()``, ``nonzero``,
+boolean masks and device-to-host copies raise ``HostSyncInCaptureError``.
+
+**Replay** re-issues the recorded calls: in-place and ``out=`` ops on the recorded
+tensors, functional ops with their results copied into the capture-time outputs; views
+and allocations are not re-issued (their outputs alias recorded storages).
+
+``torch.cuda.is_current_stream_capturing()`` answers True between ``capture_begin``
+and ``capture_end`` (see ``protocol.stream_capturing``).
+
+Limitations: streams and events are sequential stand-ins (no concurrency is emulated);
+Python garbage held in reference cycles counts as a live reference until collected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import gc
+import itertools
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_map
+
+from capturelint.runtime import protocol
+from capturelint.runtime.protocol import HostSyncEvent, HostSyncInCaptureError
+
+StorageId = int
+
+
+# ------------------------------------------------------------------------ poison
+
+
+def poison_value(dtype: torch.dtype) -> Any:
+    """The value a poisoned storage holds for ``dtype`` (see the module docstring)."""
+    if dtype.is_floating_point or dtype.is_complex:
+        return float("nan")
+    if dtype is torch.bool:
+        return True
+    return 0
+
+
+def poison_storage(storage: torch.UntypedStorage, dtype: torch.dtype) -> None:
+    """Fill the whole of ``storage``, read as ``dtype``, with the poison value."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    n = storage.nbytes() // itemsize
+    if n == 0:
+        return
+    with _disable_current_modes(), torch.no_grad():
+        flat = torch.empty(0, dtype=dtype, device=storage.device).set_(storage, 0, (n,), (1,))
+        flat.fill_(poison_value(dtype))
+
+
+def _alias(t: torch.Tensor) -> torch.Tensor:
+    """A new tensor over ``t``'s memory that holds no reference to ``t`` itself."""
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+
+
+# A storage is referenced by every tensor over it and by its one Python object. The
+# graphs' aliases are counted here so that "nothing else holds it" can be told.
+_graph_aliases: dict[StorageId, int] = {}
+# Storages allocated during a capture: graph-pool memory, alive as long as its graph.
+_graph_owned: dict[StorageId, int] = {}
+
+
+def _outside_references(sid: StorageId) -> int:
+    return torch._C._storage_Use_Count(sid) - 1 - _graph_aliases.get(sid, 0)
+
+
+class BorrowedTensors:
+    """Tensors a graph reads but does not own, held as aliases over their memory, as a
+    GPU graph holds raw pointers (and vLLM's runtime weak references to break
+    arguments): ``freed()`` tells which of them nothing outside the graphs holds."""
+
+    def __init__(self) -> None:
+        self._aliases: dict[StorageId, int] = {}
+        self._storages: dict[StorageId, tuple[torch.UntypedStorage, torch.dtype]] = {}
+        self._memo: dict[int, torch.Tensor] = {}
+
+    def borrow(self, t: Any) -> Any:
+        """An alias of ``t`` (any other value is returned as it is)."""
+        if not isinstance(t, torch.Tensor):
+            return t
+        alias = self._memo.get(id(t))
+        if alias is None:
+            st = t.untyped_storage()
+            sid = st._cdata
+            with _disable_current_modes(), torch.no_grad():
+                alias = _alias(t)
+            self._memo[id(t)] = alias
+            self._aliases[sid] = self._aliases.get(sid, 0) + 1
+            _graph_aliases[sid] = _graph_aliases.get(sid, 0) + 1
+            self._storages.setdefault(sid, (st, t.dtype))
+        return alias
+
+    def done(self) -> None:
+        """Borrowing is over: the original tensors are no longer referenced here."""
+        self._memo.clear()
+
+    def freed(self) -> list[tuple[StorageId, torch.UntypedStorage, torch.dtype]]:
+        return [
+            (sid, st, dt) for sid, (st, dt) in self._storages.items()
+            if sid not in _graph_owned and _outside_references(sid) <= 0
+        ]
+
+    def release(self) -> None:
+        for sid, n in self._aliases.items():
+            left = _graph_aliases.get(sid, 0) - n
+            if left > 0:
+                _graph_aliases[sid] = left
+            else:
+                _graph_aliases.pop(sid, None)
+        self._aliases, self._storages, self._memo = {}, {}, {}
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:
+            pass
+
+
+# ---------------------------------------------------------------- recorded calls
+
+
+class ReplayKind(enum.Enum):
+    SKIP = "skip"  # views and allocations: their outputs alias recorded storages
+    REISSUE = "reissue"  # in-place and out= ops: re-run on the recorded tensors
+    COPY_OUT = "copy_out"  # functional ops: re-run, copy results into recorded outputs
+
+
+@dataclasses.dataclass
+class RecordedCall:
+    func: Any
+    args: tuple
+    kwargs: dict
+    outputs: list[torch.Tensor]  # fresh (non-aliasing) tensor outputs to refresh on replay
+    kind: ReplayKind
+
+
+_ALLOC_OPS = {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty", "aten::new_empty_strided"}
+_replay_kind_cache: dict[Any, tuple[ReplayKind, tuple[bool, ...], tuple[tuple[int, str, bool], ...]]] = {}
+
+
+def _replay_kind(func: Any) -> tuple[ReplayKind, tuple[bool, ...], tuple[tuple[int, str, bool], ...]]:
+    """How to replay ``func``, which of its returns are fresh allocations, and which
+    arguments it writes ``(position, name, kwarg_only)``."""
+    cached = _replay_kind_cache.get(func)
+    if cached is not None:
+        return cached
+    schema = func._schema
+    writes = tuple(
+        (i, a.name, a.kwarg_only) for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write
+    )
+    fresh = tuple(r.alias_info is None for r in schema.returns)
+    if schema.name in _ALLOC_OPS:
+        kind = ReplayKind.SKIP
+    elif writes:
+        kind = ReplayKind.COPY_OUT if any(fresh) else ReplayKind.REISSUE
+    elif schema.returns and not any(fresh):
+        kind = ReplayKind.SKIP
+    else:
+        kind = ReplayKind.COPY_OUT
+    _replay_kind_cache[func] = (kind, fresh, writes)
+    return kind, fresh, writes
+
+
+def _fresh_outputs(out: Any, fresh: tuple[bool, ...]) -> list[torch.Tensor]:
+    """The freshly allocated tensors among an op's returns, in order. A ``Tensor[]``
+    return is one schema return whose elements are all fresh or all not."""
+    returns = out if len(fresh) > 1 else (out,)
+    tensors: list[torch.Tensor] = []
+    for value, is_fresh in zip(returns, fresh):
+        if is_fresh:
+            items = value if isinstance(value, (tuple, list)) else (value,)
+            tensors.extend(t for t in items if isinstance(t, torch.Tensor))
+    return tensors
+
+
+def _written(writes: tuple[tuple[int, str, bool], ...], args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
+    for pos, name, kwarg_only in writes:
+        value = kwargs.get(name) if kwarg_only or pos >= len(args) else args[pos]
+        for t in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(t, torch.Tensor):
+                yield t
+
+
+class _HostReadGuard(TorchFunctionMode):
+    """Catches host reads that never reach the dispatcher (``tolist``, ``numpy``)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in protocol.HOST_READ_METHODS:
+            raise HostSyncInCaptureError(HostSyncEvent(f"Tensor.{name}()", protocol.user_frame(2)))
+        return func(*args, **(kwargs or {}))
+
+
+class _RecordingMode(TorchDispatchMode):
+    """Records the dispatcher calls of one capture and what they allocate and write."""
+
+    def __init__(self, graph: "EmulatedCUDAGraph"):
+        super().__init__()
+        self.graph = graph
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Without this torch wraps __torch_dispatch__ in a disable-dynamo guard costing
+        # ~20 us per recorded op; captures never run under torch.compile.
+        return False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        reason = protocol.host_sync_reason(func, args, kwargs)
+        if reason is not None:
+            raise HostSyncInCaptureError(HostSyncEvent(reason, protocol.user_frame(2)))
+        g = self.graph
+        kind, fresh, writes = _replay_kind(func)
+        for t in _written(writes, args, kwargs):
+            g._before_write(t)
+        for value in itertools.chain(args, kwargs.values()):
+            if isinstance(value, torch.Tensor):
+                g._seen(value)
+            elif isinstance(value, (list, tuple)):
+                for t in value:
+                    if isinstance(t, torch.Tensor):
+                        g._seen(t)
+        out = func(*args, **kwargs)
+        for o in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(o, torch.Tensor):
+                g._produced(o)
+        if kind is not ReplayKind.SKIP:
+            refresh = _fresh_outputs(out, fresh) if kind is ReplayKind.COPY_OUT else []
+            g._calls.append(RecordedCall(func, args, kwargs, refresh, kind))
+        return out
+
+
+# --------------------------------------------------------------------- the graph
+
+
+class _PoolHandle(tuple):
+    """An opaque memory-pool handle, as ``torch.cuda.graph_pool_handle()`` returns."""
+
+
+_pool_ids = itertools.count(1)
+
+
+def graph_pool_handle() -> _PoolHandle:
+    """A new memory-pool handle to share between graphs (emulated: an id)."""
+    return _PoolHandle((0, next(_pool_ids)))
+
+
+_capturing: list["EmulatedCUDAGraph"] = []
+_bare_ids = itertools.count(1 << 40)
+
+
+class EmulatedCUDAGraph:
+    """``torch.cuda.CUDAGraph`` on a CPU; see the module docstring for its semantics."""
+
+    def __new__(cls, keep_graph: bool = False):
+        return super().__new__(cls)
+
+    def __init__(self, keep_graph: bool = False):
+        self._calls: list[RecordedCall] = []
+        self._pool: _PoolHandle | None = None
+        self._recording: list[Any] = []
+        self._known: dict[StorageId, torch.UntypedStorage] = {}  # storages seen before they were produced
+        self._allocated: dict[StorageId, tuple[torch.UntypedStorage, torch.dtype]] = {}
+        self._saved: dict[StorageId, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}
+        self._borrowed = BorrowedTensors()
+        self._captured = False
+        self.poisoned: set[StorageId] = set()  # inputs found freed at a replay
+        # A breakable runtime owns its segments' primitives and announces them itself;
+        # a bare graph announces its own capture and replays.
+        self.owner: tuple[protocol.GraphInfo, int] | None = None
+        self._info: protocol.GraphInfo | None = None
+        self._where: protocol.Frame | None = None  # the line that began the capture
+
+    @property
+    def info(self) -> protocol.GraphInfo:
+        if self.owner is not None:
+            return self.owner[0]
+        if self._info is None:
+            where = self._where or protocol.UNKNOWN_FRAME
+            label = f"cudagraph@{where.file}:{where.line}"
+            self._info = protocol.GraphInfo(next(_bare_ids), label, "FULL", False, protocol.BreakOutputs.DISCARD, False)
+        return self._info
+
+    # -- capture
+    def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
+        if self._recording:
+            raise RuntimeError("capture_begin called twice without capture_end")
+        if self._captured:
+            raise RuntimeError("this graph was already captured; call reset() first")
+        self._pool = _PoolHandle(pool) if pool is not None else graph_pool_handle()
+        if self.owner is None:
+            self._where = protocol.user_frame(2)
+        modes = [_HostReadGuard(), _RecordingMode(self)]
+        for m in modes:
+            m.__enter__()
+        self._recording = modes
+        _capturing.append(self)
+        protocol.capturing_as_on_gpu(True).__enter__()
+        if self.owner is None:
+            protocol.announce("on_graph_begin", self.info, protocol.Phase.CAPTURE)
+
+    def capture_end(self) -> None:
+        if not self._recording:
+            raise RuntimeError("capture_end called without capture_begin")
+        protocol.capturing_as_on_gpu(True).__exit__(None, None, None)
+        _capturing.remove(self)
+        for m in reversed(self._recording):
+            m.__exit__(None, None, None)
+        self._recording = []
+        self._captured = True
+        if self.owner is None:
+            protocol.announce("on_graph_end", self.info, protocol.Phase.CAPTURE, None)
+        self._settle()
+
+    def _seen(self, t: torch.Tensor) -> None:
+        st = t.untyped_storage()
+        sid = st._cdata
+        if sid not in self._allocated and sid not in self._known:
+            self._known[sid] = st
+
+    def _produced(self, t: torch.Tensor) -> None:
+        st = t.untyped_storage()
+        sid = st._cdata
+        if sid not in self._known and sid not in self._allocated:
+            self._allocated[sid] = (st, t.dtype)
+
+    def _before_write(self, t: torch.Tensor) -> None:
+        st = t.untyped_storage()
+        sid = st._cdata
+        if sid in self._allocated or sid in self._saved:
+            return
+        self._seen(t)
+        with _disable_current_modes():
+            self._saved[sid] = (st, st.clone())
+
+    def _settle(self) -> None:
+        """At capture end: undo the capture's writes, poison its allocations, and let
+        go of the tensors it reads but does not own."""
+        with _disable_current_modes(), torch.no_grad():
+            for st, saved in self._saved.values():
+                st.copy_(saved)
+            for st, dtype in self._allocated.values():
+                poison_storage(st, dtype)
+
+            def own(x: Any) -> Any:
+                if isinstance(x, torch.Tensor) and x.untyped_storage()._cdata in self._allocated:
+                    return x  # graph-pool memory: the graph owns it
+                return self._borrowed.borrow(x)
+
+            for c in self._calls:
+                c.args = tree_map(own, c.args)
+                c.kwargs = tree_map(own, c.kwargs)
+        self._borrowed.done()
+        for sid in self._allocated:
+            _graph_owned[sid] = _graph_owned.get(sid, 0) + 1
+        self._saved.clear()
+        self._known.clear()
+
+    # -- replay
+    def replay(self) -> None:
+        if self._recording:
+            raise RuntimeError("replay called during capture")
+        if not self._captured:
+            raise RuntimeError("replay called before a capture")
+        bare = self.owner is None
+        if bare:
+            protocol.announce("on_graph_begin", self.info, protocol.Phase.REPLAY)
+        segment = self.owner[1] if self.owner is not None else 0
+        poison_freed(self._borrowed, self.info, segment, self.poisoned)
+        with torch.no_grad():
+            for c in self._calls:
+                out = c.func(*c.args, **c.kwargs)
+                if c.outputs:
+                    fresh = _fresh_outputs(out, _replay_kind(c.func)[1])
+                    for dst, src in zip(c.outputs, fresh):
+                        dst.copy_(src)
+        if bare:
+            protocol.announce("on_graph_end", self.info, protocol.Phase.REPLAY, None)
+
+    def reset(self) -> None:
+        self._borrowed.release()
+        if self._captured:
+            for sid in self._allocated:
+                left = _graph_owned.get(sid, 0) - 1
+                if left > 0:
+                    _graph_owned[sid] = left
+                else:
+                    _graph_owned.pop(sid, None)
+        self._calls = []
+        self._allocated = {}
+        self._captured = False
+
+    def __del__(self) -> None:
+        try:
+            self.reset()
+        except Exception:
+            pass
+
+    def pool(self) -> _PoolHandle:
+        if self._pool is None:
+            raise RuntimeError("pool() called before capture_begin")
+        return self._pool
+
+    @property
+    def num_calls(self) -> int:
+        return len(self._calls)
+
+    def enable_debug_mode(self) -> None: ...
+
+    def debug_dump(self, path: str) -> None:
+        with open(path, "w") as f:
+            for c in self._calls:
+                f.write(f"{c.func}\n")
+
+
+def poison_freed(borrowed: BorrowedTensors, info: protocol.GraphInfo, segment: int, poisoned: set[StorageId]) -> None:
+    """Before a replay: poison every borrowed storage the program has freed, as the
+    caching allocator would have reused it, and announce each once."""
+    for sid, st, dtype in borrowed.freed():
+        poison_storage(st, dtype)
+        if sid not in poisoned:
+            poisoned.add(sid)
+            event = protocol.StaleInputEvent(info, segment, sid, str(dtype).removeprefix("torch."))
+            protocol.announce("on_stale_input", event)
+
+
+def is_current_stream_capturing() -> bool:
+    return protocol.stream_capturing()
+
+
+# ------------------------------------------------------------ streams and events
+
+
+class EmulatedStream:
+    """A stream stand-in: work is sequential on a CPU, so waits are no-ops."""
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any):
+        self.device = torch.device("cpu")
+        self.priority = priority
+
+    def wait_stream(self, stream: Any) -> None: ...
+
+    def wait_event(self, event: Any) -> None: ...
+
+    def record_event(self, event: Any = None) -> "EmulatedEvent":
+        event = event if event is not None else EmulatedEvent()
+        event.record(self)
+        return event
+
+    def synchronize(self) -> None: ...
+
+    def query(self) -> bool:
+        return True
+
+    def __enter__(self) -> "EmulatedStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None: ...
+
+    @property
+    def cuda_stream(self) -> int:
+        return id(self)
+
+
+class EmulatedEvent:
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        self.recorded = False
+
+    def record(self, stream: Any = None) -> None:
+        self.recorded = True
+
+    def wait(self, stream: Any = None) -> None: ...
+
+    def synchronize(self) -> None: ...
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: "EmulatedEvent") -> float:
+        return 0.0
+
+
+_default_stream = EmulatedStream()
+_current_stream: list[EmulatedStream] = [_default_stream]
+
+
+def current_stream(device: Any = None) -> EmulatedStream:
+    return _current_stream[-1]
+
+
+def default_stream(device: Any = None) -> EmulatedStream:
+    return _default_stream
+
+
+def set_stream(stream: Any) -> None:
+    _current_stream[-1] = stream
+
+
+@contextlib.contextmanager
+def stream(s: Any) -> Iterator[Any]:
+    _current_stream.append(s if s is not None else _current_stream[-1])
+    try:
+        yield s
+    finally:
+        _current_stream.pop()
+
+
+def synchronize(device: Any = None) -> None: ...
+
+
+class graph:
+    """``torch.cuda.graph``: ``with graph(g, pool=...): ...`` captures into ``g``."""
+
+    default_capture_stream: EmulatedStream | None = None
+
+    def __init__(self, cuda_graph: Any, pool: Any = None, stream: Any = None, capture_error_mode: str = "global"):
+        self.cuda_graph = cuda_graph
+        self.pool = pool
+        self.stream = stream
+
+    def __enter__(self) -> None:
+        gc.collect()
+        self.cuda_graph.capture_begin(pool=self.pool)
+
+    def __exit__(self, *exc: object) -> None:
+        self.cuda_graph.capture_end()
+
+
+def make_graphed_callables(
+    callables: Any, sample_args: Any, num_warmup_iters: int = 3, allow_unused_input: bool = False, pool: Any = None
+) -> Any:
+    """``torch.cuda.make_graphed_callables`` for inference (no autograd): each callable
+    is warmed up, captured on its sample arguments, and returned as a function that
+    copies its arguments into the static inputs, replays, and returns the static
+    outputs."""
+    single = not isinstance(callables, tuple)
+    fns = (callables,) if single else callables
+    samples = (sample_args,) if single else sample_args
+    graphed = []
+    shared_pool = pool
+    for fn, args in zip(fns, samples):
+        args = tuple(args)
+        if any(isinstance(a, torch.Tensor) and a.requires_grad for a in args) or (
+            isinstance(fn, torch.nn.Module) and any(p.requires_grad for p in fn.parameters()) and torch.is_grad_enabled()
+        ):
+            raise RuntimeError(
+                "the emulated make_graphed_callables supports inference only: run it under torch.no_grad() "
+                "with inputs that do not require grad"
+            )
+        for _ in range(num_warmup_iters):
+            fn(*args)
+        g = EmulatedCUDAGraph()
+        with graph(g, pool=shared_pool):
+            static_out = fn(*args)
+        shared_pool = g.pool()
+        graphed.append(_Graphed(fn, g, args, static_out))
+    return graphed[0] if single else tuple(graphed)
+
+
+class _Graphed:
+    def __init__(self, fn: Any, g: EmulatedCUDAGraph, static_in: Sequence[Any], static_out: Any):
+        self.fn, self.graph, self.static_in, self.static_out = fn, g, static_in, static_out
+
+    def __call__(self, *args: Any) -> Any:
+        with torch.no_grad():
+            for dst, src in zip(self.static_in, args):
+                if isinstance(dst, torch.Tensor) and dst is not src:
+                    dst.copy_(src)
+        self.graph.replay()
+        return self.static_out
+
+
+# ---------------------------------------------------------------- installation
+
+_SURFACE: dict[str, Any] = {
+    "CUDAGraph": EmulatedCUDAGraph,
+    "graph": graph,
+    "graph_pool_handle": graph_pool_handle,
+    "make_graphed_callables": make_graphed_callables,
+    "is_current_stream_capturing": is_current_stream_capturing,
+    "Stream": EmulatedStream,
+    "Event": EmulatedEvent,
+    "stream": stream,
+    "current_stream": current_stream,
+    "default_stream": default_stream,
+    "set_stream": set_stream,
+    "synchronize": synchronize,
+}
+
+
+@contextlib.contextmanager
+def emulate_cuda(force: bool = False) -> Iterator[bool]:
+    """Install the emulated primitive and its stand-ins in ``torch.cuda`` for the block.
+
+    On a machine with a usable CUDA device nothing is installed unless ``force``; the
+    block's value says whether emulation is on. Everything is restored on exit.
+    """
+    if torch.cuda.is_available() and not force:
+        yield False
+        return
+    import torch.cuda.graphs as graphs_module
+
+    saved = {name: getattr(torch.cuda, name, None) for name in _SURFACE}
+    saved_graphs = {name: getattr(graphs_module, name, None) for name in ("CUDAGraph", "graph", "graph_pool_handle")}
+    for name, value in _SURFACE.items():
+        setattr(torch.cuda, name, value)
+    for name in saved_graphs:
+        setattr(graphs_module, name, _SURFACE[name])
+    try:
+        yield True
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                delattr(torch.cuda, name)
+            else:
+                setattr(torch.cuda, name, value)
+        for name, value in saved_graphs.items():
+            setattr(graphs_module, name, value)
+
+
+def capturing_graph() -> EmulatedCUDAGraph | None:
+    """The emulated graph recording on this process, if any."""
+    return _capturing[-1] if _capturing else None
+
+
+__all__ = [
+    "BorrowedTensors",
+    "EmulatedCUDAGraph",
+    "EmulatedEvent",
+    "EmulatedStream",
+    "RecordedCall",
+    "ReplayKind",
+    "emulate_cuda",
+    "graph",
+    "graph_pool_handle",
+    "is_current_stream_capturing",
+    "make_graphed_callables",
+    "poison_storage",
+    "poison_value",
+]

@@ -1,0 +1,439 @@
+"""All that the checker may know of a capture runtime.
+
+A capture runtime (capturelint's breakable runtime, vLLM's, a plain
+``torch.cuda.CUDAGraph`` program under the emulated primitive) announces what it does
+to **observers**; the tracer is one. This module is the vocabulary of those
+announcements and nothing else: it imports only torch, and no checker module imports a
+runtime, only this.
+
+**Segments and phases.** A capture is a sequence of *segments*: ``CAPTURED`` segments
+are recorded and replayed verbatim; ``EAGER`` segments (eager breaks) re-run their
+Python on every replay. Code runs in one of three ``Phase``\\ s: recording a graph
+(``CAPTURE``), replaying one (``REPLAY``), or plainly (``EAGER``, which includes the
+checker's *shadow* of a replay step).
+
+**Announcements**, in the order an observer hears them::
+
+    on_graph_begin(graph, CAPTURE)
+      on_segment_begin(#0 captured) ... on_segment_end(#0 captured)
+      on_segment_begin(#1 eager)  on_break_enter(call) ... on_break_exit(call, result)  on_segment_end(#1 eager)
+      ...
+    on_graph_end(graph, CAPTURE, output)
+    before_replay(graph, shadow)           # shadow() runs the step eagerly, once
+    on_graph_begin(graph, REPLAY) ... on_graph_end(graph, REPLAY, output)
+
+A break that runs as plain Python (outside a capture, in a graph whose breaks are not
+eager, nested in another break, or in the shadow) is announced with
+``on_break_enter``/``on_break_exit`` and ``BreakCall.inline`` set.
+
+**Host synchronisation.** ``HOST_SYNC_OPS`` and ``host_sync_reason`` are the one table
+of ops that need a value on the host; the emulated primitive refuses them at capture
+(raising ``HostSyncInCaptureError`` with a ``HostSyncEvent``) and rule CL106 reports
+them from traces.
+
+**Frames.** ``Frame`` is a source location in engine or model code. ``user_frame``
+finds the innermost frame that is not runtime machinery (torch, the standard library,
+this package, and files registered with ``register_runtime_file``: the tracer, the
+harness, an adapter's shims).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import sys
+import threading
+from typing import Any, Callable, Iterable
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+
+class SegmentKind(enum.Enum):
+    CAPTURED = "captured"
+    EAGER = "eager"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Phase(enum.Enum):
+    """When code runs: recording a graph, replaying one, or plainly (shadow included)."""
+
+    CAPTURE = "capture"
+    REPLAY = "replay"
+    EAGER = "eager"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class BreakOutputs(enum.Enum):
+    """What a runtime does with an eager break's return values on replay.
+
+    ``COPY``: copies them into the tensors the break returned at capture (static
+    buffers), so downstream captured ops read fresh values (vLLM's newer design).
+    ``DISCARD``: drops them; downstream captured ops read the capture-time tensors
+    (vLLM 0.33.0's ``add_eager``). Breaks must then write results in place.
+    """
+
+    COPY = "copy"
+    DISCARD = "discard"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, value: "str | BreakOutputs | bool") -> "BreakOutputs":
+        if isinstance(value, BreakOutputs):
+            return value
+        if isinstance(value, bool):
+            return cls.COPY if value else cls.DISCARD
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            raise ValueError(f"unknown break-outputs policy {value!r}; use copy or discard") from None
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Frame:
+    """A source location in engine or model code."""
+
+    file: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} in {self.function}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "function": self.function}
+
+
+UNKNOWN_FRAME = Frame("<unknown>", 0, "<unknown>")
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphInfo:
+    """A captured graph as the checker sees it.
+
+    ``label`` names it in messages (a batch descriptor such as ``decode/4``);
+    ``mode`` is the runtime mode it was captured in (``PIECEWISE``, ``FULL``, or a
+    runtime's own word); ``breaks_eager`` says whether eager breaks become eager
+    segments in it (true for piecewise graphs, false where breaks run inline and are
+    captured, as in FULL graphs); ``break_outputs`` is the runtime's policy for break
+    return values; ``segmented`` is false for a bare CUDA-graph primitive, which
+    announces no segments and gets no shadow (its whole capture is one captured
+    segment).
+    """
+
+    id: int
+    label: str
+    mode: str
+    breaks_eager: bool
+    break_outputs: BreakOutputs = BreakOutputs.COPY
+    segmented: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentInfo:
+    """A segment as announced. ``name`` is the break's qualified name for eager
+    segments and ``None`` for captured ones."""
+
+    graph_id: int
+    index: int
+    kind: SegmentKind
+    name: str | None
+    phase: Phase
+
+
+@dataclasses.dataclass(frozen=True)
+class BreakCall:
+    """A call of an eager-break function.
+
+    ``params`` names the positional arguments (from the function's signature; ``argN``
+    where it has none). ``inline`` is true when it ran as plain Python (outside a
+    capture, in a graph whose breaks are not eager, or nested inside another break);
+    then ``depth`` counts the enclosing inline breaks. ``frame`` is the caller's line.
+    """
+
+    name: str
+    args: tuple
+    kwargs: dict
+    phase: Phase
+    inline: bool
+    depth: int
+    params: tuple[str, ...] = ()
+    frame: Frame = UNKNOWN_FRAME
+
+    def named_arguments(self) -> list[tuple[str, Any]]:
+        named = [(self.params[i] if i < len(self.params) else f"arg{i}", v) for i, v in enumerate(self.args)]
+        named.extend(self.kwargs.items())
+        return named
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSyncEvent:
+    """A captured segment asked for a value on the host. ``graph`` and ``segment`` are
+    filled in by a breakable runtime; a bare primitive knows neither."""
+
+    op: str
+    frame: Frame
+    graph: GraphInfo | None = None
+    segment: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class StaleInputEvent:
+    """At a replay, a graph found that nothing outside the graphs holds a storage it
+    reads: the engine dropped it (re-allocated the tensor), so on a GPU the graph reads
+    memory the allocator has handed to someone else. ``storage`` is the storage's
+    identity (``untyped_storage()._cdata``); ``dtype`` how the graph reads it."""
+
+    graph: GraphInfo
+    segment: int
+    storage: int
+    dtype: str
+
+
+class HostSyncInCaptureError(RuntimeError):
+    """A host synchronisation inside a capture: a GPU capture fails here, and so does
+    the emulated one. ``event`` says which op, where."""
+
+    def __init__(self, event: HostSyncEvent):
+        self.event = event
+        where = f"captured segment {event.segment}" + (f" of graph {event.graph.label}" if event.graph else "")
+        super().__init__(
+            f"host synchronisation {event.op} inside {where} at {event.frame}: a CUDA-graph capture fails "
+            "here. Move the code into an eager break or out of the captured region."
+        )
+
+
+class CaptureObserver:
+    """Receives a runtime's announcements. Subclass and override what you need."""
+
+    def on_graph_begin(self, graph: GraphInfo, phase: Phase) -> None: ...
+
+    def on_graph_end(self, graph: GraphInfo, phase: Phase, output: Any) -> None: ...
+
+    def on_segment_begin(self, segment: SegmentInfo) -> None: ...
+
+    def on_segment_end(self, segment: SegmentInfo) -> None: ...
+
+    def on_break_enter(self, call: BreakCall) -> None: ...
+
+    def on_break_exit(self, call: BreakCall, result: Any) -> None: ...
+
+    def on_stale_input(self, event: StaleInputEvent) -> None: ...
+
+    def before_replay(self, graph: GraphInfo, shadow: Callable[[], Any]) -> None:
+        """Called before each replay of a segmented graph. ``shadow()`` runs the same
+        step eagerly (breaks inline and announced) and returns its output; an observer may call it once."""
+
+
+_observers: list[CaptureObserver] = []
+
+
+def add_observer(observer: CaptureObserver) -> None:
+    _observers.append(observer)
+
+
+def remove_observer(observer: CaptureObserver) -> None:
+    _observers.remove(observer)
+
+
+def has_observers() -> bool:
+    return bool(_observers)
+
+
+class observing:
+    """``with observing(obs): ...`` registers an observer for the block."""
+
+    def __init__(self, observer: CaptureObserver):
+        self.observer = observer
+
+    def __enter__(self) -> CaptureObserver:
+        add_observer(self.observer)
+        return self.observer
+
+    def __exit__(self, *exc: object) -> None:
+        remove_observer(self.observer)
+
+
+def announce(method: str, *args: Any) -> None:
+    """Runtimes call this; observers hear it in registration order."""
+    for obs in tuple(_observers):
+        getattr(obs, method)(*args)
+
+
+# --------------------------------------------------------------- capture state
+#
+# Whether code is "inside a capture" as a GPU would see it. A primitive sets it while
+# it records; the shadow of a replayed step sets it while it runs code the replay
+# would run from a captured segment, so that code branching on
+# ``torch.cuda.is_current_stream_capturing()`` takes the path the replay took.
+
+_state = threading.local()
+
+
+def stream_capturing() -> bool:
+    """What ``torch.cuda.is_current_stream_capturing()`` answers under emulation."""
+    return getattr(_state, "capturing", 0) > 0 and not getattr(_state, "suspended", 0)
+
+
+class capturing_as_on_gpu:
+    """Marks the block as inside a stream capture (``on=True``) or outside one."""
+
+    def __init__(self, on: bool = True):
+        self.on = on
+
+    def __enter__(self) -> None:
+        if self.on:
+            _state.capturing = getattr(_state, "capturing", 0) + 1
+        else:
+            _state.suspended = getattr(_state, "suspended", 0) + 1
+
+    def __exit__(self, *exc: object) -> None:
+        if self.on:
+            _state.capturing -= 1
+        else:
+            _state.suspended -= 1
+
+
+def suspended_capture() -> "capturing_as_on_gpu":
+    """The block runs outside the capture (an eager segment): not capturing."""
+    return capturing_as_on_gpu(False)
+
+
+# --------------------------------------------------------------- host sync table
+
+HOST_SYNC_OPS = frozenset({
+    "aten::_local_scalar_dense",
+    "aten::nonzero",
+    "aten::nonzero_static",
+    "aten::masked_select",
+    "aten::unique",
+    "aten::_unique",
+    "aten::_unique2",
+    "aten::unique_consecutive",
+    "aten::unique_dim",
+    "aten::bincount",
+    "aten::equal",
+    "aten::is_nonzero",
+    "aten::allclose",
+})
+"""Ops that need a tensor's value on the host (or a data-dependent output shape)."""
+
+HOST_READ_METHODS = frozenset({"tolist", "numpy", "__array__"})
+"""Tensor methods that read values on the host without reaching the dispatcher."""
+
+_MASK_INDEX_OPS = frozenset({"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"})
+
+
+def host_sync_reason(func: Any, args: tuple, kwargs: dict) -> str | None:
+    """Why the dispatcher call ``func(*args, **kwargs)`` needs the host, or None."""
+    name = func._schema.name
+    if name in HOST_SYNC_OPS:
+        return str(func)
+    if name in _MASK_INDEX_OPS:
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        for t in indices or ():
+            if isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8):
+                return f"{func} with a boolean mask"
+    if name in ("aten::_to_copy", "aten::copy_"):
+        src = args[0] if name == "aten::_to_copy" else args[1]
+        dst_dev = kwargs.get("device") if name == "aten::_to_copy" else args[0].device
+        if (
+            isinstance(src, torch.Tensor)
+            and src.device.type != "cpu"
+            and dst_dev is not None
+            and torch.device(dst_dev).type == "cpu"
+        ):
+            return f"{func} device-to-host copy"
+    return None
+
+
+def is_host_sync_op(op: str) -> bool:
+    """Whether a recorded op name (``aten.nonzero.default``) is in the table."""
+    packet = op.rsplit(".", 1)[0] if op.count(".") >= 2 else op
+    return packet.replace(".", "::", 1) in HOST_SYNC_OPS
+
+
+# ----------------------------------------------------------------------- frames
+
+_skip_prefixes: tuple[str, ...] = ()
+_frame_cache: dict[Any, bool] = {}
+_display_cache: dict[str, str] = {}
+
+
+def _skip_dirs() -> tuple[str, ...]:
+    global _skip_prefixes
+    if not _skip_prefixes:
+        torch_dir = os.path.dirname(torch.__file__)
+        runtime_dir = os.path.dirname(os.path.abspath(__file__))
+        _skip_prefixes = (torch_dir + os.sep, os.path.dirname(os.__file__) + os.sep, runtime_dir + os.sep)
+    return _skip_prefixes
+
+
+def register_runtime_file(path: str) -> None:
+    """Treat ``path`` (a file or a folder) as runtime machinery: frames skip it."""
+    global _skip_prefixes
+    path = os.path.abspath(path)
+    _skip_prefixes = _skip_dirs() + ((path + os.sep) if os.path.isdir(path) else path,)
+    _frame_cache.clear()
+
+
+def hidden_code(code: Any) -> bool:
+    """Whether frames of ``code`` are runtime machinery rather than engine or model code."""
+    hidden = _frame_cache.get(code)
+    if hidden is None:
+        name = code.co_filename
+        hidden = name.startswith("<") or os.path.abspath(name).startswith(_skip_dirs())
+        _frame_cache[code] = hidden
+    return hidden
+
+
+def display_path(filename: str) -> str:
+    """``filename`` as shown in findings: relative to the folder that holds the
+    ``capturelint`` package or to the working directory when below one, else absolute."""
+    shown = _display_cache.get(filename)
+    if shown is None:
+        absolute = os.path.abspath(filename)
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        cwd = os.getcwd()
+        if absolute.startswith(package_root + os.sep):
+            shown = os.path.relpath(absolute, package_root)
+        elif absolute.startswith(cwd + os.sep):
+            shown = os.path.relpath(absolute, cwd)
+        else:
+            shown = absolute
+        _display_cache[filename] = shown
+    return shown
+
+
+def user_frame(skip: int = 1) -> Frame:
+    """The innermost frame of engine or model code, ``skip`` frames above the caller."""
+    f = sys._getframe(skip)
+    while f is not None:
+        if not hidden_code(f.f_code):
+            return Frame(display_path(f.f_code.co_filename), f.f_lineno, f.f_code.co_name)
+        f = f.f_back
+    return UNKNOWN_FRAME
+
+
+def traceback_frame(e: BaseException) -> Frame:
+    """The innermost engine or model frame of an exception's traceback."""
+    tb = e.__traceback__
+    best = UNKNOWN_FRAME
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if not hidden_code(code):
+            best = Frame(display_path(code.co_filename), tb.tb_lineno, code.co_name)
+        tb = tb.tb_next
+    return best
+
+
+def flatten_tensors(obj: Any) -> Iterable[torch.Tensor]:
+    """The tensors of a (possibly nested) output, in order."""
+    return (t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor))
