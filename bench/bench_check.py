@@ -28,8 +28,7 @@ import time
 import torch
 
 from capturelint.analyzer import RunLabel
-from capturelint.adapters.bundled import engine_config
-from capturelint.adapters.bundled import CHECK_MODES, make_plan, run_check
+from capturelint.adapters.bundled import CHECK_MODES, engine_config, forward_context_probe, layer_scope_group, make_plan, run_check
 from capturelint.engine.llm import Engine
 from capturelint.harness import trace_run
 from capturelint.settings import Settings
@@ -72,7 +71,8 @@ def main() -> None:
             def traced() -> None:
                 engine = Engine(cfg)
                 roots = {"model": engine.model, "state": list(engine.runner.named_state_tensors())}
-                trace_run(engine.generate, roots, RunLabel(runner, mode), plan.codes)
+                trace_run(engine.generate, roots, RunLabel(runner, mode), plan.codes, probe=forward_context_probe,
+                          scope_group=layer_scope_group)
 
             t_u = best_of(args.repeat, untraced)
             t_t = best_of(args.repeat, traced)

@@ -10,9 +10,7 @@ import sys
 
 import click
 
-from capturelint.errors import CapturelintError
-
-EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+from capturelint.errors import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, CapturelintError  # noqa: F401
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -172,8 +172,10 @@ def render_rich(report: Report, console: Console, verbose: bool = False) -> None
         if not cfg.findings:
             parts.append(Text("no findings", style="green"))
         console.print(Panel(Group(*parts), title=title, title_align="left", border_style="red" if cfg.findings else "green"))
-    if report.region_changes is not None:  # the gate's panel (RegionChanges.__rich__)
-        console.print(report.region_changes)
+    if report.region_changes is not None:  # the gate's panel
+        from capturelint.render.changes import region_changes_panel
+
+        console.print(region_changes_panel(report.region_changes))
     console.print(Text(report.summary_line(), style="bold red" if report.failed else "bold green"))
 
 

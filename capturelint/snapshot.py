@@ -79,15 +79,24 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from capturelint.adapters.bundled import CHECK_MODES, CheckPlan
 from capturelint.runtime.protocol import SegmentKind
 from capturelint.errors import CapturelintError
 from capturelint.report import ConfigReport, Report, dumps_json
 from capturelint.regions import GraphMap, SegmentMap
+from capturelint.settings import MODES
+from capturelint.region_changes import (  # noqa: F401  (re-exported: the gate's comparison model)
+    LIST_CUT,
+    ConfigChange,
+    Direction,
+    MovedOp,
+    RegionChanges,
+    SegmentChange,
+    _num,
+    cut,
+)
 
 FORMAT_MARKER = "capturelint-snapshot"
 SNAPSHOT_VERSION = 1
-LIST_CUT = 5
 
 
 
@@ -139,7 +148,7 @@ class EngineParams:
     copy_break_outputs: bool
 
     @classmethod
-    def of(cls, plan: CheckPlan) -> "EngineParams":
+    def of(cls, plan: Any) -> "EngineParams":
         return cls(plan.layers, plan.steps, plan.seed, plan.kernels, plan.fresh_metadata, plan.copy_break_outputs)
 
     def to_json(self) -> dict[str, Any]:
@@ -177,8 +186,11 @@ def _natural(text: str) -> tuple:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
 
 
+MODE_ORDER = tuple(m for m in MODES if m != "NONE")  # the order configurations are listed in
+
+
 def _mode_order(mode: str) -> tuple[int, str]:
-    return (CHECK_MODES.index(mode) if mode in CHECK_MODES else len(CHECK_MODES), mode)
+    return (MODE_ORDER.index(mode) if mode in MODE_ORDER else len(MODE_ORDER), mode)
 
 
 def config_map(cfg: ConfigReport) -> ConfigMap:
@@ -186,7 +198,7 @@ def config_map(cfg: ConfigReport) -> ConfigMap:
     return ConfigMap(cfg.runner, cfg.mode, cfg.eager_region, tuple(graphs))
 
 
-def region_map(report: Report, plan: CheckPlan) -> RegionMap:
+def region_map(report: Report, plan: Any) -> RegionMap:
     """The region map of a run (its configurations' captures)."""
     configs = sorted((config_map(c) for c in report.configs), key=lambda c: (c.runner, _mode_order(c.mode)))
     return RegionMap(EngineParams.of(plan), tuple(configs))
@@ -379,186 +391,6 @@ def parse_snapshot(doc: Any, path: str) -> RegionMap:
 
 # ------------------------------------------------------------------- comparison
 
-class Direction(enum.Enum):
-    TO_EAGER = "to eager"
-    TO_CAPTURED = "to captured"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-@dataclasses.dataclass(frozen=True)
-class MovedOp:
-    """Ops of one scope that moved between captured and eager segments: ``count`` over
-    all paired graphs, ``graphs`` how many of them."""
-
-    scope: str
-    op: str
-    direction: Direction
-    count: int
-    graphs: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"scope": self.scope, "op": self.op, "direction": str(self.direction), "count": self.count, "graphs": self.graphs}
-
-
-@dataclasses.dataclass(frozen=True)
-class SegmentChange:
-    """Segments of one kind and break name added or removed: ``count`` over all paired
-    graphs, ``graphs`` how many of them."""
-
-    kind: SegmentKind
-    name: str | None
-    count: int
-    graphs: int
-
-    @property
-    def label(self) -> str:
-        return f"eager break {self.name}" if self.kind is SegmentKind.EAGER else "captured segment"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": str(self.kind), "break": self.name, "count": self.count, "graphs": self.graphs}
-
-
-@dataclasses.dataclass(frozen=True)
-class ConfigChange:
-    """One pair of configurations: before (baseline / left) and after (run / right)."""
-
-    before: str
-    after: str
-    region_before: str
-    region_after: str
-    eager_ops_before: float
-    eager_ops_after: float
-    moved: tuple[MovedOp, ...]
-    segments_added: tuple[SegmentChange, ...]
-    segments_removed: tuple[SegmentChange, ...]
-    graphs_added: tuple[str, ...]
-    graphs_removed: tuple[str, ...]
-    max_growth_pct: float | None
-
-    @property
-    def label(self) -> str:
-        return self.after if self.before == self.after else f"{self.before} -> {self.after}"
-
-    @property
-    def growth_pct(self) -> float | None:
-        """Relative change of eager ops per step in percent; ``None`` when it grew from 0."""
-        if self.eager_ops_before == 0:
-            return 0.0 if self.eager_ops_after == 0 else None
-        return (self.eager_ops_after - self.eager_ops_before) * 100.0 / self.eager_ops_before
-
-    @property
-    def over_budget(self) -> bool:
-        if self.max_growth_pct is None:
-            return False
-        g = self.growth_pct
-        return g is None or g > self.max_growth_pct + 1e-9
-
-    @property
-    def changed(self) -> bool:
-        return bool(
-            self.moved or self.segments_added or self.segments_removed or self.graphs_added or self.graphs_removed
-            or self.eager_ops_before != self.eager_ops_after
-        )
-
-    def moved_count(self, direction: Direction) -> int:
-        return sum(m.count for m in self.moved if m.direction is direction)
-
-    def describe_growth(self) -> str:
-        g = self.growth_pct
-        pct = "unbounded" if g is None else f"{g:+.1f}%"
-        return f"{_num(self.eager_ops_before)} -> {_num(self.eager_ops_after)} ({pct})"
-
-    def to_json(self) -> dict[str, Any]:
-        g = self.growth_pct
-        return {
-            "before": self.before,
-            "after": self.after,
-            "eager_region": {"before": self.region_before, "after": self.region_after},
-            "eager_ops_per_step": {"before": self.eager_ops_before, "after": self.eager_ops_after},
-            "growth_pct": None if g is None else round(g, 2),
-            "over_budget": self.over_budget,
-            "moved": [m.to_json() for m in self.moved],
-            "segments_added": [s.to_json() for s in self.segments_added],
-            "segments_removed": [s.to_json() for s in self.segments_removed],
-            "graphs_added": list(self.graphs_added),
-            "graphs_removed": list(self.graphs_removed),
-        }
-
-
-@dataclasses.dataclass(frozen=True)
-class RegionChanges:
-    """What changed between two region maps (see the module docstring)."""
-
-    configs: tuple[ConfigChange, ...]
-    new_configs: tuple[str, ...]  # only on the after side: listed, never failed
-    missing_configs: tuple[str, ...]  # only on the before side: not run this time
-    max_growth_pct: float | None
-    notes: tuple[str, ...] = ()
-
-    @property
-    def failed(self) -> bool:
-        return any(c.over_budget for c in self.configs)
-
-    @property
-    def changed(self) -> bool:
-        return any(c.changed for c in self.configs) or bool(self.new_configs or self.missing_configs)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "failed": self.failed,
-            "max_eager_growth_pct": self.max_growth_pct,
-            "configurations": [c.to_json() for c in self.configs],
-            "new_configurations": list(self.new_configs),
-            "missing_configurations": list(self.missing_configs),
-            "notes": list(self.notes),
-        }
-
-    def summary_line(self) -> str:
-        changed = [c for c in self.configs if c.changed]
-        n = len(self.configs)
-        if not changed:
-            line = f"regions unchanged in {n} configuration{'s' * (n != 1)}"
-        else:
-            to_eager = sum(c.moved_count(Direction.TO_EAGER) for c in changed)
-            to_captured = sum(c.moved_count(Direction.TO_CAPTURED) for c in changed)
-            growth = cut([f"{c.label} {c.describe_growth()}" for c in changed if c.eager_ops_before != c.eager_ops_after])
-            line = (
-                f"regions changed in {len(changed)} of {n} configuration{'s' * (n != 1)}: "
-                f"{to_eager} op{'s' * (to_eager != 1)} moved to eager, {to_captured} to captured"
-            )
-            if growth:
-                line += f"; eager ops per step {growth}"
-        over = [c.label for c in self.configs if c.over_budget]
-        if over:
-            line += (
-                f"; eager growth over the {_num(self.max_growth_pct or 0)}% budget in {cut(over)} (more ops re-run "
-                "outside the graph on every replay); accept an intended change with `capturelint snapshot --update "
-                "BASELINE` or raise --max-eager-growth"
-            )
-        if self.new_configs:
-            line += f"; new (not in the baseline): {cut(list(self.new_configs))}"
-        if self.missing_configs:
-            line += f"; not run: {cut(list(self.missing_configs))}"
-        return line
-
-    def __rich__(self) -> Any:
-        from capturelint.render.changes import region_changes_panel
-
-        return region_changes_panel(self)
-
-
-def _num(x: float) -> str:
-    return f"{x:g}" if x != int(x) else str(int(x))
-
-
-def cut(items: Sequence[str], limit: int = LIST_CUT) -> str:
-    """``a, b, c, d, e ... and 3 more``."""
-    head = ", ".join(items[:limit])
-    return head + (f" ... and {len(items) - limit} more" if len(items) > limit else "")
-
-
 @dataclasses.dataclass(frozen=True)
 class GraphDiff:
     """The changes between two graphs with the same descriptor and runtime mode:
@@ -680,7 +512,7 @@ def compare_maps(
     return RegionChanges(changes, new_only, missing, max_growth_pct, notes)
 
 
-def compare_report(snapshot: RegionMap, report: Report, plan: CheckPlan, max_growth_pct: float) -> RegionChanges:
+def compare_report(snapshot: RegionMap, report: Report, plan: Any, max_growth_pct: float) -> RegionChanges:
     """The gate of ``check --baseline``: the run's regions against the baseline's."""
     return compare_maps(snapshot, region_map(report, plan), max_growth_pct)
 
@@ -696,13 +528,6 @@ def pair_by_position(left: RegionMap, right: RegionMap) -> list[tuple[ConfigMap,
 
 
 # ------------------------------------------------------------- recording, update
-
-def record_regions(plan: CheckPlan, progress: Any = None) -> RegionMap:
-    """Run every configuration of the plan recording captures only (no shadow)."""
-    from capturelint.adapters.bundled import run_check
-
-    return region_map(run_check(plan, progress, shadow=False), plan)
-
 
 @dataclasses.dataclass(frozen=True)
 class SnapshotUpdate:
@@ -784,19 +609,12 @@ def diff_files(old_path: str, new_path: str) -> RegionDiff:
     return RegionDiff(old_path, new_path, _pairs_by_key(before, after), compare_maps(before, after))
 
 
-def diff_file_against_run(old_path: str, plan: CheckPlan, progress: Any = None) -> RegionDiff:
-    before = load_snapshot(old_path)  # fail on a bad file before running anything
-    after = record_regions(plan, progress)
+def diff_file_against_map(old_path: str, before: RegionMap, after: RegionMap) -> RegionDiff:
+    """A snapshot file (loaded as ``before``) against a fresh recording of the engine."""
     return RegionDiff(old_path, "the current engine", _pairs_by_key(before, after), compare_maps(before, after))
 
 
-def diff_plans(left: CheckPlan, right: CheckPlan, before: str, after: str, progress: Any = None) -> RegionDiff:
-    """Two plans that differ in one option, configurations paired in order."""
-    if len(left.configurations) != len(right.configurations):
-        raise CapturelintError(
-            f"the two sides have {len(left.configurations)} and {len(right.configurations)} configurations, so they "
-            "cannot be paired; change one option at a time (e.g. --runner v1 --against-runner v2)"
-        )
-    a, b = record_regions(left, progress), record_regions(right, progress)
+def diff_recordings(a: RegionMap, b: RegionMap, before: str, after: str) -> RegionDiff:
+    """Two recordings of plans that differ in one option, configurations paired in order."""
     pairs = pair_by_position(a, b)
     return RegionDiff(before, after, tuple(pairs), compare_maps(a, b, pairs=pairs, engine_notes=False))

@@ -67,8 +67,14 @@ def test_shape_keeps_names_and_source_lines():
     assert shape("4 findings (CL101 x4)") == "# findings (CL101 x#)"
 
 
+# Examples that are `check --target` subjects rather than stories, and where they are tested.
+TARGETS = {"torch_cuda_graph": "tests/test_capture_semantics.py"}
+
+
 def test_every_example_is_tested():
-    assert sorted(p.stem for p in EXAMPLES.glob("*.py")) == sorted(SIZES)
+    assert sorted(p.stem for p in EXAMPLES.glob("*.py")) == sorted(list(SIZES) + list(TARGETS))
+    for name, test in TARGETS.items():
+        assert f"examples/{name}.py" in (EXAMPLES.parent / test).read_text()
 
 
 @pytest.mark.parametrize("name", sorted(SIZES))

@@ -220,6 +220,14 @@ def run_check(plan: CheckPlan, progress: Callable[[str], None] | None = None, sh
     return Report(configs)
 
 
+def record_regions(plan: CheckPlan, progress: Callable[[str], None] | None = None) -> Any:
+    """Run every configuration of the plan recording captures only (no shadow): the
+    region map that ``snapshot`` writes and ``diff`` compares."""
+    from capturelint.snapshot import region_map
+
+    return region_map(run_check(plan, progress, shadow=False), plan)
+
+
 def iter_configurations(plan: CheckPlan) -> Iterator[Configuration]:
     for runner, mode in plan.configurations:
         yield configuration(plan, runner, mode)
@@ -227,5 +235,5 @@ def iter_configurations(plan: CheckPlan) -> Iterator[Configuration]:
 
 __all__ = [
     "CHECK_MODES", "CheckPlan", "REGIONS", "RUNNERS", "configuration", "default_runner", "engine_config",
-    "forward_context_probe", "layer_scope_group", "make_plan", "run_check", "run_configuration",
+    "forward_context_probe", "layer_scope_group", "make_plan", "record_regions", "run_check", "run_configuration",
 ]

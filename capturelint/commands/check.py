@@ -9,7 +9,7 @@ import click
 
 from capturelint import __version__
 from capturelint.adapters.bundled import run_check
-from capturelint.cli import EXIT_CLEAN, EXIT_FINDINGS
+from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS
 from capturelint.commands.common import (
     ProgressReporter,
     _csv,

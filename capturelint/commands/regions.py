@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from capturelint.adapters.bundled import run_check
-from capturelint.cli import EXIT_CLEAN
+from capturelint.errors import EXIT_CLEAN
 from capturelint.commands.common import (
     ProgressReporter,
     _csv,
@@ -145,7 +145,8 @@ def diff(snapshots: tuple[str, ...], against_runner: str | None, against_modes: 
 
     Exit status: 0 compared (changes do not change it), 2 usage, snapshot or engine error.
     """
-    from capturelint.snapshot import diff_file_against_run, diff_files, diff_plans
+    from capturelint.adapters.bundled import record_regions
+    from capturelint.snapshot import diff_file_against_map, diff_files, diff_recordings, load_snapshot
 
     against = {
         "runner": against_runner,
@@ -168,11 +169,18 @@ def diff(snapshots: tuple[str, ...], against_runner: str | None, against_modes: 
         left = resolve_plan(settings, kw)
         if snapshots:
             with ProgressReporter(len(left.configurations)) as progress:
-                result = diff_file_against_run(snapshots[0], left, progress)
+                before = load_snapshot(snapshots[0])  # fail on a bad file before running anything
+                result = diff_file_against_map(snapshots[0], before, record_regions(left, progress))
         else:
             right = resolve_plan(settings, {**kw, **against})
             with ProgressReporter(len(left.configurations) + len(right.configurations)) as progress:
-                result = diff_plans(left, right, _describe_side(kw), _describe_side({**kw, **against}), progress)
+                if len(left.configurations) != len(right.configurations):
+                    raise CapturelintError(
+                        f"the two sides have {len(left.configurations)} and {len(right.configurations)} configurations, "
+                        "so they cannot be paired; change one option at a time (e.g. --runner v1 --against-runner v2)"
+                    )
+                a, b = record_regions(left, progress), record_regions(right, progress)
+                result = diff_recordings(a, b, _describe_side(kw), _describe_side({**kw, **against}))
     if fmt == "json":
         write_output(dumps_json(result.to_json()), output)
         _say(result.changes.summary_line())
@@ -232,7 +240,8 @@ def snapshot(output: str | None, update: str | None, **kw: Any) -> int:
 
     Exit status: 0 written, 2 usage, snapshot or engine error.
     """
-    from capturelint.snapshot import record_regions, update_snapshot, write_snapshot
+    from capturelint.adapters.bundled import record_regions
+    from capturelint.snapshot import update_snapshot, write_snapshot
 
     if output and update:
         raise click.UsageError("-o and --update both name the file to write; use one")

@@ -23,16 +23,14 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Group
 from rich.panel import Panel
 from rich.text import Text
 
 from capturelint.graph import scope_group
-
-if TYPE_CHECKING:
-    from capturelint.snapshot import ConfigChange, RegionChanges, SegmentChange
+from capturelint.region_changes import ConfigChange, Direction, RegionChanges, SegmentChange
 
 LIST_CUT = 5
 
@@ -45,8 +43,6 @@ def _lines(items: list[Text], indent: str = "    ") -> list[Text]:
 
 def _moved_lines(change: "ConfigChange") -> list[Text]:
     """Per direction, one line per scope (layers folded to ``*``) with its ops."""
-    from capturelint.snapshot import Direction
-
     out: list[Text] = []
     for direction in (Direction.TO_EAGER, Direction.TO_CAPTURED):
         by_scope: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
