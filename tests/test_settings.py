@@ -104,7 +104,7 @@ def test_unknown_key(tmp_path):
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith(f"{path.resolve()}: [tool.capturelint] unknown key 'runner'; did you mean 'runners'? ")
-    assert "known keys: baseline, eager-region, format, ignore" in message
+    assert "known keys: baseline, break-outputs, eager-region, format, ignore" in message
 
 
 @pytest.mark.parametrize(
@@ -126,6 +126,7 @@ def test_unknown_key(tmp_path):
         ('steps = true', "steps must be an integer >= 1, got a boolean (true)"),
         ('seed = 1.5', "seed must be an integer, got a number (1.5)"),
         ('kernels = "cuda"', 'kernels must be one of "torch", "triton"'),
+        ('break-outputs = "keep"', 'break-outputs must be one of "copy", "discard"'),
         ('format = ["json"]', 'format must be one of "rich", "json", "sarif", "github", got a list'),
     ],
 )
@@ -185,3 +186,13 @@ def test_precedence_with_a_project(tmp_path):
 
 def test_mode_names_match_the_engine():
     assert MODES == tuple(m.value for m in CUDAGraphMode)
+
+
+def test_break_outputs_setting_and_its_flag(tmp_path):
+    from capturelint.adapters.bundled import make_plan
+
+    settings = read_settings(write(tmp_path, '[tool.capturelint]\nbreak-outputs = "discard"\nrunners = ["v1"]\n'))
+    assert settings.break_outputs == "discard"
+    assert make_plan(settings).copy_break_outputs is False
+    assert make_plan(settings, break_outputs="copy").copy_break_outputs is True  # the flag wins
+    assert make_plan(Settings(), runner="v1").copy_break_outputs is True  # the default

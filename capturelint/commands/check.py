@@ -23,7 +23,7 @@ from capturelint.errors import CapturelintError
 from capturelint.formats.github import to_github
 from capturelint.formats.sarif import to_sarif
 from capturelint.report import dumps_json, render_json, render_rich
-from capturelint.rules import RULES
+from capturelint.rules import RULES, select_codes
 
 FORMATS = ("rich", "json", "sarif", "github")
 
@@ -48,7 +48,13 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
     2 usage, configuration or internal error.
     """
     settings = settings_for(kw)
-    plan = resolve_plan(settings, kw, select, ignore)
+    if target is not None:
+        # engine options do not apply to a target: only the rule selection does
+        codes = select_codes(list(select) or list(settings.select or ()), list(ignore) or list(settings.ignore or ()))
+        plan = None
+    else:
+        plan = resolve_plan(settings, kw, select, ignore)
+        codes = plan.codes
     fmt = fmt or settings.format or "rich"
     if fmt not in FORMATS:
         raise CapturelintError(f"unknown format {fmt!r} in settings; use one of {', '.join(FORMATS)}")
@@ -68,7 +74,7 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
 
         targets = load_targets(target)
         with ProgressReporter(len(targets)) as progress:
-            report = run_targets(targets, plan.codes, progress)
+            report = run_targets(targets, codes, progress)
     else:
         with ProgressReporter(len(plan.configurations)) as progress:
             report = run_check(plan, progress)

@@ -255,7 +255,9 @@ def snapshot(output: str | None, update: str | None, **kw: Any) -> int:
     if update:
         result = update_snapshot(update, rmap)
         if result.changes is not None:
-            stdout_console().print(result.changes.__rich__())
+            from capturelint.render.changes import region_changes_panel
+
+            stdout_console().print(region_changes_panel(result.changes))
         _say(result.summary_line(update))
     elif output and output != "-":
         write_snapshot(rmap, output)
