@@ -97,6 +97,10 @@ class RuleInfo:
     doc: str
 
 
+DIVERGENCE_TOLERANCE = 1e-4
+"""Replay-versus-eager differences at or below this are float noise."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Numerical:
     """The numerical oracle for one runner and mode: token agreement of the captured
@@ -111,6 +115,28 @@ class Numerical:
     max_step_error: float
     max_logit_error: float | None
     replay_steps: int
+
+    @property
+    def diverged(self) -> bool:
+        """Whether replay computed something else than eager execution: tokens that
+        disagree with the eager twin, a twin error (targets without tokens) or a
+        replay-versus-shadow step error above ``DIVERGENCE_TOLERANCE``."""
+        agreement, twin = self.token_agreement, self.max_logit_error
+        return (
+            (agreement is not None and agreement < 1.0)
+            or (agreement is None and twin is not None and not twin <= DIVERGENCE_TOLERANCE)
+            or not self.max_step_error <= DIVERGENCE_TOLERANCE
+        )
+
+    def describe(self) -> str:
+        """``token agreement 0.18, max step error 3.2``: what the oracle measured."""
+        parts = []
+        if self.token_agreement is not None:
+            parts.append(f"token agreement {self.token_agreement:.2f}")
+        elif self.max_logit_error is not None:
+            parts.append(f"eager-twin error {self.max_logit_error:.3g}")
+        parts.append(f"max step error {self.max_step_error:.3g}")
+        return ", ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import textwrap
-from typing import ClassVar, Iterator
+from typing import TYPE_CHECKING, ClassVar, Iterator
 
-from capturelint.analyzer import RunLabel, RunOutcome, StepView
 from capturelint.findings import Condition, Finding, Frame, RuleInfo
-from capturelint.runtime.protocol import StaleInputEvent
-from capturelint.tracer import OpRecord, Stream
+
+if TYPE_CHECKING:  # the rule registry imports without torch (``capturelint rules``)
+    from capturelint.analyzer import RunLabel, RunOutcome, StepView
+    from capturelint.runtime.protocol import StaleInputEvent
+    from capturelint.tracer import OpRecord, Stream
 
 DOC_SECTIONS = ("What it does", "Why is this bad?", "Example", "Use instead", "Limitations")
 
@@ -22,6 +24,10 @@ class Rule:
     implement one or more of ``check`` (a replay step), ``check_capture`` (a capture),
     ``check_stale`` (a freed input of a graph without a shadow) and ``check_run`` (the
     whole run of a configuration).
+
+    A rule module imports the analyzer and the tracer (and so torch) only for type
+    checking or inside its methods: ``capturelint rules`` reads the registry's codes and
+    docs without importing torch (a test keeps it so).
     """
 
     code: ClassVar[str]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from capturelint.analyzer import StepView, iter_pairs
 from capturelint.findings import Condition, Finding
 from capturelint.rules.base import Rule, where
-from capturelint.tracer import scalar_repr
+
+if TYPE_CHECKING:
+    from capturelint.analyzer import StepView
 
 
 class BakedHostValue(Rule):
@@ -44,6 +45,9 @@ class BakedHostValue(Rule):
     """
 
     def check(self, view: StepView) -> Iterator[Finding]:
+        from capturelint.analyzer import iter_pairs
+        from capturelint.tracer import scalar_repr
+
         for al, c, s in iter_pairs(view):
             if c.scalars == s.scalars:
                 continue

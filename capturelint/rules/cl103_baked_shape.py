@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from capturelint.analyzer import StepView, iter_pairs
 from capturelint.findings import Condition, Finding
 from capturelint.rules.base import Rule, where
+
+if TYPE_CHECKING:
+    from capturelint.analyzer import StepView
 
 
 class BakedShape(Rule):
@@ -41,6 +43,8 @@ class BakedShape(Rule):
     """
 
     def check(self, view: StepView) -> Iterator[Finding]:
+        from capturelint.analyzer import iter_pairs
+
         for al, c, s in iter_pairs(view):
             for cu, su in zip(c.inputs, s.inputs):
                 if cu[2:6] == su[2:6]:  # shape, stride, offset, dtype

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Iterator
-
 import dataclasses
+from typing import TYPE_CHECKING, Iterator
 
-from capturelint.analyzer import RunLabel, StepView
 from capturelint.findings import Condition, Finding
 from capturelint.rules.base import Rule, where
-from capturelint.runtime.protocol import StaleInputEvent
-from capturelint.tracer import Stream
+
+if TYPE_CHECKING:
+    from capturelint.analyzer import RunLabel, StepView
+    from capturelint.runtime.protocol import StaleInputEvent
+    from capturelint.tracer import Stream
 
 
 class StaleInput(Rule):

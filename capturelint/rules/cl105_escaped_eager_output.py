@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from capturelint.analyzer import StepView
 from capturelint.findings import Condition, Finding
 from capturelint.rules.base import Rule, where
+
+if TYPE_CHECKING:
+    from capturelint.analyzer import StepView
 
 
 class EscapedEagerOutput(Rule):

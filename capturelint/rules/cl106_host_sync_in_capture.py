@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from capturelint.analyzer import RunLabel, RunOutcome
 from capturelint.findings import Condition, Finding, Frame
 from capturelint.rules.base import Rule
 from capturelint.runtime.protocol import SegmentKind, is_host_sync_op
-from capturelint.tracer import Stream
+
+if TYPE_CHECKING:
+    from capturelint.analyzer import RunLabel, RunOutcome
+    from capturelint.tracer import Stream
 
 
 class HostSyncInCapture(Rule):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from capturelint.analyzer import StepView, location_problem
-from capturelint.runtime.protocol import SegmentKind
 from capturelint.findings import Condition, Finding
 from capturelint.rules.base import Rule, where
+from capturelint.runtime.protocol import SegmentKind
+
+if TYPE_CHECKING:
+    from capturelint.analyzer import StepView
 
 
 class StaleBreakArgument(Rule):
@@ -70,6 +72,8 @@ class StaleBreakArgument(Rule):
             if ca.scalar != sa.scalar:
                 return f"argument {ca.path}", f"{sa.scalar} (captured {ca.scalar})"
             return None
+        from capturelint.analyzer import location_problem
+
         cu, su = ca.tensor, sa.tensor
         if cu.geometry != su.geometry:
             name = _name(view, su, sa.path)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from capturelint.analyzer import RunLabel, RunOutcome
-from capturelint.findings import Condition, Finding
+from capturelint.findings import DIVERGENCE_TOLERANCE, Condition, Finding
 from capturelint.rules.base import Rule
 
-STEP_TOLERANCE = 1e-4
+if TYPE_CHECKING:
+    from capturelint.analyzer import RunLabel, RunOutcome
+
+STEP_TOLERANCE = DIVERGENCE_TOLERANCE
 
 
 class UnexplainedDivergence(Rule):

@@ -4,7 +4,8 @@ A capture runtime (capturelint's breakable runtime, vLLM's, a plain
 ``torch.cuda.CUDAGraph`` program under the emulated primitive) announces what it does
 to **observers**; the tracer is one. This module is the vocabulary of those
 announcements and nothing else: it imports only torch, and no checker module imports a
-runtime, only this.
+runtime, only this. It imports torch when a function needs it, not when it is imported,
+so that reading rule docs and settings (``capturelint rules``) stays free of torch.
 
 **Segments and phases.** A capture is a sequence of *segments*: ``CAPTURED`` segments
 are recorded and replayed verbatim; ``EAGER`` segments (eager breaks) re-run their
@@ -44,10 +45,10 @@ import enum
 import os
 import sys
 import threading
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-import torch
-from torch.utils._pytree import tree_flatten
+if TYPE_CHECKING:
+    import torch
 
 
 class SegmentKind(enum.Enum):
@@ -336,6 +337,8 @@ def host_sync_reason(func: Any, args: tuple, kwargs: dict) -> str | None:
     name = func._schema.name
     if name in HOST_SYNC_OPS:
         return str(func)
+    if name in _MASK_INDEX_OPS or name in ("aten::_to_copy", "aten::copy_"):
+        import torch
     if name in _MASK_INDEX_OPS:
         indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
         for t in indices or ():
@@ -370,6 +373,8 @@ _display_cache: dict[str, str] = {}
 def _skip_dirs() -> tuple[str, ...]:
     global _skip_prefixes
     if not _skip_prefixes:
+        import torch
+
         torch_dir = os.path.dirname(torch.__file__)
         runtime_dir = os.path.dirname(os.path.abspath(__file__))
         _skip_prefixes = (torch_dir + os.sep, os.path.dirname(os.__file__) + os.sep, runtime_dir + os.sep)
@@ -436,4 +441,7 @@ def traceback_frame(e: BaseException) -> Frame:
 
 def flatten_tensors(obj: Any) -> Iterable[torch.Tensor]:
     """The tensors of a (possibly nested) output, in order."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
     return (t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor))
