@@ -24,9 +24,11 @@ found means every setting is unset. Printed form::
 **Precedence.** Command-line flags over settings over built-in defaults, one value at a
 time: ``merge(cli_value, setting_value, default)``.
 
-**Errors.** An unknown key, a value of the wrong type or outside its choices, and
-malformed TOML are configuration errors: ``CapturelintError`` with one line naming the
-file, the key and what to write instead.
+**Errors.** An unknown key, a value of the wrong type or outside its choices or bounds
+(``capturelint.limits``), an empty list, a rule code that matches no rule, a file that
+is not UTF-8 and malformed TOML are configuration errors: ``CapturelintError`` with one
+line naming the file, the key and what to write instead. (``ignore = []`` is allowed: it
+says that nothing is ignored.)
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from capturelint.errors import CapturelintError
+from capturelint.limits import count_problem, seed_problem
 
 PYPROJECT = "pyproject.toml"
 RUNNERS = ("v1", "v2")
@@ -155,6 +158,10 @@ def _read_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(fh)
     except tomllib.TOMLDecodeError as e:
         raise CapturelintError(f"{_shown(path)}: malformed TOML: {e}; fix the file") from None
+    except UnicodeDecodeError as e:
+        raise CapturelintError(
+            f"{_shown(path)}: not UTF-8 text (byte {e.start} is invalid); TOML files are UTF-8: save it as UTF-8"
+        ) from None
     except OSError as e:
         raise CapturelintError(f"{_shown(path)}: cannot read: {e.strerror or e}") from None
 
@@ -210,6 +217,12 @@ class _Reader:
             raise self.fail(key, what, value, f'"{choices[0]}"')
         return normalise(value)
 
+    def empty(self, key: str, what: str) -> CapturelintError:
+        return CapturelintError(
+            f"{_shown(self.file)}: [tool.capturelint] {key} is an empty list; list at least one {what}, "
+            f"or remove the key for the default"
+        )
+
     def choices(self, key: str, choices: tuple[str, ...], normalise: Callable[[str], str] = str) -> tuple[str, ...] | None:
         value = self.table.get(key)
         if value is None:
@@ -218,6 +231,8 @@ class _Reader:
         example = f'["{choices[0]}"]'
         if not isinstance(value, list):
             raise self.fail(key, what, value, example)
+        if not value:
+            raise self.empty(key, key.rstrip("s"))
         for item in value:
             if not isinstance(item, str):
                 raise self.fail(key, what, value, example)
@@ -228,28 +243,46 @@ class _Reader:
                 )
         return tuple(normalise(item) for item in value)
 
-    def codes(self, key: str) -> tuple[str, ...] | None:
+    def codes(self, key: str, allow_empty: bool = False) -> tuple[str, ...] | None:
+        from capturelint.rules import BY_CODE  # the registry reads without torch
+
         value = self.table.get(key)
         if value is None:
             return None
         example = '["CL101"]'
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise self.fail(key, "a list of rule codes", value, example)
+        if not value and not allow_empty:
+            raise self.empty(key, "rule code")
         for item in value:
             if not RULE_CODE.match(item.upper()):
                 raise CapturelintError(
                     f"{_shown(self.file)}: [tool.capturelint] {key} has {item!r}, not a rule code; "
                     f'use codes like "CL101" or prefixes like "CL1" (capturelint rules lists them)'
                 )
+            if not any(code.startswith(item.upper()) for code in BY_CODE):
+                raise CapturelintError(
+                    f"{_shown(self.file)}: [tool.capturelint] {key} has {item!r}, which matches no rule code; "
+                    f"use one of {', '.join(BY_CODE)} or a prefix of them (capturelint rules lists them)"
+                )
         return tuple(item.upper() for item in value)
 
-    def integer(self, key: str, minimum: int | None) -> int | None:
+    def count(self, key: str) -> int | None:
         value = self.table.get(key)
         if value is None:
             return None
-        what = "an integer" if minimum is None else f"an integer >= {minimum}"
-        if isinstance(value, bool) or not isinstance(value, int) or (minimum is not None and value < minimum):
-            raise self.fail(key, what, value, str(max(minimum or 0, 1)))
+        problem = count_problem(key, value)
+        if problem is not None:
+            raise self.fail(key, problem.removeprefix("must be "), value, "4")
+        return value
+
+    def seed(self, key: str) -> int | None:
+        value = self.table.get(key)
+        if value is None:
+            return None
+        problem = seed_problem(value)
+        if problem is not None:
+            raise self.fail(key, problem.removeprefix("must be "), value, "0")
         return value
 
     def percent(self, key: str) -> float | None:
@@ -301,12 +334,12 @@ def _settings(path: Path, table: dict[str, Any]) -> Settings:
         modes=r.choices("modes", MODES, str.upper),
         eager_region=r.choice("eager-region", EAGER_REGIONS, str.lower),
         select=r.codes("select"),
-        ignore=r.codes("ignore"),
+        ignore=r.codes("ignore", allow_empty=True),
         baseline=r.path("baseline"),
         max_eager_growth=r.percent("max-eager-growth"),
-        layers=r.integer("layers", 1),
-        steps=r.integer("steps", 1),
-        seed=r.integer("seed", None),
+        layers=r.count("layers"),
+        steps=r.count("steps"),
+        seed=r.seed("seed"),
         kernels=r.choice("kernels", KERNELS, str.lower),
         break_outputs=r.choice("break-outputs", BREAK_OUTPUTS, str.lower),
         format=r.choice("format", FORMATS, str.lower),

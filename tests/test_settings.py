@@ -122,9 +122,18 @@ def test_unknown_key(tmp_path):
         ('max-eager-growth = -1', "max-eager-growth must be a percentage (a number >= 0), got a number (-1)"),
         ('max-eager-growth = "10%"', "max-eager-growth must be a percentage (a number >= 0), got a string ('10%'); write for example max-eager-growth = 10"),
         ('max-eager-growth = nan', "max-eager-growth must be a percentage"),
-        ('layers = 0', "layers must be an integer >= 1, got a number (0)"),
-        ('steps = true', "steps must be an integer >= 1, got a boolean (true)"),
-        ('seed = 1.5', "seed must be an integer, got a number (1.5)"),
+        ('layers = 0', "layers must be an integer from 1 to 256, got a number (0)"),
+        ('layers = 100000', "layers must be an integer from 1 to 256, got a number (100000)"),
+        ('steps = true', "steps must be an integer from 1 to 4096, got a boolean (true)"),
+        ('steps = 1000000000', "steps must be an integer from 1 to 4096, got a number (1000000000)"),
+        ('seed = 1.5', "seed must be an integer from 0 to 18446744073709551615 (64 bits), got a number (1.5)"),
+        ('seed = 18446744073709551616', "seed must be an integer from 0 to 18446744073709551615 (64 bits), got a number"),
+        ('seed = -1', "seed must be an integer from 0 to 18446744073709551615 (64 bits), got a number (-1)"),
+        ('select = ["CL999"]', "select has 'CL999', which matches no rule code; use one of CL101, CL102"),
+        ('ignore = ["CL8"]', "ignore has 'CL8', which matches no rule code"),
+        ('select = []', "select is an empty list; list at least one rule code, or remove the key for the default"),
+        ('runners = []', "runners is an empty list; list at least one runner, or remove the key for the default"),
+        ('modes = []', "modes is an empty list; list at least one mode, or remove the key for the default"),
         ('kernels = "cuda"', 'kernels must be one of "torch", "triton"'),
         ('break-outputs = "keep"', 'break-outputs must be one of "copy", "discard"'),
         ('format = ["json"]', 'format must be one of "rich", "json", "sarif", "github", got a list'),
@@ -137,6 +146,19 @@ def test_wrong_type_or_value(tmp_path, line, expected):
     message = str(info.value)
     assert "\n" not in message
     assert "[tool.capturelint] " + expected in message
+
+
+def test_ignore_may_be_an_empty_list(tmp_path):
+    assert read_settings(write(tmp_path, "[tool.capturelint]\nignore = []\n")).ignore == ()
+
+
+def test_a_file_that_is_not_utf8_is_one_line_naming_it(tmp_path, monkeypatch):
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "pyproject.toml").write_bytes(b'[tool.capturelint]\nsteps = 2 # caf\xe9\n')
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CapturelintError) as info:
+        load_settings()
+    assert str(info.value) == "pyproject.toml: not UTF-8 text (byte 34 is invalid); TOML files are UTF-8: save it as UTF-8"
 
 
 def test_table_of_wrong_type(tmp_path):

@@ -13,6 +13,7 @@ import json
 import click
 
 from capturelint.engine.config import EagerRegion, EngineConfig, Kernels, Platform, Runner
+from capturelint.errors import CapturelintError
 from capturelint.runtime.breakable import GraphBackend
 from capturelint.runtime.forward_context import CUDAGraphMode
 from capturelint.engine.llm import EQUAL_LOGIT_TOLERANCE, TwinReport, run_with_eager_twin
@@ -92,7 +93,13 @@ def run_command(
     )
     if capture_sizes is not None:
         options["capture_sizes"] = capture_sizes
-    report = run_with_eager_twin(EngineConfig(**options))
+    config = EngineConfig(**options)
+    if fresh_metadata and config.resolved_runner is not Runner.V1:
+        raise CapturelintError(
+            f"--fresh-metadata changes Model Runner V1's metadata builders, and this run uses runner "
+            f"{config.resolved_runner}; add --runner v1, or drop --fresh-metadata"
+        )
+    report = run_with_eager_twin(config)
     if as_json:
         click.echo(json.dumps(report.to_dict(), sort_keys=True))
     else:

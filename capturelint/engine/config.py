@@ -35,6 +35,7 @@ from typing import Any, Mapping
 from capturelint.runtime.breakable import GraphBackend
 from capturelint.runtime.forward_context import CUDAGraphMode
 from capturelint.errors import CapturelintError
+from capturelint.limits import MAX_LAYERS, MAX_STEPS, seed_problem
 
 DEEPSEEK_V4 = "DeepseekV4ForCausalLM"
 SUPPORTED_ARCHITECTURES = (DEEPSEEK_V4,)
@@ -365,6 +366,12 @@ class EngineConfig:
         for what, value in positive:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise CapturelintError(f"{what} must be a positive integer, got {value!r}; pass a value >= 1")
+        for what, value, maximum in (("layers", self.num_layers, MAX_LAYERS), ("steps", self.steps, MAX_STEPS)):
+            if value > maximum:
+                raise CapturelintError(f"{what} must be at most {maximum}, got {value}; pass a smaller value")
+        problem = seed_problem(self.seed)
+        if problem is not None:
+            raise CapturelintError(f"seed {problem}, got {self.seed!r}; pass a smaller seed")
         if self.max_prompt_len > self.max_num_batched_tokens:
             raise CapturelintError(
                 f"max_prompt_len {self.max_prompt_len} exceeds the step token budget "

@@ -83,7 +83,7 @@ def attention_kernels(kernels: Kernels, device: torch.device | str) -> tuple[Cal
         try:
             import capturelint.engine.dsv4.triton_kernels  # noqa: F401  (registers the ops)
         except ImportError as e:
-            raise CapturelintError(f"kernels triton need Triton ({e}); install triton or use --kernels torch") from None
+            raise _triton_missing(e) from None
         return torch.ops.dsv4.fused_qnorm_rope_kv_insert_triton, torch.ops.dsv4.sparse_attention_triton
     return torch.ops.dsv4.fused_qnorm_rope_kv_insert, torch.ops.dsv4.sparse_attention
 
@@ -349,3 +349,15 @@ class DeepseekV4Attention(nn.Module):
             self.block_size,
             self.scale,
         )
+
+
+def _triton_missing(e: ImportError) -> CapturelintError:
+    """The error for ``--kernels triton`` when Triton, or a package it needs, is missing
+    (numpy, which its CPU interpreter imports)."""
+    missing = getattr(e, "name", None) or ""
+    if missing and missing.split(".")[0] not in ("triton", "capturelint"):
+        return CapturelintError(
+            f"kernels triton: Triton needs the package {missing!r}, which is missing ({e}); install it "
+            f"(pip install {missing.split('.')[0]}) or use --kernels torch"
+        )
+    return CapturelintError(f"kernels triton need Triton ({e}); install triton or use --kernels torch")

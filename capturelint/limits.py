@@ -1,0 +1,41 @@
+"""The bounds of what the command line and ``[tool.capturelint]`` accept.
+
+A value outside them is refused with a one-line error before anything runs, rather
+than found out as an allocation failure or an overflow deep inside torch:
+
+- **seeds** are unsigned 64-bit integers, what ``torch.Generator.manual_seed`` takes;
+- **layers** and **steps** of the bundled engine are at most ``MAX_LAYERS`` and
+  ``MAX_STEPS`` (DeepSeek V4 has 61 layers; the default workload runs 24 steps);
+- a **baseline** (snapshot) file is at most ``MAX_SNAPSHOT_BYTES``: larger files are
+  refused before they are read (a snapshot of every runner and mode of a 61-layer engine
+  is a few MiB).
+
+No import here needs torch: settings and argument validation use these.
+"""
+
+from __future__ import annotations
+
+SEED_MAX = 2**64 - 1
+MAX_LAYERS = 256
+MAX_STEPS = 4096
+MAX_SNAPSHOT_BYTES = 64 * 2**20
+
+_COUNT_MAX = {"layers": MAX_LAYERS, "steps": MAX_STEPS}
+
+
+def count_problem(key: str, value: object) -> str | None:
+    """Why ``value`` is not a valid ``layers`` or ``steps`` count, or ``None``."""
+    maximum = _COUNT_MAX[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+        return f"must be an integer from 1 to {maximum}"
+    return None
+
+
+def seed_problem(value: object) -> str | None:
+    """Why ``value`` is not a valid seed, or ``None``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:
+        return f"must be an integer from 0 to {SEED_MAX} (64 bits)"
+    return None
+
+
+__all__ = ["MAX_LAYERS", "MAX_SNAPSHOT_BYTES", "MAX_STEPS", "SEED_MAX", "count_problem", "seed_problem"]
