@@ -1,8 +1,14 @@
-"""The check report: records, and their Rich and JSON renderings.
+"""The check report: the records every output format renders, and their JSON form.
 
 JSON is byte-deterministic for a given command: sorted keys, no addresses, no
-timestamps, floats rounded. The Rich form carries the same content grouped by runner
-and mode and ends with a one-line summary.
+timestamps, floats rounded. The other formats are reporters
+(``capturelint.reporters``): the Rich form (``capturelint.render.report``) carries the
+same content grouped by runner and mode and ends with the one-line summary.
+
+**The summary tells the truth.** "replay matches eager execution" is said only when no
+finding was reported and every configuration's numerical oracle agrees; with the rules
+that would report a divergence deselected, the summary says that replay differs and
+where, even though the exit status (what the user asked for) stays 0.
 """
 
 from __future__ import annotations
@@ -11,16 +17,14 @@ import dataclasses
 import json
 from typing import Any
 
-from rich.console import Console, Group
-from rich.panel import Panel
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING
 
 from capturelint import __version__
-from capturelint.runtime.protocol import SegmentKind
 from capturelint.findings import Finding, Numerical
 from capturelint.regions import GraphMap
-from capturelint.tracer import Stream
+
+if TYPE_CHECKING:
+    from capturelint.tracer import Stream
 
 JSON_VERSION = 1
 
@@ -37,6 +41,23 @@ class ConfigReport:
     graphs: list[GraphMap]
     captures: list[Stream] = dataclasses.field(default_factory=list, repr=False)
     note: str | None = None
+    eager_region_option: str | None = None  # what was asked (per-runner), when not the region in effect
+
+    @property
+    def label(self) -> str:
+        return f"{self.runner}/{self.mode}"
+
+    @property
+    def region_title(self) -> str:
+        """``narrow``, or ``per-runner (wide under v1)`` when asked per runner."""
+        option = self.eager_region_option
+        if option and option != self.eager_region:
+            return f"{option} ({self.eager_region} under {self.runner})"
+        return self.eager_region
+
+    @property
+    def diverged(self) -> bool:
+        return self.numerical is not None and self.numerical.diverged
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,6 +86,11 @@ class Report:
     def failed(self) -> bool:
         return bool(self.findings) or bool(self.region_changes is not None and self.region_changes.failed)
 
+    @property
+    def diverged(self) -> list[ConfigReport]:
+        """Configurations whose replay computed something else than eager execution."""
+        return [c for c in self.configs if c.diverged]
+
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
             "tool": "capturelint",
@@ -83,12 +109,24 @@ class Report:
         by_code: dict[str, int] = {}
         for f in self.findings:
             by_code[f.code] = by_code.get(f.code, 0) + 1
-        return {"findings": len(self.findings), "by_code": dict(sorted(by_code.items())), "configurations": len(self.configs)}
+        return {
+            "findings": len(self.findings),
+            "by_code": dict(sorted(by_code.items())),
+            "configurations": len(self.configs),
+            "diverged": [c.label for c in self.diverged],
+        }
 
     def summary_line(self) -> str:
         n = len(self.findings)
         configs = len(self.configs)
-        if n == 0:
+        diverged = self.diverged
+        if n == 0 and diverged:
+            where = _cut([f"{c.label} ({c.numerical.describe()})" for c in diverged if c.numerical is not None])
+            line = (
+                f"no findings in {configs} configuration{'s' * (configs != 1)}, but replay DIFFERS from eager "
+                f"execution in {where}: the rules that report it are not selected (see --select and --ignore)"
+            )
+        elif n == 0:
             line = f"no findings in {configs} configuration{'s' * (configs != 1)}: replay matches eager execution"
         else:
             codes = ", ".join(f"{k} x{v}" for k, v in self.summary_json()["by_code"].items())
@@ -106,93 +144,12 @@ def render_json(report: Report) -> str:
     return dumps_json(report.to_json())
 
 
+def _cut(items: list[str], limit: int = 5) -> str:
+    return ", ".join(items[:limit]) + (f" ... and {len(items) - limit} more" if len(items) > limit else "")
+
+
 def _graph_order(g: GraphMap) -> tuple:
     kind, _, size = g.graph.partition("/")
     return (g.runtime_mode, kind, int(size) if size.isdigit() else 0, g.graph)
 
 
-def _segments_cell(g: GraphMap) -> Text:
-    t = Text()
-    for i, s in enumerate(g.segments):
-        if i:
-            t.append(" | ", style="dim")
-        if s.kind is SegmentKind.EAGER:
-            t.append(f"E {s.name.rsplit('.', 1)[-1] if s.name else ''}:{s.op_count}", style="yellow")
-        else:
-            t.append(f"C:{s.op_count}", style="cyan")
-    return t
-
-
-def render_rich(report: Report, console: Console, verbose: bool = False) -> None:
-    """Findings grouped by runner and mode, graph segments with op counts, a summary."""
-    for cfg in report.configs:
-        title = f"runner {cfg.runner} · mode {cfg.mode} · eager region {cfg.eager_region}"
-        parts: list[Any] = []
-        if cfg.numerical is not None:
-            n = cfg.numerical
-            if n.token_agreement is not None:
-                tokens = f"token agreement {n.token_agreement:.2f} with the eager twin"
-            elif n.max_logit_error is not None:
-                tokens = f"max error {n.max_logit_error:.3g} against the eager twin"
-            else:
-                tokens = "no eager twin"
-            ok = n.token_agreement in (None, 1.0) and n.max_step_error <= 1e-4
-            parts.append(
-                Text(
-                    f"numerical: {tokens}, max replay-vs-eager step error {n.max_step_error:.3g} over "
-                    f"{n.replay_steps} replay steps",
-                    style="green" if ok else "red",
-                )
-            )
-        if cfg.note:
-            parts.append(Text(cfg.note, style="yellow"))
-        if cfg.graphs:
-            table = Table(box=None, pad_edge=False, show_header=True, header_style="bold")
-            table.add_column("graphs")
-            table.add_column("mode")
-            table.add_column("captured ops", justify="right")
-            table.add_column("eager ops", justify="right")
-            table.add_column("segments (C captured, E eager break: ops)")
-            # Graphs of one mode usually share their segment structure (only the padded
-            # size differs): one row per structure, listing the graphs.
-            groups: dict[tuple, list[GraphMap]] = {}
-            for g in sorted(cfg.graphs, key=_graph_order):
-                groups.setdefault((g.runtime_mode, g.segments), []).append(g)
-            rows = list(groups.values())
-            shown = rows if verbose else rows[:5]
-            for members in shown:
-                g = members[0]
-                names = ", ".join(m.graph for m in members)
-                table.add_row(names, g.runtime_mode, str(g.captured_ops), str(g.eager_ops), _segments_cell(g))
-            if len(rows) > len(shown):
-                table.add_row(f"... and {len(rows) - len(shown)} more", "", "", "", "")
-            parts.append(table)
-        for f in cfg.findings:
-            parts.append(render_finding(f))
-        if not cfg.findings:
-            parts.append(Text("no findings", style="green"))
-        console.print(Panel(Group(*parts), title=title, title_align="left", border_style="red" if cfg.findings else "green"))
-    if report.region_changes is not None:  # the gate's panel
-        from capturelint.render.changes import region_changes_panel
-
-        console.print(region_changes_panel(report.region_changes))
-    console.print(Text(report.summary_line(), style="bold red" if report.failed else "bold green"))
-
-
-def render_finding(f: Finding) -> Text:
-    t = Text()
-    t.append(f"{f.code} ", style="bold red")
-    t.append(f"{f.name} ", style="red")
-    t.append(f"[{f.condition}] ", style="dim")
-    t.append(f"{f.scope} · {f.op}" + (f" · {f.tensor}" if f.tensor else ""), style="bold")
-    t.append(f"\n  segment {f.segment} ({f.runtime_mode})" if f.segment else "")
-    if f.capture_frame:
-        t.append(f"\n  capture: {f.capture_frame}")
-    if f.shadow_frame:
-        t.append(f"\n  step:    {f.shadow_frame}")
-    if f.allocation_frame:
-        t.append(f"\n  re-allocated at: {f.allocation_frame}")
-    if f.steps:
-        t.append(f"\n  seen at replay steps {', '.join(map(str, f.steps))}" + (f" ({f.occurrences} times)" if f.occurrences > 1 else ""), style="dim")
-    t.append(f"\n  {f.message}\n")
-    return t

@@ -50,54 +50,39 @@ graphs, each graph counted once. FULL graphs have no eager segments, so they cou
 configuration that captures no graph has 0. It measures the Python and launch work a
 replay does outside the graph, independent of how many graphs are captured.
 
-**Comparing.** Configurations pair up by runner and mode (``check --baseline``,
-``diff OLD NEW``), or by position when two plans that differ in one option are
-compared (``diff --against-...``). Within a pair, graphs pair up by batch descriptor and
-runtime mode. For each pair of graphs and each ``(scope, op)``, ops *moved* to eager are
-those whose eager count rose while their captured count fell by at least as much (and
-the converse for moved to captured). Segments are matched in order on ``(kind, break
-name)``; unmatched ones are *added* or *removed*. The *growth* of a configuration is
-the relative change of its eager ops per step, in percent; from 0 to more than 0 it is
-unbounded (``growth_pct: null``). ``RegionChanges.failed`` is true when the growth of any
-configuration present on both sides exceeds the budget; configurations new in the run
-are listed, never failed.
+**What lives where.** This module is the file format: the records, their JSON, the
+loader that validates a file and the writer. Comparing two maps is
+``capturelint.region_changes``; the gate (a run against its baseline) and accepting a
+change (``snapshot --update``) are ``capturelint.baseline``; recording a map from the
+bundled engine is ``capturelint.adapters.bundled.record_regions``.
 
-**The invariant users keep.** A baseline is only as good as its last review: when a
-region change is intended, accept it with ``capturelint snapshot --update FILE`` and
-commit the file with the change that caused it.
+**Reading is bounded.** A file larger than ``capturelint.limits.MAX_SNAPSHOT_BYTES``
+(64 MiB) is refused before it is read; a device or pipe (``/dev/zero``) is read no
+further than that bound, then refused.
+Writing is atomic (``capturelint.output.write_file``): a snapshot on disk is whole.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import enum
 import json
 import math
+import os
 import re
-from collections import Counter, defaultdict
+import stat
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
-from capturelint.runtime.protocol import SegmentKind
 from capturelint.errors import CapturelintError
-from capturelint.report import ConfigReport, Report, dumps_json
+from capturelint.limits import MAX_SNAPSHOT_BYTES
+from capturelint.output import write_file
 from capturelint.regions import GraphMap, SegmentMap
+from capturelint.report import ConfigReport, Report, dumps_json
+from capturelint.runtime.protocol import SegmentKind
 from capturelint.settings import MODES
-from capturelint.region_changes import (  # noqa: F401  (re-exported: the gate's comparison model)
-    LIST_CUT,
-    ConfigChange,
-    Direction,
-    MovedOp,
-    RegionChanges,
-    SegmentChange,
-    _num,
-    cut,
-)
 
 FORMAT_MARKER = "capturelint-snapshot"
 SNAPSHOT_VERSION = 1
-
 
 
 # ------------------------------------------------------------------------ records
@@ -182,33 +167,32 @@ class RegionMap:
 
 # ---------------------------------------------------------------- from a recording
 
-def _natural(text: str) -> tuple:
+def natural(text: str) -> tuple:
+    """A sort key that orders ``decode/8`` before ``decode/16``."""
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
 
 
 MODE_ORDER = tuple(m for m in MODES if m != "NONE")  # the order configurations are listed in
 
 
-def _mode_order(mode: str) -> tuple[int, str]:
+def mode_order(mode: str) -> tuple[int, str]:
     return (MODE_ORDER.index(mode) if mode in MODE_ORDER else len(MODE_ORDER), mode)
 
 
 def config_map(cfg: ConfigReport) -> ConfigMap:
-    graphs = sorted(cfg.graphs, key=lambda g: (g.runtime_mode, _natural(g.graph)))
+    graphs = sorted(cfg.graphs, key=lambda g: (g.runtime_mode, natural(g.graph)))
     return ConfigMap(cfg.runner, cfg.mode, cfg.eager_region, tuple(graphs))
 
 
 def region_map(report: Report, plan: Any) -> RegionMap:
     """The region map of a run (its configurations' captures)."""
-    configs = sorted((config_map(c) for c in report.configs), key=lambda c: (c.runner, _mode_order(c.mode)))
+    configs = sorted((config_map(c) for c in report.configs), key=lambda c: (c.runner, mode_order(c.mode)))
     return RegionMap(EngineParams.of(plan), tuple(configs))
 
 
 def write_snapshot(rmap: RegionMap, path: str | Path) -> None:
-    try:
-        Path(path).write_text(rmap.dumps())
-    except OSError as e:
-        raise CapturelintError(f"cannot write snapshot {path}: {e.strerror}; choose a writable path") from None
+    """Write ``rmap`` to ``path`` atomically: the file is the whole snapshot or the old one."""
+    write_file(str(path), rmap.dumps())
 
 
 # ---------------------------------------------------------------------- loading
@@ -269,17 +253,7 @@ def load_snapshot(path: str | Path) -> RegionMap:
     marker or version, and any missing, ill-typed or inconsistent field.
     """
     path = str(path)
-    p = Path(path)
-    if not p.exists():
-        raise CapturelintError(f"snapshot {path} does not exist; create it with `capturelint snapshot -o {path}`")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except IsADirectoryError:
-        raise CapturelintError(f"snapshot {path} is a directory; pass the snapshot file's path") from None
-    except UnicodeDecodeError:
-        raise CapturelintError(f"snapshot {path} is not UTF-8 text; {_regenerate(path)}") from None
-    except OSError as e:
-        raise CapturelintError(f"cannot read snapshot {path}: {e.strerror}; check the path and its permissions") from None
+    text = read_snapshot_text(path)
     if not text.strip():
         raise CapturelintError(f"snapshot {path} is empty; {_regenerate(path)}")
     try:
@@ -295,6 +269,45 @@ def load_snapshot(path: str | Path) -> RegionMap:
     except RecursionError:
         raise CapturelintError(f"snapshot {path} is nested too deeply to be a snapshot; {_regenerate(path)}") from None
     return parse_snapshot(doc, path)
+
+
+def read_snapshot_text(path: str) -> str:
+    """The text of a snapshot file, read at most ``MAX_SNAPSHOT_BYTES`` (refused when
+    larger: by its size before reading, or, for a device or pipe, after that many bytes)."""
+    p = Path(path)
+    if not p.exists():
+        raise CapturelintError(f"snapshot {path} does not exist; create it with `capturelint snapshot -o {path}`")
+    if p.is_dir():
+        raise CapturelintError(f"snapshot {path} is a directory; pass the snapshot file's path")
+    too_big = (
+        f"snapshot {path} is larger than {MAX_SNAPSHOT_BYTES // 2**20} MiB, more than any snapshot capturelint writes; "
+        f"pass the snapshot file's path, or {_regenerate(path)}"
+    )
+    try:
+        info = os.stat(path)
+        if stat.S_ISREG(info.st_mode) and info.st_size > MAX_SNAPSHOT_BYTES:
+            raise CapturelintError(too_big)
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_SNAPSHOT_BYTES + 1)
+    except OSError as e:
+        raise CapturelintError(f"cannot read snapshot {path}: {e.strerror}; check the path and its permissions") from None
+    if len(data) > MAX_SNAPSHOT_BYTES:
+        raise CapturelintError(too_big)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CapturelintError(f"snapshot {path} is not UTF-8 text; {_regenerate(path)}") from None
+
+
+def looks_like_snapshot(path: str) -> bool:
+    """Whether the file at ``path`` says it is a capturelint snapshot: a JSON object with
+    the format marker, whatever its version or the validity of its fields. What
+    ``snapshot --update`` may replace (besides an empty file)."""
+    try:
+        doc = json.loads(read_snapshot_text(path), parse_constant=_reject_constant)
+    except (CapturelintError, ValueError, RecursionError):
+        return False
+    return isinstance(doc, dict) and doc.get("format") == FORMAT_MARKER
 
 
 def _reject_constant(name: str) -> Any:
@@ -389,232 +402,8 @@ def parse_snapshot(doc: Any, path: str) -> RegionMap:
     return RegionMap(engine, tuple(configs))
 
 
-# ------------------------------------------------------------------- comparison
-
-@dataclasses.dataclass(frozen=True)
-class GraphDiff:
-    """The changes between two graphs with the same descriptor and runtime mode:
-    ``moved`` ``(scope, op, direction) -> count``; indices of the segments of ``old``
-    that were removed and of ``new`` that were added."""
-
-    moved: dict[tuple[str, str, Direction], int]
-    removed: tuple[int, ...]
-    added: tuple[int, ...]
-
-
-def graph_diff(old: GraphMap, new: GraphMap) -> GraphDiff:
-    a, b = old.op_counts(), new.op_counts()
-    moved: dict[tuple[str, str, Direction], int] = {}
-    for key in sorted(set(a) | set(b)):
-        c0, e0 = a.get(key, (0, 0))
-        c1, e1 = b.get(key, (0, 0))
-        to_eager = min(max(e1 - e0, 0), max(c0 - c1, 0))
-        to_captured = min(max(c1 - c0, 0), max(e0 - e1, 0))
-        if to_eager:
-            moved[(key[0], key[1], Direction.TO_EAGER)] = to_eager
-        if to_captured:
-            moved[(key[0], key[1], Direction.TO_CAPTURED)] = to_captured
-    ka = [s.key for s in old.segments]
-    kb = [s.key for s in new.segments]
-    removed: list[int] = []
-    added: list[int] = []
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, ka, kb, autojunk=False).get_opcodes():
-        if tag in ("delete", "replace"):
-            removed.extend(range(i1, i2))
-        if tag in ("insert", "replace"):
-            added.extend(range(j1, j2))
-    return GraphDiff(moved, tuple(removed), tuple(added))
-
-
-def _segment_changes(counts: dict[tuple[str, str | None], list[int]]) -> tuple[SegmentChange, ...]:
-    return tuple(
-        SegmentChange(SegmentKind(kind), name, n, g)
-        for (kind, name), (n, g) in sorted(counts.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))
-    )
-
-
-def compare_configs(old: ConfigMap, new: ConfigMap, max_growth_pct: float | None) -> ConfigChange:
-    """The changes from ``old`` to ``new``, graphs paired by descriptor and runtime mode."""
-    old_graphs = {g.key: g for g in old.graphs}
-    new_graphs = {g.key: g for g in new.graphs}
-    moved: dict[tuple[str, str, Direction], list[int]] = defaultdict(lambda: [0, 0])
-    added: dict[tuple[str, str | None], list[int]] = defaultdict(lambda: [0, 0])
-    removed: dict[tuple[str, str | None], list[int]] = defaultdict(lambda: [0, 0])
-    for key in sorted(set(old_graphs) & set(new_graphs), key=lambda k: (k[1], _natural(k[0]))):
-        gd = graph_diff(old_graphs[key], new_graphs[key])
-        a = Counter(new_graphs[key].segments[i].key for i in gd.added)
-        r = Counter(old_graphs[key].segments[i].key for i in gd.removed)
-        for k, n in gd.moved.items():
-            moved[k][0] += n
-            moved[k][1] += 1
-        for target, counter in ((added, a), (removed, r)):
-            for k, n in counter.items():
-                target[k][0] += n
-                target[k][1] += 1
-    moved_ops = tuple(
-        MovedOp(scope, op, d, n, g)
-        for (scope, op, d), (n, g) in sorted(moved.items(), key=lambda kv: (kv[0][2].value, _natural(kv[0][0]), kv[0][1]))
-    )
-
-    def label(k: tuple[str, str]) -> str:
-        return f"{k[0]} ({k[1]})"
-
-    return ConfigChange(
-        before=old.label,
-        after=new.label,
-        region_before=old.eager_region,
-        region_after=new.eager_region,
-        eager_ops_before=old.eager_ops_per_step,
-        eager_ops_after=new.eager_ops_per_step,
-        moved=moved_ops,
-        segments_added=_segment_changes(added),
-        segments_removed=_segment_changes(removed),
-        graphs_added=tuple(label(k) for k in sorted(set(new_graphs) - set(old_graphs), key=lambda k: (k[1], _natural(k[0])))),
-        graphs_removed=tuple(label(k) for k in sorted(set(old_graphs) - set(new_graphs), key=lambda k: (k[1], _natural(k[0])))),
-        max_growth_pct=max_growth_pct,
-    )
-
-
-def _engine_notes(old: EngineParams, new: EngineParams) -> tuple[str, ...]:
-    notes = []
-    for fld in dataclasses.fields(EngineParams):
-        a, b = getattr(old, fld.name), getattr(new, fld.name)
-        if a != b:
-            notes.append(
-                f"the before side was recorded with {fld.name}={a} and the after side with {fld.name}={b}, so op "
-                f"counts may differ for that reason alone; record both with the same options"
-            )
-    return tuple(notes)
-
-
-def compare_maps(
-    old: RegionMap,
-    new: RegionMap,
-    max_growth_pct: float | None = None,
-    pairs: Iterable[tuple[ConfigMap, ConfigMap]] | None = None,
-    engine_notes: bool = True,
-) -> RegionChanges:
-    """Compare two region maps, configurations paired by runner and mode (or ``pairs``).
-
-    ``engine_notes``: note engine parameters that differ between the two sides (off when
-    the difference is the point, as in ``diff --against-fresh-metadata``)."""
-    if pairs is None:
-        old_keys = {c.key for c in old.configs}
-        new_keys = {c.key for c in new.configs}
-        paired = [(old.config(*c.key), c) for c in new.configs if c.key in old_keys]
-        new_only = tuple(c.label for c in new.configs if c.key not in old_keys)
-        missing = tuple(c.label for c in old.configs if c.key not in new_keys)
-    else:
-        paired = list(pairs)
-        new_only = missing = ()
-    changes = tuple(compare_configs(a, b, max_growth_pct) for a, b in paired)  # type: ignore[arg-type]
-    notes = _engine_notes(old.engine, new.engine) if engine_notes else ()
-    return RegionChanges(changes, new_only, missing, max_growth_pct, notes)
-
-
-def compare_report(snapshot: RegionMap, report: Report, plan: Any, max_growth_pct: float) -> RegionChanges:
-    """The gate of ``check --baseline``: the run's regions against the baseline's."""
-    return compare_maps(snapshot, region_map(report, plan), max_growth_pct)
-
-
-def pair_by_position(left: RegionMap, right: RegionMap) -> list[tuple[ConfigMap, ConfigMap]]:
-    """Pairs for two plans that differ in one option (``diff --against-...``)."""
-    if len(left.configs) != len(right.configs):
-        raise CapturelintError(
-            f"the two sides have {len(left.configs)} and {len(right.configs)} configurations, so they cannot be paired; "
-            "change one option at a time (e.g. --runner v1 --against-runner v2)"
-        )
-    return list(zip(left.configs, right.configs))
-
-
-# ------------------------------------------------------------- recording, update
-
-@dataclasses.dataclass(frozen=True)
-class SnapshotUpdate:
-    """What ``snapshot --update`` did: the map written, the changes against the old
-    file (``None`` when there was no readable old file), the configurations kept from
-    the old file because this run did not record them, and why the old file was
-    replaced without comparison (``None`` when it was read)."""
-
-    written: RegionMap
-    changes: RegionChanges | None
-    kept: tuple[str, ...]
-    unreadable: str | None
-    created: bool
-
-    def summary_line(self, path: str) -> str:
-        if self.created:
-            line = f"created {path}"
-        elif self.unreadable is not None:
-            line = f"replaced {path}, which could not be read ({self.unreadable})"
-        else:
-            line = f"updated {path}: " + (self.changes.summary_line() if self.changes else "regions unchanged")
-        if self.kept:
-            line += f"; kept from the old file (not run this time): {cut(list(self.kept))}"
-        return line
-
-
-def update_snapshot(path: str | Path, current: RegionMap) -> SnapshotUpdate:
-    """Rewrite the snapshot at ``path`` with ``current`` (accepting every change).
-
-    Configurations of the old file that this run did not record are kept when the old
-    file was recorded with the same engine parameters, so ``--runner v2`` updates v2
-    alone; with other parameters the file is replaced whole.
-    """
-    path = str(path)
-    old: RegionMap | None = None
-    unreadable: str | None = None
-    created = not Path(path).exists()
-    if not created:
-        try:
-            old = load_snapshot(path)
-        except CapturelintError as e:
-            unreadable = str(e).split("; ")[0].replace(f"snapshot {path} ", "")
-    kept: tuple[str, ...] = ()
-    merged = current
-    if old is not None and old.engine == current.engine:
-        run_keys = {c.key for c in current.configs}
-        extra = [c for c in old.configs if c.key not in run_keys]
-        if extra:
-            kept = tuple(c.label for c in extra)
-            configs = sorted(current.configs + tuple(extra), key=lambda c: (c.runner, _mode_order(c.mode)))
-            merged = RegionMap(current.engine, tuple(configs))
-    changes = compare_maps(old, merged) if old is not None else None
-    write_snapshot(merged, path)
-    return SnapshotUpdate(merged, changes, kept, unreadable, created)
-
-
-# ------------------------------------------------------------------------ diffs
-
-@dataclasses.dataclass(frozen=True)
-class RegionDiff:
-    """Two region recordings compared: what each side is, the paired configurations
-    (for drawing) and the changes."""
-
-    before: str
-    after: str
-    pairs: tuple[tuple[ConfigMap, ConfigMap], ...]
-    changes: RegionChanges
-
-    def to_json(self) -> dict[str, Any]:
-        return {"tool": "capturelint", "before": self.before, "after": self.after, "region_changes": self.changes.to_json()}
-
-
-def _pairs_by_key(before: RegionMap, after: RegionMap) -> tuple[tuple[ConfigMap, ConfigMap], ...]:
-    return tuple((b, c) for c in after.configs if (b := before.config(*c.key)) is not None)
-
-
-def diff_files(old_path: str, new_path: str) -> RegionDiff:
-    before, after = load_snapshot(old_path), load_snapshot(new_path)
-    return RegionDiff(old_path, new_path, _pairs_by_key(before, after), compare_maps(before, after))
-
-
-def diff_file_against_map(old_path: str, before: RegionMap, after: RegionMap) -> RegionDiff:
-    """A snapshot file (loaded as ``before``) against a fresh recording of the engine."""
-    return RegionDiff(old_path, "the current engine", _pairs_by_key(before, after), compare_maps(before, after))
-
-
-def diff_recordings(a: RegionMap, b: RegionMap, before: str, after: str) -> RegionDiff:
-    """Two recordings of plans that differ in one option, configurations paired in order."""
-    pairs = pair_by_position(a, b)
-    return RegionDiff(before, after, tuple(pairs), compare_maps(a, b, pairs=pairs, engine_notes=False))
+__all__ = [
+    "ConfigMap", "EngineParams", "FORMAT_MARKER", "GraphMap", "RegionMap", "SNAPSHOT_VERSION", "SegmentMap",
+    "config_map", "load_snapshot", "looks_like_snapshot", "mode_order", "natural", "parse_snapshot",
+    "read_snapshot_text", "region_map", "write_snapshot",
+]

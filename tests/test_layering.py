@@ -19,7 +19,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "capturelint"
 CHECKER = (
     "capturelint.tracer", "capturelint.analyzer", "capturelint.rules", "capturelint.graph", "capturelint.regions",
     "capturelint.report", "capturelint.formats", "capturelint.findings", "capturelint.harness", "capturelint.pipeline",
-    "capturelint.region_changes", "capturelint.render",
+    "capturelint.region_changes", "capturelint.render", "capturelint.snapshot", "capturelint.baseline",
+    "capturelint.reporters", "capturelint.output",
 )
 
 
@@ -108,3 +109,16 @@ def test_checker_modules_reach_a_runtime_only_through_the_protocol():
         allowed = {"capturelint.runtime.protocol", "capturelint.runtime", "capturelint.runtime.emulated"}
         extra = [m for m in runtime if m not in allowed]
         assert extra == [], f"{module} imports {extra}; the checker knows a runtime only through runtime.protocol"
+
+
+def test_nothing_imports_the_cli():
+    # exit statuses live in capturelint.errors; the CLI decides them, commands return them
+    importers = sorted(m for m in GRAPH.predecessors("capturelint.cli"))
+    assert importers == [], f"{importers} import capturelint.cli"
+
+
+def test_the_comparison_and_the_file_format_are_apart():
+    # snapshot.py is the file format; comparing is region_changes; the gate is baseline
+    assert not nx.has_path(GRAPH, "capturelint.snapshot", "capturelint.region_changes")
+    assert not nx.has_path(GRAPH, "capturelint.region_changes", "capturelint.baseline")
+    assert not any(_in(m, ("capturelint.render",)) for m in nx.descendants(GRAPH, "capturelint.report"))

@@ -244,7 +244,7 @@ def changes_dot(pairs, changes) -> str:
     """The DOT text of a region diff: for each pair of configurations and each runtime
     mode, the first graph both sides captured, before above after; scopes whose ops
     moved and segments added or removed are purple."""
-    from capturelint.snapshot import Direction, graph_diff
+    from capturelint.region_changes import Direction, graph_diff
 
     dot = _digraph(
         "capturelint_diff",

@@ -75,7 +75,8 @@ class GraphView:
 
 @dataclasses.dataclass(frozen=True)
 class ConfigView:
-    """One runner and mode: shown graphs, totals per step, findings not placed."""
+    """One runner and mode: shown graphs, totals per step, findings not placed.
+    ``eager_region`` is as titled: ``narrow``, or ``per-runner (wide under v1)``."""
 
     runner: str
     mode: str
@@ -172,7 +173,7 @@ def config_view(cfg: ConfigReport, all_graphs: bool = False) -> ConfigView:
     cmap = config_map(cfg)
     n = len(cmap.graphs)
     return ConfigView(
-        cfg.runner, cfg.mode, cfg.eager_region, tuple(views), n,
+        cfg.runner, cfg.mode, cfg.region_title, tuple(views), n,
         sum(g.eager_breaks for g in cmap.graphs) / n if n else 0.0,
         sum(g.captured_ops for g in cmap.graphs) / n if n else 0.0,
         cmap.eager_ops_per_step,

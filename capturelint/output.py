@@ -1,0 +1,196 @@
+"""Where command output goes: standard output, or a file replaced atomically.
+
+**Files are written whole or not at all.** ``write_file`` writes a temporary file in
+the target's folder, flushes it to disk, then ``os.replace``\\ s the target with it: a
+command killed mid-write, a full disk or a file-size limit leave the old file as it
+was (and no temporary file behind, except after SIGKILL). A target that exists but is
+not a regular file (``/dev/stdout``, ``/dev/null``, a named pipe) has no file to
+replace and is written directly. A symbolic link is followed: the file it names is
+replaced, the link stays. Every failure is a ``CapturelintError`` naming the path.
+
+**Files are written after the run**, once the report exists; ``check_output_path``
+refuses, before anything runs, a path that can never be written (a directory, a folder
+that does not exist), so a long run does not end in a lost report. ``-`` names standard
+output.
+
+**Standard output never crashes a command.** ``GuardedStdout`` (installed by
+``capturelint.cli.main``) turns a closed pipe (``capturelint check | head -1``) into
+silence, so the command still ends with the exit status its run had; a write error
+(``> /dev/full``) into one ``CapturelintError``; and a character the output encoding
+cannot represent (``PYTHONIOENCODING=ascii``) into ``?``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import stat
+import sys
+import tempfile
+from typing import Any, TextIO
+
+from rich.console import Console
+
+from capturelint.errors import CapturelintError
+
+STDOUT = "-"
+REPORT_WIDTH = 120  # the width of Rich output that does not go to a terminal
+
+
+def is_stdout(output: str | None) -> bool:
+    return output is None or output == STDOUT
+
+
+def check_output_path(output: str | None, option: str = "-o") -> None:
+    """Refuse, before a run, an output path that can never be written."""
+    if is_stdout(output):
+        return
+    assert output is not None
+    if not output:
+        raise CapturelintError(f"{option} needs a file name (or - for standard output)")
+    target = os.path.realpath(output)
+    if os.path.isdir(target) or output.endswith(("/", os.sep)):
+        raise CapturelintError(f"cannot write {output}: it is a directory; name a file with {option}")
+    folder = os.path.dirname(target)
+    if not os.path.isdir(folder):
+        what = "is not a folder" if os.path.exists(folder) else "does not exist"
+        raise CapturelintError(
+            f"cannot write {output}: the folder {os.path.dirname(output) or folder} {what}; create it or choose "
+            f"another path with {option}"
+        )
+
+
+def write_file(path: str, data: str | bytes) -> None:
+    """Write ``data`` (text is UTF-8) to ``path`` atomically (see the module docstring)."""
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    target = os.path.realpath(path)
+    try:
+        if os.path.exists(target) and not stat.S_ISREG(os.stat(target).st_mode):
+            if os.path.isdir(target):
+                raise IsADirectoryError(21, "Is a directory")
+            with open(target, "wb") as fh:
+                fh.write(payload)
+            return
+        _replace(target, payload)
+    except OSError as e:
+        raise CapturelintError(f"cannot write {path}: {e.strerror or e}; choose a writable path with -o") from None
+
+
+def _replace(target: str, payload: bytes) -> None:
+    try:
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        mask = os.umask(0)
+        os.umask(mask)
+        mode = 0o666 & ~mask
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=f".{os.path.basename(target)}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:  # also KeyboardInterrupt: never leave a half file behind
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_stdout(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def stdout_console() -> Console:
+    # The same content with or without a terminal: no colour codes in pipes, a fixed
+    # width so line breaks do not depend on the terminal that ran it.
+    return Console(file=sys.stdout, width=None if sys.stdout.isatty() else REPORT_WIDTH)
+
+
+def stderr_console() -> Console:
+    return Console(file=sys.stderr)
+
+
+def file_console(buffer: io.StringIO) -> Console:
+    """A Console that renders into ``buffer`` for a file: fixed width, no colour."""
+    return Console(file=buffer, width=REPORT_WIDTH, force_terminal=False, color_system=None)
+
+
+class GuardedStdout(io.TextIOBase):
+    """Standard output that cannot crash a command (see the module docstring)."""
+
+    def __init__(self, stream: TextIO):
+        self.stream = stream
+        self.closed_by_reader = False
+        self.error: CapturelintError | None = None  # raised again by every later write and flush
+
+    # what Rich and click ask of a stream
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.stream, "encoding", None) or "utf-8"
+
+    def isatty(self) -> bool:
+        return not self.closed_by_reader and self.stream.isatty()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:  # type: ignore[override]
+        if self.error is not None:
+            raise self.error
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")  # as a text stream does
+        if self.closed_by_reader or not text:  # click probes streams with write("")
+            return len(text)
+        try:
+            try:
+                self.stream.write(text)
+            except UnicodeEncodeError:
+                self.stream.write(text.encode(self.encoding, "replace").decode(self.encoding, "replace"))
+        except BrokenPipeError:
+            self._silence()
+        except OSError as e:
+            self._fail(e)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.error is not None:
+            raise self.error
+        if self.closed_by_reader:
+            return
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self._silence()
+        except OSError as e:
+            self._fail(e)
+
+    def _silence(self) -> None:
+        """The reader is gone: drop the rest, and point file descriptor 1 at /dev/null
+        so that the interpreter's last flush at exit does not fail again."""
+        self.closed_by_reader = True
+        with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())
+            os.close(devnull)
+
+    def _fail(self, e: OSError) -> None:
+        self._silence()
+        self.error = CapturelintError(
+            f"cannot write to standard output: {e.strerror or e}; free the device or write to a file with -o"
+        )
+        raise self.error from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+__all__ = [
+    "GuardedStdout", "STDOUT", "check_output_path", "file_console", "is_stdout", "stderr_console", "stdout_console",
+    "write_file", "write_stdout",
+]

@@ -1,0 +1,122 @@
+"""The Rich form of the check report: a panel per runner and mode, then the summary.
+
+Printed form (abridged)::
+
+    ╭─ runner v1 · mode PIECEWISE · eager region narrow ─────────────────────────╮
+    │ numerical: token agreement 0.18 with the eager twin, max replay-vs-eager   │
+    │ step error 3.21 over 20 replay steps                                       │
+    │ graphs decode/1, decode/2 (PIECEWISE): 120 captured ops, 4 eager ops       │
+    │   segments: C:28 | E _sparse_indexer_and_attn:1 | C:30 | ...               │
+    │ CL101 baked-control-flow [R1] model.layers.0.attn · dsv4.fused_...         │
+    │ ...                                                                        │
+    ╰────────────────────────────────────────────────────────────────────────────╯
+    4 findings (CL101 x4) in 1 configuration
+
+The segments of a graph get a line of their own and wrap between segments (never cut),
+so eager-break names stay whole on an 80-column terminal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.text import Text
+
+from capturelint.findings import Finding
+from capturelint.regions import GraphMap
+from capturelint.report import Report, _graph_order
+from capturelint.runtime.protocol import SegmentKind
+
+
+def _segments_text(g: GraphMap) -> Text:
+    """``  segments: C:28 | E _sparse_indexer_and_attn:1 | C:30``: C captured, E an
+    eager break (its method name), with op counts."""
+    t = Text("  segments: ", style="dim")
+    for i, s in enumerate(g.segments):
+        if i:
+            t.append(" | ", style="dim")
+        if s.kind is SegmentKind.EAGER:
+            t.append(f"E {s.name.rsplit('.', 1)[-1] if s.name else ''}:{s.op_count}", style="yellow")
+        else:
+            t.append(f"C:{s.op_count}", style="cyan")
+    return t
+
+
+def render_rich(report: Report, console: Console, verbose: bool = False) -> None:
+    """Findings grouped by runner and mode, graph segments with op counts, a summary."""
+    for cfg in report.configs:
+        title = f"runner {cfg.runner} · mode {cfg.mode} · eager region {cfg.region_title}"
+        parts: list[Any] = []
+        if cfg.numerical is not None:
+            n = cfg.numerical
+            if n.token_agreement is not None:
+                tokens = f"token agreement {n.token_agreement:.2f} with the eager twin"
+            elif n.max_logit_error is not None:
+                tokens = f"max error {n.max_logit_error:.3g} against the eager twin"
+            else:
+                tokens = "no eager twin"
+            parts.append(
+                Text(
+                    f"numerical: {tokens}, max replay-vs-eager step error {n.max_step_error:.3g} over "
+                    f"{n.replay_steps} replay steps",
+                    style="red" if n.diverged else "green",
+                )
+            )
+        if cfg.note:
+            parts.append(Text(cfg.note, style="yellow"))
+        if cfg.graphs:
+            # Graphs of one mode usually share their segment structure (only the padded
+            # size differs): one entry per structure, listing the graphs.
+            groups: dict[tuple, list[GraphMap]] = {}
+            for g in sorted(cfg.graphs, key=_graph_order):
+                groups.setdefault((g.runtime_mode, g.segments), []).append(g)
+            rows = list(groups.values())
+            shown = rows if verbose else rows[:5]
+            for members in shown:
+                g = members[0]
+                head = Text(f"graphs {', '.join(m.graph for m in members)}", style="bold")
+                head.append(f" ({g.runtime_mode}): {g.captured_ops} captured ops, {g.eager_ops} eager ops")
+                parts.append(head)
+                parts.append(_segments_text(g))
+            if len(rows) > len(shown):
+                parts.append(Text(f"... and {len(rows) - len(shown)} more segment structures (--verbose shows them)",
+                                  style="dim"))
+        for f in cfg.findings:
+            parts.append(render_finding(f))
+        if not cfg.findings and cfg.diverged:
+            parts.append(Text("no findings, but replay differs from eager execution: the rules that report it are "
+                              "not selected", style="red"))
+        elif not cfg.findings:
+            parts.append(Text("no findings", style="green"))
+        border = "red" if cfg.findings or cfg.diverged else "green"
+        console.print(Panel(Group(*parts), title=title, title_align="left", border_style=border))
+    if report.region_changes is not None:  # the gate's panel
+        from capturelint.render.changes import region_changes_panel
+
+        console.print(region_changes_panel(report.region_changes))
+    style = "bold red" if report.failed or report.diverged else "bold green"
+    console.print(Text(report.summary_line(), style=style))
+
+
+def render_finding(f: Finding) -> Text:
+    t = Text()
+    t.append(f"{f.code} ", style="bold red")
+    t.append(f"{f.name} ", style="red")
+    t.append(f"[{f.condition}] ", style="dim")
+    t.append(f"{f.scope} · {f.op}" + (f" · {f.tensor}" if f.tensor else ""), style="bold")
+    t.append(f"\n  segment {f.segment} ({f.runtime_mode})" if f.segment else "")
+    if f.capture_frame:
+        t.append(f"\n  capture: {f.capture_frame}")
+    if f.shadow_frame:
+        t.append(f"\n  step:    {f.shadow_frame}")
+    if f.allocation_frame:
+        t.append(f"\n  re-allocated at: {f.allocation_frame}")
+    if f.steps:
+        t.append(f"\n  seen at replay steps {', '.join(map(str, f.steps))}" + (f" ({f.occurrences} times)" if f.occurrences > 1 else ""), style="dim")
+    t.append(f"\n  {f.message}\n")
+    return t
+
+
+__all__ = ["render_finding", "render_rich"]

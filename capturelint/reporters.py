@@ -1,0 +1,188 @@
+"""Every output format of every command, in one registry.
+
+A *reporter* renders one subject of one command: the check ``Report`` (``check``), the
+views of the captured regions (``show``), a ``RegionDiff`` (``diff``) or a
+``RegionMap`` (``snapshot``). Its ``kind`` says how: ``rich`` draws on a Rich console
+(a terminal, or a file at a fixed width), ``text`` returns a string, ``bytes`` returns
+binary data (PNG), which only goes to a file. ``summary`` says whether the output ends
+with the run's one-line summary; when it does not, the command says the summary on
+stderr.
+
+``REPORTERS`` is the registry, ``formats(command)`` the names a command accepts (its
+``--format`` choices), ``reporter(command, name)`` the one to use, and ``emit`` sends a
+rendering to standard output or atomically to a file (``capturelint.output``). Commands
+only adapt their arguments to these. A new format is one ``Reporter`` added here; its
+renderer lives with the others (``capturelint.formats``, ``capturelint.render``).
+
+Renderers are imported when a reporter runs, not when the registry is, so that
+commands can list their formats without importing torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from typing import Any, Callable
+
+from capturelint.errors import CapturelintError
+from capturelint.output import file_console, is_stdout, stdout_console, write_file, write_stdout
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """What a command passes to its reporters (each uses what applies to it)."""
+
+    verbose: bool = False  # check, rich: every graph structure
+    ops: bool = False  # show: expand scopes to their ops
+    title: str | None = None  # diff, rich: the panel's title
+    fallback_uri: str | None = None  # check, sarif: where findings without a source line point
+
+
+@dataclasses.dataclass(frozen=True)
+class Reporter:
+    """One output format of one command (see the module docstring)."""
+
+    command: str
+    name: str
+    kind: str  # "rich", "text" or "bytes"
+    render: Callable[..., Any]  # rich: (subject, console, options); text and bytes: (subject, options)
+    summary: bool = False
+
+    def text(self, subject: Any, options: Options) -> str | bytes:
+        """The rendering as a file holds it (Rich at a fixed width, no colour)."""
+        if self.kind == "rich":
+            buffer = io.StringIO()
+            self.render(subject, file_console(buffer), options)
+            return buffer.getvalue()
+        return self.render(subject, options)
+
+
+# ------------------------------------------------------------------------- check
+
+
+def _check_rich(report: Any, console: Any, options: Options) -> None:
+    from capturelint.render.report import render_rich
+
+    render_rich(report, console, options.verbose)
+
+
+def _check_json(report: Any, options: Options) -> str:
+    from capturelint.report import render_json
+
+    return render_json(report)
+
+
+def _check_sarif(report: Any, options: Options) -> str:
+    from capturelint import __version__
+    from capturelint.formats.sarif import to_sarif
+    from capturelint.report import dumps_json
+    from capturelint.rules import RULES
+
+    return dumps_json(to_sarif(report.findings, [r.info() for r in RULES], __version__, fallback_uri=options.fallback_uri))
+
+
+def _check_github(report: Any, options: Options) -> str:
+    from capturelint.formats.github import to_github
+
+    return to_github(report.findings)
+
+
+# -------------------------------------------------------------------------- show
+
+
+def _show_rich(views: Any, console: Any, options: Options) -> None:
+    from capturelint.render.tree import render_tree
+
+    render_tree(views, console, options.ops)
+
+
+def _show_dot(views: Any, options: Options) -> str:
+    from capturelint.render.dot import report_dot
+
+    return report_dot(views, options.ops)
+
+
+def _show_image(fmt: str) -> Callable[[Any, Options], bytes]:
+    def render(views: Any, options: Options) -> bytes:
+        from capturelint.render.dot import render_image
+
+        return render_image(_show_dot(views, options), fmt)
+
+    return render
+
+
+def _show_svg(views: Any, options: Options) -> str:
+    return _show_image("svg")(views, options).decode("utf-8")
+
+
+# -------------------------------------------------------------------------- diff
+
+
+def _diff_rich(diff: Any, console: Any, options: Options) -> None:
+    from capturelint.render.changes import region_changes_panel
+
+    console.print(region_changes_panel(diff.changes, options.title or "region changes"))
+
+
+def _diff_dot(diff: Any, options: Options) -> str:
+    from capturelint.render.dot import changes_dot
+
+    return changes_dot(diff.pairs, diff.changes)
+
+
+def _diff_json(diff: Any, options: Options) -> str:
+    from capturelint.report import dumps_json
+
+    return dumps_json(diff.to_json())
+
+
+# ---------------------------------------------------------------------- snapshot
+
+
+def _snapshot_json(rmap: Any, options: Options) -> str:
+    return rmap.dumps()
+
+
+REPORTERS: tuple[Reporter, ...] = (
+    Reporter("check", "rich", "rich", _check_rich, summary=True),
+    Reporter("check", "json", "text", _check_json),
+    Reporter("check", "sarif", "text", _check_sarif),
+    Reporter("check", "github", "text", _check_github),
+    Reporter("show", "rich", "rich", _show_rich, summary=True),
+    Reporter("show", "dot", "text", _show_dot),
+    Reporter("show", "svg", "text", _show_svg),
+    Reporter("show", "png", "bytes", _show_image("png")),
+    Reporter("diff", "rich", "rich", _diff_rich),
+    Reporter("diff", "dot", "text", _diff_dot),
+    Reporter("diff", "json", "text", _diff_json),
+    Reporter("snapshot", "json", "text", _snapshot_json),
+)
+
+
+def formats(command: str) -> tuple[str, ...]:
+    """The format names of ``command``, in registry order (the first is the default)."""
+    return tuple(r.name for r in REPORTERS if r.command == command)
+
+
+def reporter(command: str, name: str) -> Reporter:
+    for r in REPORTERS:
+        if r.command == command and r.name == name:
+            return r
+    raise CapturelintError(f"{command} has no format {name!r}; use one of {', '.join(formats(command))}")
+
+
+def emit(rep: Reporter, subject: Any, output: str | None, options: Options = Options()) -> None:
+    """Render ``subject`` with ``rep`` to standard output (``output`` None or ``-``) or
+    atomically to the file ``output``."""
+    if not is_stdout(output):
+        write_file(output, rep.text(subject, options))  # type: ignore[arg-type]
+    elif rep.kind == "rich":
+        rep.render(subject, stdout_console(), options)
+    elif rep.kind == "bytes":
+        raise CapturelintError(f"{rep.name.upper()} output is binary: name a file with -o FILE")
+    else:
+        text = rep.render(subject, options)
+        write_stdout(text)
+
+
+__all__ = ["Options", "REPORTERS", "Reporter", "emit", "formats", "reporter"]
