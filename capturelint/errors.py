@@ -1,4 +1,5 @@
-"""Errors that end a command with exit status 2 and a one-line message."""
+"""Errors that end a command with exit status 2 and a one-line message, and the exit
+statuses themselves (decided in one place: ``capturelint.cli.main``)."""
 
 
 class CapturelintError(Exception):
@@ -8,3 +9,6 @@ class CapturelintError(Exception):
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
 """Exit statuses: 0 clean, 1 findings, 2 usage, configuration or internal error."""
+
+EXIT_INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT, as shells report it)."""

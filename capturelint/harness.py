@@ -82,6 +82,11 @@ def trace_run(
         if not isinstance(e, HostSyncInCaptureError):
             raise
         host_sync = e.event
+    except SystemExit as e:  # a check that did not finish has no verdict, whatever the code
+        raise CapturelintError(
+            f"the engine called sys.exit({e.code!r}) under runner {label.runner}, mode {label.mode}, so the check could "
+            "not finish and has no verdict; remove the sys.exit call"
+        ) from None
     except Exception as e:  # an engine bug: say which configuration and what, no traceback
         raise CapturelintError(
             f"the engine raised {type(e).__name__} under runner {label.runner}, mode {label.mode} at "

@@ -31,8 +31,10 @@ class Configuration:
     tensor attributes, ``(name, tensor)`` lists); ``probe`` reads its forward context;
     ``scope_group`` maps a module scope to the name prefix of its tensors; ``twin``
     compares ``run()``'s output with an eager run of the same workload.
-    ``require_replays`` makes a configuration that replayed nothing an error (for
-    engines capturelint did not build, whose workload it cannot vouch for).
+    ``require_replays`` makes a configuration that replayed nothing an error: a check
+    that compared no step proves nothing, and must not read as a pass.
+    ``eager_region_option`` is what the user asked for when it differs in kind from the
+    region in effect (``per-runner``, which is ``wide`` under V1), for titles.
     """
 
     label: RunLabel
@@ -43,6 +45,7 @@ class Configuration:
     scope_group: ScopeGroup | None = None
     twin: Callable[[Any], TwinResult] | None = None
     require_replays: bool = False
+    eager_region_option: str | None = None
 
 
 def check_configuration(config: Configuration, codes: frozenset[str], shadow: bool = True) -> ConfigReport:
@@ -60,15 +63,16 @@ def check_configuration(config: Configuration, codes: frozenset[str], shadow: bo
     elif shadow:
         if result.replay_steps == 0 and config.require_replays:
             raise CapturelintError(
-                f"target {label.runner}/{label.mode} captured {len(result.captures)} graph(s) but replayed none, so no "
-                "step could be checked; make run() replay its graphs (run more steps)"
+                f"runner {label.runner}, mode {label.mode} captured {len(result.captures)} graph(s) but replayed none, "
+                "so no step could be checked and the check would prove nothing; use a mode that captures graphs and "
+                "a workload that replays them (more steps)"
             )
         twin = result.twin
         numerical = Numerical(label.runner, label.mode, twin.token_agreement if twin else None, result.max_step_error,
                               twin.max_error if twin else None, result.replay_steps)
     graphs = [graph_map(c) for c in result.captures]
     return ConfigReport(label.runner, label.mode, config.eager_region, result.findings, numerical, graphs,
-                        captures=result.captures, note=note)
+                        captures=result.captures, note=note, eager_region_option=config.eager_region_option)
 
 
 def check_all(configs: Iterable[Configuration], codes: frozenset[str], shadow: bool = True,

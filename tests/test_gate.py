@@ -171,10 +171,18 @@ def test_missing_baseline(tmp_path, capsys):
     assert rc == 2 and err == f"capturelint: error: snapshot {tmp_path / 'nope.json'} does not exist; create it with `capturelint snapshot -o {tmp_path / 'nope.json'}`\n"
 
 
-def test_update_replaces_an_unreadable_file(baseline, memo_runs, tmp_path, capsys):
-    path = tmp_path / "broken.json"
-    path.write_text("{")
+def test_update_replaces_an_unreadable_snapshot(baseline, memo_runs, tmp_path, capsys):
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"format": FORMAT_MARKER, "version": 0, "configurations": "?"}))
     rc, out, err = run(["snapshot", "--runner", "v2", *SMALL, "--update", str(path)], capsys)
     assert rc == 0
-    assert err.startswith(f"replaced {path}, which could not be read (is truncated")
+    assert err.startswith(f"replaced {path}, which could not be read (has version 0")
     assert [c.label for c in load_snapshot(path).configs] == ["v2/PIECEWISE"]
+
+
+def test_update_refuses_a_file_that_is_not_a_snapshot(tmp_path, capsys):
+    path = tmp_path / "broken.json"
+    path.write_text("{")  # a truncated file has lost its format marker: nothing says it is ours
+    rc, out, err = run(["snapshot", "--runner", "v2", *SMALL, "--update", str(path)], capsys)
+    assert rc == 2 and out == "" and path.read_text() == "{"
+    assert err.startswith(f"capturelint: error: refusing to replace {path}: it is not a capturelint snapshot")

@@ -8,7 +8,9 @@ indexer, layer 1 has one). Runs of the same plan are shared between tests (a mem
 from __future__ import annotations
 
 import re
+import shutil
 
+import pytest
 from rich.console import Console
 
 from capturelint.cli import main
@@ -98,6 +100,12 @@ def test_dot_is_deterministic_and_collapsed_to_scopes(capsys):
     assert re.search(r"n\d+ -> n\d+ \[label=\d+\]", first)  # data flow between segments
 
 
+NEEDS_DOT = pytest.mark.skipif(
+    shutil.which("dot") is None, reason="needs Graphviz's 'dot' (Debian package graphviz; .ci/run installs it)"
+)
+
+
+@NEEDS_DOT
 def test_svg_and_png_are_drawn_by_dot(memo_runs, tmp_path, capsys):
     svg, png = tmp_path / "r.svg", tmp_path / "r.png"
     base = ["show", *ENGINE, "--eager-region", "per-runner", "--no-check"]

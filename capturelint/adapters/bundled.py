@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
+from capturelint.limits import count_problem, seed_problem
 from capturelint.harness import TwinResult
 from capturelint.pipeline import Configuration, check_configuration
 from capturelint.report import ConfigReport, Report
@@ -138,8 +139,16 @@ def make_plan(
     if region not in REGIONS:
         raise CapturelintError(f"unknown eager region {region!r}; use narrow, wide or per-runner")
     for name, value in (("layers", layers), ("steps", steps)):
-        if value is not None and value <= 0:
-            raise CapturelintError(f"--{name} must be a positive integer, got {value}")
+        problem = None if value is None else count_problem(name, value)
+        if problem is not None:
+            raise CapturelintError(f"--{name} {problem}, got {value}")
+    if seed is not None and (problem := seed_problem(seed)) is not None:
+        raise CapturelintError(f"--seed {problem}, got {seed}")
+    if fresh_metadata and "v1" not in runners:
+        raise CapturelintError(
+            "--fresh-metadata changes Model Runner V1's metadata builders, and no runner here is v1; "
+            "add --runner v1 (or all), or drop --fresh-metadata"
+        )
     policy = merge(break_outputs, getattr(settings, "break_outputs", None), None)
     if policy is not None:
         try:
@@ -201,7 +210,8 @@ def configuration(plan: CheckPlan, runner: str, mode: str) -> Configuration:
 
     roots = {"model": engine.model, "state": list(engine.runner.named_state_tensors())}
     return Configuration(RunLabel(runner, mode), engine.generate, roots, str(cfg.effective_eager_region),
-                         forward_context_probe, layer_scope_group, twin)
+                         forward_context_probe, layer_scope_group, twin, require_replays=True,
+                         eager_region_option=plan.eager_region)
 
 
 def run_configuration(plan: CheckPlan, runner: str, mode: str, shadow: bool = True) -> ConfigReport:

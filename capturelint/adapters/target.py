@@ -17,6 +17,10 @@ tensors, so findings can name them::
 Both the factory and every ``run()`` execute under ``emulate_cuda()`` where no CUDA
 device is usable, so code written for a GPU's ``torch.cuda`` graph API runs as it is.
 
+**Exits are errors.** Code of the target that calls ``sys.exit`` (at import, in the
+factory, in ``run()`` or ``eager()``) ends the check with a one-line error naming the
+target (exit status 2): a check that did not finish has no verdict.
+
 Each target is traced like a configuration of the bundled engine: every replay step of a
 breakable graph is shadowed and checked; a bare ``torch.cuda.CUDAGraph`` has no shadow
 (no Python re-runs on replay) and is checked for inputs the program freed. The numerical
@@ -39,9 +43,13 @@ from capturelint.errors import CapturelintError
 from capturelint.harness import TwinResult
 from capturelint.pipeline import Configuration, check_all
 from capturelint.report import Report
+from capturelint.runtime import protocol
 from capturelint.runtime.emulated import emulate_cuda
 from capturelint.runtime.protocol import flatten_tensors
 from capturelint.tracer import ContextProbe, ScopeGroup
+
+
+protocol.register_runtime_file(__file__)  # findings point at the target's code, not at its wrappers here
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,12 +89,34 @@ def load_targets(spec: str) -> list[Target]:
     try:
         with emulate_cuda():
             made = factory()
+    except SystemExit as e:
+        raise _exited(spec, f"{name}()", e) from None
     except Exception as e:
         raise CapturelintError(f"--target {spec!r}: {name}() raised {type(e).__name__}: {e}; fix it, then run again") from e
     targets = list(made) if isinstance(made, (list, tuple)) else [made]
     if not targets or not all(isinstance(t, Target) for t in targets):
         raise CapturelintError(f"--target {spec!r}: {name}() must return a Target or a non-empty list of Targets (capturelint.target.Target)")
-    return targets
+    return [dataclasses.replace(t, run=_guarded(spec, "run()", t.run),
+                                eager=None if t.eager is None else _guarded(spec, "eager()", t.eager)) for t in targets]
+
+
+def _exited(spec: str, where: str, e: SystemExit) -> CapturelintError:
+    return CapturelintError(
+        f"--target {spec!r}: {where} called sys.exit({e.code!r}), so the check could not finish and has no verdict; "
+        "remove the sys.exit call (or guard it with if __name__ == '__main__')"
+    )
+
+
+def _guarded(spec: str, where: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` with ``sys.exit`` turned into an error naming the target."""
+
+    def call() -> Any:
+        try:
+            return fn()
+        except SystemExit as e:
+            raise _exited(spec, where, e) from None
+
+    return call
 
 
 def _import(where: str, spec: str) -> Any:
@@ -102,11 +132,15 @@ def _import(where: str, spec: str) -> Any:
         sys.modules[module_name] = module
         try:
             loader_spec.loader.exec_module(module)  # type: ignore[union-attr]
+        except SystemExit as e:
+            raise _exited(spec, f"importing {where}", e) from None
         except Exception as e:
             raise CapturelintError(f"--target {spec!r}: importing {where} raised {type(e).__name__}: {e}") from e
         return module
     try:
         return importlib.import_module(where)
+    except SystemExit as e:
+        raise _exited(spec, f"importing {where}", e) from None
     except Exception as e:
         raise CapturelintError(f"--target {spec!r}: cannot import module {where}: {type(e).__name__}: {e}") from e
 

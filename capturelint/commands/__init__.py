@@ -1,20 +1,42 @@
-"""The checker's commands, registered on the ``capturelint`` group."""
+"""The commands of ``capturelint``, loaded when they are used.
+
+``COMMANDS`` names each command's module and the one-line summary that
+``capturelint -h`` lists (a test keeps each summary equal to its command's help), so
+that listing them, ``--version`` and ``rules`` import neither torch nor the engine.
+``torch`` marks the commands that run torch: the CLI sets torch's thread count
+(``CAPTURELINT_THREADS``) before they run, and only then.
+"""
 
 from __future__ import annotations
 
-import click
+import dataclasses
 
 
-def register(cli: click.Group) -> None:
-    from capturelint.commands.check import check
-    from capturelint.commands.rules import rules
+@dataclasses.dataclass(frozen=True)
+class CommandEntry:
+    module: str
+    attribute: str
+    summary: str
+    torch: bool = True
 
-    cli.add_command(check)
-    cli.add_command(rules)
-    try:
-        from capturelint.commands.regions import diff, show, snapshot
-    except ImportError:
-        return
-    cli.add_command(show)
-    cli.add_command(diff)
-    cli.add_command(snapshot)
+
+COMMANDS: dict[str, CommandEntry] = {
+    "check": CommandEntry("capturelint.commands.check", "check",
+                          "Check that CUDA-graph replay of the bundled engine computes what eager execution computes, "
+                          "under each runner and CUDA-graph mode."),
+    "diff": CommandEntry("capturelint.commands.regions", "diff",
+                         "Compare two region recordings: ops that moved between captured and eager segments (by "
+                         "scope and op, with counts), segments added or removed, and the change in eager ops per step."),
+    "engine": CommandEntry("capturelint.engine.cli", "engine_group",
+                           "Run the bundled miniature DeepSeek V4 serving engine."),
+    "rules": CommandEntry("capturelint.commands.rules", "rules",
+                          "List the rules, or print the doc of rule CODE (e.g. CL101).", torch=False),
+    "show": CommandEntry("capturelint.commands.regions", "show",
+                         "Show the regions of each runner and mode: captured segments and eager breaks in execution "
+                         "order, the module scopes in each with their op counts, and the findings in red where they "
+                         "occur."),
+    "snapshot": CommandEntry("capturelint.commands.regions", "snapshot",
+                             "Record the region map of every runner and mode (default: runners v1 and v2, all four "
+                             "modes) as a stable, reviewable JSON file: per graph, its segments in order (captured or "
+                             "eager break) and per module scope the count of each op."),
+}

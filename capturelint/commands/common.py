@@ -1,26 +1,36 @@
-"""Options shared by the commands that run the bundled engine, and output helpers."""
+"""Options shared by the commands that run the bundled engine, and output helpers.
+
+Nothing here imports torch or the engine at import time: the commands' ``-h`` and
+argument errors answer at once, and the engine loads only when a command runs it.
+"""
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from capturelint.adapters.bundled import CHECK_MODES, CheckPlan, make_plan
-from capturelint.errors import CapturelintError
-from capturelint.settings import Settings, load_settings
+from capturelint.output import stderr_console, stdout_console  # noqa: F401  (the commands' consoles)
+from capturelint.settings import MODES, Settings, load_settings
 
-MODE_CHOICES = ("NONE",) + CHECK_MODES
+if TYPE_CHECKING:
+    from capturelint.adapters.bundled import CheckPlan
+
+CHECK_MODES = tuple(m for m in MODES if m != "NONE")  # capturelint.adapters.bundled.CHECK_MODES (a test keeps them equal)
 
 
 def _csv(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    """Repeatable, comma-separated values; a value that names nothing (``--mode ""``)
+    is an error, not "all"."""
     out: list[str] = []
     for v in value:
-        out.extend(p.strip() for p in v.split(",") if p.strip())
+        parts = [p.strip() for p in v.split(",") if p.strip()]
+        if not parts:
+            raise click.BadParameter(f"{v!r} names nothing; give a value or leave the option out", ctx=ctx, param=param)
+        out.extend(parts)
     return tuple(out)
 
 
@@ -51,6 +61,8 @@ def engine_options(fn: Callable) -> Callable:
 
 
 def resolve_plan(settings: Settings, kw: dict[str, Any], select: tuple[str, ...] = (), ignore: tuple[str, ...] = ()) -> CheckPlan:
+    from capturelint.adapters.bundled import make_plan
+
     return make_plan(
         settings,
         runner=kw.get("runner"),
@@ -72,22 +84,21 @@ def settings_for(kw: dict[str, Any]) -> Settings:
     return load_settings(kw.get("config_path"))
 
 
-def stderr_console() -> Console:
-    return Console(stderr=True)
+def say(text: str) -> None:
+    """One line on stderr (summaries, what was written)."""
+    stderr_console().print(text, highlight=False, soft_wrap=True, markup=False)
 
 
-def stdout_console() -> Console:
-    # The same content with or without a terminal: no colour codes in pipes, a fixed
-    # width so line breaks do not depend on the terminal that ran it.
-    return Console(file=sys.stdout, width=None if sys.stdout.isatty() else 120)
+def warn(text: str) -> None:
+    say(f"capturelint: warning: {text}")
 
 
 class ProgressReporter:
-    """A Rich progress bar on stderr over the configurations; silent when stderr is not
-    a terminal."""
+    """A Rich progress bar on stderr over the configurations (one configuration too:
+    it can take a minute); silent when stderr is not a terminal."""
 
     def __init__(self, total: int):
-        self.enabled = sys.stderr.isatty() and total > 1
+        self.enabled = sys.stderr.isatty() and total >= 1
         self.progress: Progress | None = None
         self.total = total
         self.task: Any = None
@@ -111,13 +122,3 @@ class ProgressReporter:
     def __exit__(self, *exc: Any) -> None:
         if self.progress is not None:
             self.progress.__exit__(*exc)
-
-
-def write_output(text: str, output: str | None) -> None:
-    if output is None or output == "-":
-        click.echo(text, nl=False)
-        return
-    try:
-        Path(output).write_text(text)
-    except OSError as e:
-        raise CapturelintError(f"cannot write {output}: {e.strerror}; choose a writable path with -o") from None

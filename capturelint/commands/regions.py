@@ -1,62 +1,31 @@
 """``capturelint show``, ``capturelint diff`` and ``capturelint snapshot``: where the
 eager breaks sit, drawn, compared and recorded. The logic lives in
-``capturelint.graph``, ``capturelint.snapshot`` and ``capturelint.render``; these
-functions adapt options to it."""
+``capturelint.graph``, ``capturelint.snapshot``, ``capturelint.region_changes``,
+``capturelint.baseline`` and the reporters (``capturelint.reporters``); these functions
+adapt options to it."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from capturelint.adapters.bundled import run_check
-from capturelint.errors import EXIT_CLEAN
 from capturelint.commands.common import (
     ProgressReporter,
     _csv,
     engine_options,
     resolve_plan,
+    say,
     settings_for,
-    stderr_console,
-    stdout_console,
-    write_output,
+    warn,
 )
-from capturelint.errors import CapturelintError
-from capturelint.report import dumps_json
+from capturelint.errors import EXIT_CLEAN, CapturelintError
+from capturelint.output import check_output_path, is_stdout
+from capturelint.reporters import Options, emit, formats, reporter
 
-SHOW_FORMATS = ("rich", "dot", "svg", "png")
-DIFF_FORMATS = ("rich", "dot", "json")
-
-
-def _warn(text: str) -> None:
-    stderr_console().print(f"capturelint: warning: {text}", highlight=False, soft_wrap=True, markup=False)
-
-
-def _say(text: str) -> None:
-    stderr_console().print(text, highlight=False, soft_wrap=True, markup=False)
-
-
-def _print_rich(renderable_fn: Any, output: str | None) -> None:
-    """Rich output to stdout, or to FILE at a fixed width (no colour codes)."""
-    if output and output != "-":
-        from rich.console import Console
-
-        try:
-            with open(output, "w") as fh:
-                renderable_fn(Console(file=fh, width=120))
-        except OSError as e:
-            raise CapturelintError(f"cannot write {output}: {e.strerror}; choose a writable path with -o") from None
-    else:
-        renderable_fn(stdout_console())
-
-
-def _write_bytes(data: bytes, output: str) -> None:
-    try:
-        Path(output).write_bytes(data)
-    except OSError as e:
-        raise CapturelintError(f"cannot write {output}: {e.strerror}; choose a writable path with -o") from None
+SHOW_FORMATS = formats("show")
+DIFF_FORMATS = formats("diff")
 
 
 # ------------------------------------------------------------------------- show
@@ -80,41 +49,33 @@ def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_check: bo
 
     When Graphviz 'dot' is missing, svg and png fall back to the DOT text (written to
     FILE with a .dot suffix, or to stdout) with a warning on stderr, and the exit status
-    stays 0. Exit status: 0 shown (findings do not change it), 2 usage or engine error.
+    stays 0. Exit status: 0 shown (findings do not change it), 2 usage or engine error, 130
+    interrupted.
     """
+    from capturelint.adapters.bundled import run_check
+    from capturelint.render.dot import DotMissing
     from capturelint.render.view import report_views
 
-    plan = resolve_plan(settings_for(kw), kw)
-    if fmt == "png" and not output:
+    if fmt == "png" and is_stdout(output):
         raise CapturelintError("PNG output is binary: name a file with -o FILE (or use --format svg or dot for stdout)")
+    check_output_path(output)
+    plan = resolve_plan(settings_for(kw), kw)
     with ProgressReporter(len(plan.configurations)) as progress:
         report = run_check(plan, progress, shadow=not no_check)
     views = report_views(report, all_graphs)
-    if fmt == "rich":
-        from capturelint.render.tree import render_tree
-
-        _print_rich(lambda console: render_tree(views, console, ops), output)
+    options = Options(ops=ops)
+    rep = reporter("show", fmt)
+    try:
+        emit(rep, views, output, options)
+    except DotMissing as e:
+        fallback = None if is_stdout(output) else str(Path(output).with_suffix(".dot"))  # type: ignore[arg-type]
+        emit(reporter("show", "dot"), views, fallback, options)
+        warn(f"{e}; wrote the DOT text to {fallback or 'stdout'} instead")
         return EXIT_CLEAN
-    from capturelint.render.dot import DotMissing, render_image, report_dot
-    from capturelint.render.tree import summary_line
+    if not rep.summary:
+        from capturelint.render.tree import summary_line
 
-    text = report_dot(views, ops)
-    if fmt == "dot":
-        write_output(text, output)
-    else:
-        try:
-            data = render_image(text, fmt)
-        except DotMissing as e:
-            target = str(Path(output).with_suffix(".dot")) if output else None
-            write_output(text, target)
-            _warn(f"{e}; wrote the DOT text to {target or 'stdout'} instead")
-            return EXIT_CLEAN
-        if output:
-            _write_bytes(data, output)
-        else:
-            sys.stdout.write(data.decode("utf-8"))
-            sys.stdout.flush()
-    _say(summary_line(views) + (f"; wrote {output}" if output else ""))
+        say(summary_line(views) + ("" if is_stdout(output) else f"; wrote {output}"))
     return EXIT_CLEAN
 
 
@@ -143,10 +104,11 @@ def diff(snapshots: tuple[str, ...], against_runner: str | None, against_modes: 
     runner and mode, or in order when --against-* changes one of them. Captures are
     recorded without the shadow (fast).
 
-    Exit status: 0 compared (changes do not change it), 2 usage, snapshot or engine error.
+    Exit status: 0 compared (changes do not change it), 2 usage, snapshot or engine error,
+    130 interrupted.
     """
-    from capturelint.adapters.bundled import record_regions
-    from capturelint.snapshot import diff_file_against_map, diff_files, diff_recordings, load_snapshot
+    from capturelint.region_changes import diff_by_key, diff_by_position
+    from capturelint.snapshot import load_snapshot
 
     against = {
         "runner": against_runner,
@@ -162,15 +124,18 @@ def diff(snapshots: tuple[str, ...], against_runner: str | None, against_modes: 
     if not snapshots and not against:
         raise click.UsageError("nothing to compare: give OLD.json NEW.json, OLD.json alone (against the engine), "
                                "or an --against-* option such as --against-eager-region wide")
+    check_output_path(output)
     if len(snapshots) == 2:
-        result = diff_files(snapshots[0], snapshots[1])
+        result = diff_by_key(load_snapshot(snapshots[0]), load_snapshot(snapshots[1]), snapshots[0], snapshots[1])
     else:
+        from capturelint.adapters.bundled import record_regions
+
         settings = settings_for(kw)
         left = resolve_plan(settings, kw)
         if snapshots:
+            before = load_snapshot(snapshots[0])  # fail on a bad file before running anything
             with ProgressReporter(len(left.configurations)) as progress:
-                before = load_snapshot(snapshots[0])  # fail on a bad file before running anything
-                result = diff_file_against_map(snapshots[0], before, record_regions(left, progress))
+                result = diff_by_key(before, record_regions(left, progress), snapshots[0], "the current engine")
         else:
             right = resolve_plan(settings, {**kw, **against})
             with ProgressReporter(len(left.configurations) + len(right.configurations)) as progress:
@@ -180,20 +145,11 @@ def diff(snapshots: tuple[str, ...], against_runner: str | None, against_modes: 
                         "so they cannot be paired; change one option at a time (e.g. --runner v1 --against-runner v2)"
                     )
                 a, b = record_regions(left, progress), record_regions(right, progress)
-                result = diff_recordings(a, b, _describe_side(kw), _describe_side({**kw, **against}))
-    if fmt == "json":
-        write_output(dumps_json(result.to_json()), output)
-        _say(result.changes.summary_line())
-    elif fmt == "dot":
-        from capturelint.render.dot import changes_dot
-
-        write_output(changes_dot(result.pairs, result.changes), output)
-        _say(result.changes.summary_line())
-    else:
-        from capturelint.render.changes import region_changes_panel
-
-        title = _title(result.before, result.after)
-        _print_rich(lambda console: console.print(region_changes_panel(result.changes, title)), output)
+                result = diff_by_position(a, b, _describe_side(kw), _describe_side({**kw, **against}))
+    rep = reporter("diff", fmt)
+    emit(rep, result, output, Options(title=_title(result.before, result.after)))
+    if fmt != "rich":
+        say(result.changes.summary_line())
     return EXIT_CLEAN
 
 
@@ -227,8 +183,8 @@ def _describe_side(kw: dict[str, Any]) -> str:
 
 @click.command()
 @engine_options
-@click.option("-o", "--output", metavar="FILE", help="Write the snapshot to FILE (default: stdout).")
-@click.option("--update", metavar="FILE", help="Rewrite FILE with the current recording, accepting every change, and say what changed.")
+@click.option("-o", "--output", metavar="FILE", help="Write the snapshot to FILE (atomically, after the run; default: stdout).")
+@click.option("--update", metavar="FILE", help="Rewrite the snapshot FILE with the current recording, accepting every change, and say what changed (a file that is not a snapshot is refused).")
 def snapshot(output: str | None, update: str | None, **kw: Any) -> int:
     """Record the region map of every runner and mode (default: runners v1 and v2, all
     four modes) as a stable, reviewable JSON file: per graph, its segments in order
@@ -238,13 +194,17 @@ def snapshot(output: str | None, update: str | None, **kw: Any) -> int:
     is intended, accept it with `capturelint snapshot --update FILE` and commit the file.
     Captures are recorded without the shadow (fast).
 
-    Exit status: 0 written, 2 usage, snapshot or engine error.
+    Exit status: 0 written, 2 usage, snapshot or engine error, 130 interrupted.
     """
     from capturelint.adapters.bundled import record_regions
-    from capturelint.snapshot import update_snapshot, write_snapshot
+    from capturelint.baseline import check_update_target, update_snapshot
 
     if output and update:
         raise click.UsageError("-o and --update both name the file to write; use one")
+    check_output_path(output)
+    if update is not None:
+        check_output_path(update, "--update")
+        check_update_target(update)  # refuse a file that is not a snapshot before running anything
     settings = settings_for(kw)
     if kw.get("runner") is None and not settings.runners:
         kw = {**kw, "runner": "all"}
@@ -255,13 +215,10 @@ def snapshot(output: str | None, update: str | None, **kw: Any) -> int:
     if update:
         result = update_snapshot(update, rmap)
         if result.changes is not None:
-            from capturelint.render.changes import region_changes_panel
-
-            stdout_console().print(region_changes_panel(result.changes))
-        _say(result.summary_line(update))
-    elif output and output != "-":
-        write_snapshot(rmap, output)
-        _say(f"wrote {output}: {len(rmap.configs)} configurations, {n_graphs} graphs")
-    else:
-        write_output(rmap.dumps(), None)
+            emit(reporter("diff", "rich"), result, None)
+        say(result.summary_line(update))
+        return EXIT_CLEAN
+    emit(reporter("snapshot", "json"), rmap, output)
+    if not is_stdout(output):
+        say(f"wrote {output}: {len(rmap.configs)} configurations, {n_graphs} graphs")
     return EXIT_CLEAN
