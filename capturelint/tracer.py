@@ -230,10 +230,11 @@ class Stream:
 
 
 class _SchemaInfo:
-    """Per-overload argument layout, computed once: which arguments are tensors and
-    which of those the op writes."""
+    """Per-overload argument layout, computed once: which arguments are tensors, which
+    of those the op writes, and which returns are fresh allocations (``fresh``; empty
+    for views and for ops that write an argument)."""
 
-    __slots__ = ("args", "name", "list_args", "writes")
+    __slots__ = ("args", "fresh", "name", "list_args", "writes")
 
     def __init__(self, func: Any):
         self.name = str(func)
@@ -246,6 +247,8 @@ class _SchemaInfo:
             if "Tensor" in kind and (kind.startswith("List[") or kind.endswith("[]")):
                 self.list_args.add(a.name)
         self.writes = [arg for arg in self.args if arg[3]]
+        fresh = tuple(r.alias_info is None for r in func._schema.returns)
+        self.fresh = fresh if any(fresh) and not self.writes else ()
 
 
 _schema_cache: dict[Any, _SchemaInfo] = {}
@@ -256,22 +259,6 @@ def _schema(func: Any) -> _SchemaInfo:
     if info is None:
         info = _schema_cache[func] = _SchemaInfo(func)
     return info
-
-
-_fresh_cache: dict[Any, tuple[bool, ...]] = {}
-
-
-def _fresh_returns(func: Any) -> tuple[bool, ...]:
-    """Which returns of ``func`` are fresh allocations; empty for views and in-place ops."""
-    fresh = _fresh_cache.get(func)
-    if fresh is None:
-        schema = func._schema
-        mutates = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
-        fresh = tuple(r.alias_info is None for r in schema.returns)
-        if mutates or not any(fresh):
-            fresh = ()
-        _fresh_cache[func] = fresh
-    return fresh
 
 
 _frames: dict[tuple, Frame] = {}
@@ -489,7 +476,7 @@ class Tracer(rt.CaptureObserver):
 
     def _watch(self, func: Any, out: Any) -> None:
         """Between steps: note the source line of each fresh allocation."""
-        fresh = _fresh_returns(func)
+        fresh = _schema(func).fresh
         if not fresh:
             return
         for o, is_fresh in zip(out if len(fresh) > 1 else (out,), fresh):

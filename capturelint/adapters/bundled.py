@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
@@ -236,11 +236,6 @@ def record_regions(plan: CheckPlan, progress: Callable[[str], None] | None = Non
     from capturelint.snapshot import region_map
 
     return region_map(run_check(plan, progress, shadow=False), plan)
-
-
-def iter_configurations(plan: CheckPlan) -> Iterator[Configuration]:
-    for runner, mode in plan.configurations:
-        yield configuration(plan, runner, mode)
 
 
 __all__ = [

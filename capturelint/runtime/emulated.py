@@ -292,15 +292,11 @@ def graph_pool_handle() -> _PoolHandle:
     return _PoolHandle((0, next(_pool_ids)))
 
 
-_capturing: list["EmulatedCUDAGraph"] = []
 _bare_ids = itertools.count(1 << 40)
 
 
 class EmulatedCUDAGraph:
     """``torch.cuda.CUDAGraph`` on a CPU; see the module docstring for its semantics."""
-
-    def __new__(cls, keep_graph: bool = False):
-        return super().__new__(cls)
 
     def __init__(self, keep_graph: bool = False):
         self._calls: list[RecordedCall] = []
@@ -341,7 +337,6 @@ class EmulatedCUDAGraph:
         for m in modes:
             m.__enter__()
         self._recording = modes
-        _capturing.append(self)
         protocol.capturing_as_on_gpu(True).__enter__()
         if self.owner is None:
             protocol.announce("on_graph_begin", self.info, protocol.Phase.CAPTURE)
@@ -350,7 +345,6 @@ class EmulatedCUDAGraph:
         if not self._recording:
             raise RuntimeError("capture_end called without capture_begin")
         protocol.capturing_as_on_gpu(True).__exit__(None, None, None)
-        _capturing.remove(self)
         for m in reversed(self._recording):
             m.__exit__(None, None, None)
         self._recording = []
@@ -663,11 +657,6 @@ def emulate_cuda(force: bool = False) -> Iterator[bool]:
                 setattr(torch.cuda, name, value)
         for name, value in saved_graphs.items():
             setattr(graphs_module, name, value)
-
-
-def capturing_graph() -> EmulatedCUDAGraph | None:
-    """The emulated graph recording on this process, if any."""
-    return _capturing[-1] if _capturing else None
 
 
 __all__ = [
