@@ -14,7 +14,10 @@ dtype of the sliding-window KV cache:
 On a machine without vLLM's compiled ``_C`` those ops do not exist, so vLLM's model code
 cannot run. This module writes the two ops again as small torch functions (written from
 the semantics of the CUDA kernel, not copied from vLLM), and can register them as
-``torch.ops._C.<name>`` so that unchanged vLLM code finds them.
+``torch.ops._C.<name>`` so that unchanged vLLM code finds them. The attention that
+follows is the same story: FlashMLA's sparse decode/prefill (``torch.ops._flashmla_C``,
+from a ``.so`` that needs CUDA to load), two Triton kernels (the q/kv RMSNorm and the
+o-projection's inverse RoPE) and ``_C.weak_ref_tensor``.
 
 What is built
 -------------
@@ -31,16 +34,65 @@ What is built
     stored at ``k_cache[slot // block_size, slot % block_size]``.
 ``dequantize_fp8_ds_mla``
     Reads rows back out of the ``fp8_ds_mla`` layout as fp32 (tests, reference attention).
+``sparse_decode_fwd`` (``torch.ops._flashmla_C.sparse_decode_fwd``)
+    FlashMLA sparse fp8 decode, DeepSeek V4 layout, as ``flash_mla_with_kvcache`` of the
+    vendored ``vllm/third_party/flashmla/flash_mla_interface.py`` calls it: per query,
+    one softmax over the ``fp8_ds_mla`` rows of ``k_cache`` at ``indices`` (flat slots
+    ``block * block_size + offset``) and, jointly, those of ``extra_k_cache`` at
+    ``extra_indices``; K is the whole dequantized 512-dim row, V its first ``head_dim_v``
+    dims. Returns ``(out, lse [b, h_q, s_q], tile_scheduler_metadata, num_splits)``.
+``sparse_prefill_fwd`` (``torch.ops._flashmla_C.sparse_prefill_fwd``)
+    The prefill kernel behind ``flash_mla_sparse_fwd``: the same attention over bf16
+    ``kv [s_kv, 1, d_qk]`` rows; returns ``(out, max_logits, lse)``, each ``[s_q, h_q]``.
+``install_flashmla_stub``
+    Puts an empty ``vllm._flashmla_C`` in ``sys.modules`` when the real one cannot load,
+    so the vendored interface imports and reaches the registered references.
+``reference_fused_q_kv_rmsnorm`` / ``fused_q_kv_rmsnorm``
+    vLLM's Triton ``fused_q_kv_rmsnorm`` (``vllm/models/common/ops/fused_qk_rmsnorm.py``):
+    weighted RMSNorm of the q-lora and kv rows, returned as two new tensors. The first
+    is the torch reference, registered as ``torch.ops.capturelint_vllm.fused_q_kv_rmsnorm``;
+    the second has vLLM's signature and calls that op, so an adapter can rebind vLLM's
+    module-level name to it and a tracer sees one op.
+``reference_fused_inv_rope_fp8_quant`` / ``fused_inv_rope_fp8_quant``
+    vLLM's Triton ``fused_inv_rope_fp8_quant`` (DeepSeek V4 common ops, called by
+    ``deep_gemm_fp8_o_proj`` with ``quantize = wo_a is fp8``): inverse GPT-J RoPE of
+    each head's RoPE dims, heads regrouped as ``[T, n_groups, heads_per_group*512]``
+    over a group-major buffer, optionally block-quantized to fp8; registered as
+    ``torch.ops.capturelint_vllm.fused_inv_rope_fp8_quant``, wrapped as above.
+``weak_ref_tensor`` (``torch.ops._C.weak_ref_tensor``)
+    On CPU an alias of its input (same storage, sizes, strides, offset). The CUDA op
+    wraps the pointer in a tensor that does not own the memory; the alias here keeps
+    the storage alive, so it cannot show a use-after-free the GPU would have. Its
+    schema is ``(Tensor(a) t) -> Tensor(a)`` (vLLM's says ``(Tensor) -> Tensor``), so a
+    tracer reading return aliasing does not count it as an allocation.
 ``register_reference_kernels``
-    Defines the two ops in the ``_C`` namespace with vLLM's schemas (written arguments
-    annotated ``Tensor(a!)``) when ``torch.ops._C`` lacks them; idempotent.
+    Defines every op above in its namespace (``_C``, ``_flashmla_C``,
+    ``capturelint_vllm``) with vLLM's schemas (written arguments annotated
+    ``Tensor(a!)``) where the namespace lacks it; idempotent.
 
-Numerics, as in the CUDA kernel: all math in fp32 with the fp32 ``cos_sin_cache``
+Insert numerics, as in the CUDA kernel: all math in fp32 with the fp32 ``cos_sin_cache``
 (``[max_pos, 64]``: 32 cosines, then 32 sines; pair ``i`` is dims ``448+2i, 448+2i+1``,
 ``even' = even*cos - odd*sin``, ``odd' = even*sin + odd*cos``); one rounding of q at the
 end. A quant block's scale is ``2^e`` with ``e = ceil(log2(max(amax, 1e-4) / 448))``,
 its byte ``clamp(e + 127, 0, 255)``; values are ``clamp(x * 2^-e, -448, 448)`` rounded to
 nearest-even e4m3 (subnormals kept). A zero block thus gets ``e = -22``, byte 105.
+
+Attention numerics (both FlashMLA ops): K rows are dequantized to fp32 (exactly the
+bf16 values the kernel feeds its tensor cores), scores ``q . k * softmax_scale`` and the
+softmax in fp32 with the probabilities left in fp32 (the kernel rounds them to bf16
+before P@V), one rounding of the output. ``lse`` is the natural log-sum-exp of the
+scaled scores of the valid rows, without the sink. With ``attn_sink [h_q]`` the output
+is ``sum_t exp(s_t) v_t / (sum_t exp(s_t) + exp(sink_h))``, i.e. scaled by
+``exp(lse) / (exp(lse) + exp(sink))`` (``+inf`` gives 0, ``-inf`` no effect). A query
+with no valid row (all indices negative, out of range or past ``topk_length``) gets
+output 0 and lse ``+inf`` (prefill: ``max_logits`` ``-inf``), sink or not. An index
+repeated in a query's list counts once per occurrence, as in the kernel.
+
+RMSNorm numerics: fp32 ``x * rsqrt(sum(x^2)/size + eps) * w`` with the weight read as
+fp32 and multiplied before the one cast to the input dtype. Inverse RoPE numerics:
+fp32 rotation by the negative angle, one cast to o's dtype (``quantize=False``, the
+bf16-weight path); with ``quantize=True`` fp8 e4m3 values and per-block
+``2^ceil(log2(max(amax, 1e-10) * fl32(1/448)))`` scales, as the Triton kernel.
 
 Layout of one ``fp8_ds_mla`` cache block (one row of the 2-D ``uint8`` cache view,
 ``bs`` = block_size tokens; the row may be longer than ``bs*584``, the tail is unused)::
@@ -57,8 +109,25 @@ Layout of one ``fp8_ds_mla`` cache block (one row of the 2-D ``uint8`` cache vie
 
 Limits
 ------
-* Only the two ops above; the per-tensor-fp8 full-cache op, the KV-only inserts and any
-  other ``_C`` op are not covered (``missing_kernel_error`` words the failure).
+* Only the ops above; the per-tensor-fp8 full-cache op, the KV-only inserts, FlashMLA's
+  dense decode and any other ``_C`` op are not covered (``missing_kernel_error`` words
+  the failure).
+* ``sparse_decode_fwd`` reads only the V4 584-byte layout (V4.1's 528/288-byte and
+  V3.2's 656-byte caches raise ``NotImplementedError``), one KV head, a 512-dim q and
+  ``head_dim_v`` 512. Out-of-range indices are skipped like ``-1`` (the CUDA kernel
+  would read out of bounds). ``out`` may be strided here; the kernel wants it
+  contiguous. The tile-scheduler tensors are passed through, or allocated once as
+  zeros ``(1, 8)`` / ``(b+1,)`` int32; their values mean nothing on CPU.
+  ``enable_batch_invariant`` has no effect: the reference never splits KV.
+* Attention materializes the gathered rows (``b*s_q*topk*512`` fp32): meant for the
+  small shapes of a CPU check, not for long contexts.
+* The inverse RoPE may differ from the GPU by the last fp32 ulp before the bf16
+  rounding (the GPU may contract ``x*cos + y*sin`` into an FMA).
+* The ``_flashmla_C`` schemas follow the argument order of the vendored interface (the
+  ``.so``'s own cannot be read without CUDA). ``install_flashmla_stub`` only installs
+  the module; ``register_reference_kernels`` defines the ops.
+* The Triton references are checked against their formulas, not against vLLM's Triton
+  kernels: on a CPU ``vllm.triton_utils`` hands out placeholders, not ``triton.jit``.
 * The defaulted arguments vLLM 0.33.0's schema adds for DeepSeek V4.1
   (``kv_mxfp8``, ``is_q_interleaved``) are accepted only at their defaults (False);
   ``apply_q_norm`` and ``apply_q_rope`` are honoured (False skips that Q step).
@@ -74,6 +143,10 @@ Limits
 """
 
 from __future__ import annotations
+
+import importlib
+import sys
+import types
 
 import torch
 
@@ -93,6 +166,14 @@ __all__ = [
     "fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert",
     "fused_deepseek_v4_qnorm_rope_kv_rope_full_cache_bf16_insert",
     "dequantize_fp8_ds_mla",
+    "sparse_decode_fwd",
+    "sparse_prefill_fwd",
+    "install_flashmla_stub",
+    "reference_fused_q_kv_rmsnorm",
+    "fused_q_kv_rmsnorm",
+    "reference_fused_inv_rope_fp8_quant",
+    "fused_inv_rope_fp8_quant",
+    "weak_ref_tensor",
     "register_reference_kernels",
     "missing_kernel_error",
 ]
@@ -112,11 +193,30 @@ UE8M0_BIAS = 127
 QUANT_INSERT = "fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert"
 FULL_CACHE_BF16_INSERT = "fused_deepseek_v4_qnorm_rope_kv_rope_full_cache_bf16_insert"
 
-#: The ``torch.ops._C`` ops this module has a reference for.
-REFERENCE_KERNELS: tuple[str, ...] = (QUANT_INSERT, FULL_CACHE_BF16_INSERT)
+WEAK_REF = "weak_ref_tensor"
+FLASHMLA_NAMESPACE = "_flashmla_C"
+SPARSE_DECODE = "sparse_decode_fwd"
+SPARSE_PREFILL = "sparse_prefill_fwd"
+OWN_NAMESPACE = "capturelint_vllm"
+QKV_RMSNORM = "fused_q_kv_rmsnorm"
+INV_ROPE = "fused_inv_rope_fp8_quant"
+TILE_SCHEDULER_METADATA_SIZE = 8  # int32 words per scheduler part in FlashMLA
 
-# vLLM 0.33.0's schemas (from its _C library), with the written arguments annotated
-# Tensor(a!) / Tensor(b!) so functionalization sees the mutations.
+#: The ops this module has a reference for, as ``namespace::name``.
+REFERENCE_KERNELS: tuple[str, ...] = (
+    f"_C::{QUANT_INSERT}",
+    f"_C::{FULL_CACHE_BF16_INSERT}",
+    f"_C::{WEAK_REF}",
+    f"{FLASHMLA_NAMESPACE}::{SPARSE_DECODE}",
+    f"{FLASHMLA_NAMESPACE}::{SPARSE_PREFILL}",
+    f"{OWN_NAMESPACE}::{QKV_RMSNORM}",
+    f"{OWN_NAMESPACE}::{INV_ROPE}",
+)
+
+# vLLM 0.33.0's schemas (from its _C library; the FlashMLA ones follow the arguments of
+# the vendored interface), with the written arguments annotated Tensor(a!) / Tensor(b!)
+# so functionalization sees the mutations. weak_ref_tensor's return is annotated as the
+# alias it is on CPU, so a tracer reading the schema does not count it as an allocation.
 _SCHEMAS = {
     QUANT_INSERT: (
         "(Tensor q_in, Tensor kv, Tensor(a!) k_cache, Tensor slot_mapping, "
@@ -128,6 +228,24 @@ _SCHEMAS = {
         "(Tensor(a!) q, Tensor kv, Tensor(b!) k_cache, Tensor slot_mapping, "
         "Tensor position_ids, Tensor cos_sin_cache, float eps, int cache_block_size, "
         "bool apply_q_norm=True) -> ()"
+    ),
+    WEAK_REF: "(Tensor(a) t) -> Tensor(a)",
+    SPARSE_DECODE: (
+        "(Tensor q, Tensor k_cache, Tensor indices_in_kvcache, Tensor? topk_length, "
+        "Tensor? attn_sink, Tensor? tile_scheduler_metadata, Tensor? num_splits, "
+        "Tensor? extra_k_cache, Tensor? extra_indices_in_kvcache, Tensor? extra_topk_length, "
+        "int head_dim_v, float softmax_scale, Tensor(a!)? out, bool enable_batch_invariant) "
+        "-> (Tensor, Tensor, Tensor, Tensor)"
+    ),
+    SPARSE_PREFILL: (
+        "(Tensor q, Tensor kv, Tensor indices, float sm_scale, int d_v, Tensor? attn_sink, "
+        "Tensor? topk_length, Tensor(a!)? out) -> (Tensor, Tensor, Tensor)"
+    ),
+    QKV_RMSNORM: "(Tensor qr, Tensor kv, Tensor q_weight, Tensor kv_weight, float eps) -> (Tensor, Tensor)",
+    INV_ROPE: (
+        "(Tensor o, Tensor positions, Tensor cos_sin_cache, int n_groups, int heads_per_group, "
+        "int nope_dim=448, int rope_dim=64, int quant_group_size=128, bool tma_aligned_scales=False, "
+        "bool quantize=True) -> (Tensor, Tensor)"
     ),
 }
 
@@ -368,6 +486,412 @@ def fused_deepseek_v4_qnorm_rope_kv_rope_full_cache_bf16_insert(
     k_cache[block, slots - block * cache_block_size] = rows
 
 
+# ----------------------------------------------------------------- sparse attention
+
+
+def _sparse_softmax_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    valid: torch.Tensor,
+    softmax_scale: float,
+    head_dim_v: int,
+    attn_sink: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Softmax attention of ``q [N, H, D]`` over per-query key rows ``keys [N, T, D]``.
+
+    ``valid [N, T]`` masks the rows; V is ``keys[..., :head_dim_v]``. Returns fp32
+    ``(out [N, H, head_dim_v], lse [N, H], max_logits [N, H])``: ``lse`` is the natural
+    log-sum-exp of the scaled scores (the sink left out), ``+inf`` for a query with no
+    valid row, whose output is 0; ``max_logits`` is ``-inf`` there. The sink adds
+    ``exp(attn_sink[h])`` to the denominator of the output only.
+    """
+    # Invalid rows were gathered from slot 0 or hold garbage bytes (fp8 NaN): zero them so
+    # that a 0 probability times a NaN value cannot poison the output.
+    keys = keys.masked_fill(~valid[..., None], 0.0)
+    scores = torch.einsum("nhd,ntd->nht", q.float(), keys) * softmax_scale
+    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # -inf where nothing is valid (and for T == 0)
+    if scores.shape[-1] > 0:
+        max_logits = scores.amax(dim=-1)
+    else:
+        max_logits = torch.full_like(lse, float("-inf"))
+    denominator = lse if attn_sink is None else torch.logaddexp(lse, attn_sink.float()[None, :])
+    # A query whose denominator is 0 (no valid row, sink absent or -inf) gets 0, not NaN.
+    denominator = denominator.masked_fill(denominator == float("-inf"), float("inf"))
+    probs = torch.exp(scores - denominator[..., None])
+    out = torch.einsum("nht,ntd->nhd", probs, keys[..., :head_dim_v])
+    lonely = lse == float("-inf")
+    out = out.masked_fill(lonely[..., None], 0.0)
+    lse = lse.masked_fill(lonely, float("inf"))
+    return out, lse, max_logits
+
+
+def _fp8_ds_mla_block_view(k_cache: torch.Tensor, name: str) -> torch.Tensor:
+    """The 2-D ``[num_blocks, block_size*584]`` byte view of a FlashMLA-shaped
+    ``[num_blocks, block_size, 1, 584]`` cache (block rows may be padded)."""
+    if k_cache.dtype != torch.uint8 or k_cache.dim() != 4:
+        raise ValueError(f"{name} must be a 4-D uint8 tensor, got {k_cache.dtype} {tuple(k_cache.shape)}")
+    num_blocks, block_size, h_k, token_bytes = k_cache.shape
+    if token_bytes != TOKEN_BYTES:
+        raise NotImplementedError(
+            f"{name}: {token_bytes} bytes per token; the reference reads only DeepSeek V4's "
+            f"{TOKEN_BYTES}-byte fp8_ds_mla layout (not V4.1's 528/288 nor V3.2's 656)"
+        )
+    if h_k != 1:
+        raise ValueError(f"{name} must have one KV head, got {h_k}")
+    if k_cache.stride(3) != 1 or k_cache.stride(1) != TOKEN_BYTES or k_cache.stride(0) < block_size * TOKEN_BYTES:
+        raise ValueError(f"{name} must hold each block's {block_size * TOKEN_BYTES} bytes contiguously")
+    return k_cache.as_strided(
+        (num_blocks, block_size * TOKEN_BYTES), (k_cache.stride(0), 1), k_cache.storage_offset()
+    )
+
+
+def _gather_sparse_rows(
+    k_cache: torch.Tensor,
+    indices: torch.Tensor,
+    topk_length: torch.Tensor | None,
+    name: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dequantized rows ``[b, s_q, topk, 512]`` fp32 at the flat slot ``indices`` and
+    their validity ``[b, s_q, topk]``: ``0 <= index < num_slots`` and, with
+    ``topk_length``, position ``< topk_length[b]``."""
+    blocks = _fp8_ds_mla_block_view(k_cache, name)
+    block_size = k_cache.shape[1]
+    if indices.dim() != 3 or indices.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name} indices must be an integer [b, s_q, topk] tensor, got {tuple(indices.shape)}")
+    b, s_q, topk = indices.shape
+    idx = indices.to(device=k_cache.device, dtype=torch.int64)
+    valid = (idx >= 0) & (idx < k_cache.shape[0] * block_size)
+    if topk_length is not None:
+        if topk_length.shape != (b,):
+            raise ValueError(f"{name} topk_length must be [{b}], got {tuple(topk_length.shape)}")
+        position = torch.arange(topk, device=idx.device)
+        valid &= position[None, None, :] < topk_length.to(idx.device, torch.int64)[:, None, None]
+    safe = torch.where(valid, idx, torch.zeros_like(idx))
+    rows = dequantize_fp8_ds_mla(blocks, safe.reshape(-1), block_size)
+    return rows.reshape(b, s_q, topk, HEAD_DIM), valid
+
+
+def sparse_decode_fwd(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    indices_in_kvcache: torch.Tensor,
+    topk_length: torch.Tensor | None,
+    attn_sink: torch.Tensor | None,
+    tile_scheduler_metadata: torch.Tensor | None,
+    num_splits: torch.Tensor | None,
+    extra_k_cache: torch.Tensor | None,
+    extra_indices_in_kvcache: torch.Tensor | None,
+    extra_topk_length: torch.Tensor | None,
+    head_dim_v: int,
+    softmax_scale: float,
+    out: torch.Tensor | None,
+    enable_batch_invariant: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashMLA sparse fp8 decode (DeepSeek V4 layout), as ``flash_mla_with_kvcache`` calls it.
+
+    ``q [b, s_q, h_q, 512]`` bf16 attends, in one softmax, to the ``fp8_ds_mla`` rows of
+    ``k_cache [num_blocks, block_size, 1, 584]`` at the flat slots
+    ``indices_in_kvcache [b, s_q, topk]`` (``block * block_size + offset``; negative or
+    out-of-range slots and positions ``>= topk_length[b]`` are skipped) and, when given,
+    to those of ``extra_k_cache`` at ``extra_indices_in_kvcache`` (its own block size and
+    ``extra_topk_length``). Scores are ``q . k * softmax_scale`` over all 512 dims; V is the
+    first ``head_dim_v`` dims of the same row. ``attn_sink [h_q]`` scales the output by
+    ``exp(lse) / (exp(lse) + exp(sink))`` and leaves lse alone.
+
+    Returns ``(out [b, s_q, h_q, head_dim_v] in q's dtype, lse [b, h_q, s_q] fp32,
+    tile_scheduler_metadata, num_splits)``; ``out`` is the given tensor, written in place,
+    when one is passed. A query with no valid row gets output 0 and lse ``+inf``. The
+    scheduler tensors are returned as passed, or on the first call (None) allocated as
+    zeros ``(1, 8)`` and ``(b + 1,)`` int32: the reference has no tile scheduler.
+    ``enable_batch_invariant`` changes nothing (the reference never splits KV).
+    """
+    if q.dim() != 4 or q.shape[-1] != HEAD_DIM:
+        raise ValueError(f"q must be [b, s_q, h_q, {HEAD_DIM}], got {tuple(q.shape)}")
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"q must be bfloat16 or float16, got {q.dtype}")
+    if head_dim_v != HEAD_DIM:
+        raise ValueError(f"head_dim_v must be {HEAD_DIM}, got {head_dim_v}")
+    if (extra_k_cache is None) != (extra_indices_in_kvcache is None):
+        raise ValueError("extra_k_cache and extra_indices_in_kvcache come together")
+    b, s_q, h_q, _ = q.shape
+    if indices_in_kvcache.shape[:2] != (b, s_q):
+        raise ValueError(f"indices must be [{b}, {s_q}, topk], got {tuple(indices_in_kvcache.shape)}")
+    if attn_sink is not None and attn_sink.shape != (h_q,):
+        raise ValueError(f"attn_sink must be [{h_q}], got {tuple(attn_sink.shape)}")
+    if out is not None and (tuple(out.shape) != (b, s_q, h_q, head_dim_v) or out.dtype != q.dtype):
+        raise ValueError(f"out must be {q.dtype} [{b}, {s_q}, {h_q}, {head_dim_v}], got {out.dtype} {tuple(out.shape)}")
+
+    rows, valid = _gather_sparse_rows(k_cache, indices_in_kvcache, topk_length, "k_cache")
+    if extra_k_cache is not None:
+        if extra_indices_in_kvcache.shape[:2] != (b, s_q):
+            raise ValueError(
+                f"extra_indices_in_kvcache must be [{b}, {s_q}, extra_topk], "
+                f"got {tuple(extra_indices_in_kvcache.shape)}"
+            )
+        extra_rows, extra_valid = _gather_sparse_rows(
+            extra_k_cache, extra_indices_in_kvcache, extra_topk_length, "extra_k_cache"
+        )
+        rows = torch.cat((rows, extra_rows), dim=2)
+        valid = torch.cat((valid, extra_valid), dim=2)
+
+    n = b * s_q
+    result, lse, _ = _sparse_softmax_attention(
+        q.reshape(n, h_q, HEAD_DIM),
+        rows.reshape(n, -1, HEAD_DIM),
+        valid.reshape(n, -1),
+        softmax_scale,
+        head_dim_v,
+        attn_sink,
+    )
+    result = result.reshape(b, s_q, h_q, head_dim_v)
+    if out is None:
+        out = result.to(q.dtype)
+    else:
+        out.copy_(result)
+    lse = lse.reshape(b, s_q, h_q).transpose(1, 2).contiguous()
+    if tile_scheduler_metadata is None:
+        tile_scheduler_metadata = torch.zeros(
+            (1, TILE_SCHEDULER_METADATA_SIZE), dtype=torch.int32, device=q.device
+        )
+    if num_splits is None:
+        num_splits = torch.zeros(b + 1, dtype=torch.int32, device=q.device)
+    return out, lse, tile_scheduler_metadata, num_splits
+
+
+def sparse_prefill_fwd(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    d_v: int,
+    attn_sink: torch.Tensor | None,
+    topk_length: torch.Tensor | None,
+    out: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashMLA sparse prefill, as ``flash_mla_sparse_fwd`` calls it.
+
+    ``q [s_q, h_q, d_qk]`` attends to the bf16 rows ``kv [s_kv, 1, d_qk]`` at
+    ``indices [s_q, 1, topk]`` (``-1`` or ``>= s_kv`` invalid; with ``topk_length [s_q]``
+    only the leading ``topk_length[i]`` count); V is ``kv[..., :d_v]``; the sink as in
+    ``sparse_decode_fwd``. Returns ``(out [s_q, h_q, d_v] in kv's dtype, max_logits
+    [s_q, h_q] fp32, lse [s_q, h_q] fp32)``: the scaled max score (``-inf`` with no valid
+    row) and natural log-sum-exp (``+inf`` with no valid row, output 0 there).
+    """
+    if q.dim() != 3 or kv.dim() != 3 or kv.shape[1] != 1 or kv.shape[2] != q.shape[2]:
+        raise ValueError(f"q must be [s_q, h_q, d_qk] and kv [s_kv, 1, d_qk], got {tuple(q.shape)}, {tuple(kv.shape)}")
+    s_q, h_q, d_qk = q.shape
+    if indices.dim() != 3 or indices.shape[:2] != (s_q, 1):
+        raise ValueError(f"indices must be [{s_q}, 1, topk], got {tuple(indices.shape)}")
+    if not 0 < d_v <= d_qk:
+        raise ValueError(f"d_v must be in 1..{d_qk}, got {d_v}")
+    if attn_sink is not None and attn_sink.shape != (h_q,):
+        raise ValueError(f"attn_sink must be [{h_q}], got {tuple(attn_sink.shape)}")
+    if out is not None and tuple(out.shape) != (s_q, h_q, d_v):
+        raise ValueError(f"out must be [{s_q}, {h_q}, {d_v}], got {tuple(out.shape)}")
+    idx = indices[:, 0].to(device=kv.device, dtype=torch.int64)
+    valid = (idx >= 0) & (idx < kv.shape[0])
+    if topk_length is not None:
+        if topk_length.shape != (s_q,):
+            raise ValueError(f"topk_length must be [{s_q}], got {tuple(topk_length.shape)}")
+        position = torch.arange(idx.shape[1], device=idx.device)
+        valid &= position[None, :] < topk_length.to(idx.device, torch.int64)[:, None]
+    keys = kv[:, 0].float()[torch.where(valid, idx, torch.zeros_like(idx))]  # [s_q, topk, d_qk]
+    result, lse, max_logits = _sparse_softmax_attention(q, keys, valid, sm_scale, d_v, attn_sink)
+    if out is None:
+        out = result.to(kv.dtype)
+    else:
+        out.copy_(result)
+    return out, max_logits, lse
+
+
+def install_flashmla_stub() -> bool:
+    """Let ``import vllm._flashmla_C`` succeed where the compiled module cannot load.
+
+    vLLM's vendored ``vllm/third_party/flashmla/flash_mla_interface.py`` imports
+    ``vllm._flashmla_C`` for the side effect of registering ``torch.ops._flashmla_C``; on
+    a machine without CUDA the ``.so`` fails to load (``libcuda.so.1``). When that import
+    fails this puts an empty module at ``sys.modules["vllm._flashmla_C"]`` (and the
+    ``vllm`` package attribute), so the interface imports and its
+    ``flash_mla_with_kvcache`` / ``flash_mla_sparse_fwd`` reach the ops that
+    ``register_reference_kernels`` defines. Returns True when it installed the stub,
+    False when the real module (or an earlier stub) is already importable. vLLM itself
+    must be importable: its ``ModuleNotFoundError`` propagates.
+    """
+    name = "vllm._flashmla_C"
+    if name in sys.modules:
+        return False
+    try:
+        importlib.import_module(name)
+        return False
+    except ImportError:
+        if "vllm" not in sys.modules:
+            raise
+    stub = types.ModuleType(name, "capturelint stub: the compiled FlashMLA ops are CPU references")
+    stub.__capturelint_stub__ = True  # type: ignore[attr-defined]
+    sys.modules[name] = stub
+    sys.modules["vllm"]._flashmla_C = stub  # type: ignore[attr-defined]
+    return True
+
+
+# ------------------------------------------------------------ vLLM's Triton kernels
+
+
+def reference_fused_q_kv_rmsnorm(
+    qr: torch.Tensor,
+    kv: torch.Tensor,
+    q_weight: torch.Tensor,
+    kv_weight: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weighted RMSNorm of each row of ``qr [N, q_size]`` and ``kv [N, kv_size]``.
+
+    Per row, in fp32: ``x * rsqrt(sum(x^2) / size + eps) * w`` (weight multiplied in
+    fp32, after the normalisation), cast once to the input's dtype. Returns two new
+    contiguous tensors of the inputs' shapes and dtypes; the inputs may be strided views
+    (vLLM passes the two halves of one ``qr_kv`` projection).
+    """
+    if qr.dim() != 2 or kv.dim() != 2 or qr.shape[0] != kv.shape[0]:
+        raise ValueError(f"qr and kv must be 2-D with the same rows, got {tuple(qr.shape)} and {tuple(kv.shape)}")
+    if q_weight.shape != (qr.shape[1],) or kv_weight.shape != (kv.shape[1],):
+        raise ValueError("q_weight and kv_weight must be 1-D of the row sizes of qr and kv")
+
+    def norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        rrms = torch.rsqrt(xf.square().sum(dim=-1, keepdim=True) / x.shape[1] + eps)
+        return (xf * rrms * weight.float()).to(x.dtype).contiguous()
+
+    return norm(qr, q_weight), norm(kv, kv_weight)
+
+
+def _align(x: int, multiple: int) -> int:
+    return (x + multiple - 1) // multiple * multiple
+
+
+def reference_fused_inv_rope_fp8_quant(
+    o: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    n_groups: int,
+    heads_per_group: int,
+    nope_dim: int = NOPE_DIM,
+    rope_dim: int = ROPE_DIM,
+    quant_group_size: int = 128,
+    tma_aligned_scales: bool = False,
+    quantize: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse GPT-J RoPE of each head's last ``rope_dim`` dims, grouped for ``wo_a``.
+
+    ``o [T, n_groups*heads_per_group, head_dim]``; head ``g*heads_per_group + j`` of
+    token ``t`` lands at ``out[t, g, j*head_dim:(j+1)*head_dim]``. The rotation, in fp32,
+    is by ``-angle(positions[t])`` (``even' = even*cos + odd*sin``,
+    ``odd' = odd*cos - even*sin``). ``out`` is ``[T, n_groups, heads_per_group*head_dim]``
+    over a group-major ``[n_groups, T, ...]`` buffer (strides ``(d, T*d, 1)``), the layout
+    the grouped ``torch.bmm(out.transpose(0, 1), ...)`` of vLLM's o-projection reads.
+
+    ``quantize=False``: ``out`` in o's dtype (one rounding) and an empty scale tensor
+    (int32 with ``tma_aligned_scales``, else fp32). ``quantize=True``: ``out`` in fp8 e4m3,
+    one power-of-two scale per ``quant_group_size`` values,
+    ``2^ceil(log2(max(amax, 1e-10) * fl32(1/448)))``; scales ``[T, n_groups, k]`` over an
+    MN-major buffer padded to ``align(T, 4)`` tokens (zeros there): fp32 with
+    ``k = d/quant_group_size``, or with ``tma_aligned_scales`` the UE8M0 exponent bytes
+    packed four per int32 (little-endian, ``k = ceil(d/quant_group_size/4)``).
+    """
+    if o.dim() != 3:
+        raise ValueError(f"o must be [T, heads, head_dim], got {tuple(o.shape)}")
+    num_tokens, num_heads, head_dim = o.shape
+    if num_heads != n_groups * heads_per_group:
+        raise ValueError(f"o has {num_heads} heads, not n_groups*heads_per_group = {n_groups * heads_per_group}")
+    if head_dim != nope_dim + rope_dim or rope_dim % 2 or head_dim % quant_group_size:
+        raise ValueError(
+            f"head_dim {head_dim} must be nope_dim + rope_dim ({nope_dim}+{rope_dim}, rope_dim even) "
+            f"and a multiple of quant_group_size {quant_group_size}"
+        )
+    if cos_sin_cache.dtype != torch.float32 or cos_sin_cache.shape[-1] != rope_dim:
+        raise ValueError(f"cos_sin_cache must be float32 [max_pos, {rope_dim}]")
+    chunks_per_head = head_dim // quant_group_size
+    if quantize and tma_aligned_scales and chunks_per_head % 4:
+        raise ValueError("packed UE8M0 scales need head_dim / quant_group_size to be a multiple of 4")
+
+    half = rope_dim // 2
+    rows = cos_sin_cache[positions.to(cos_sin_cache.device, torch.int64)]
+    cos, sin = rows[:, None, :half], rows[:, None, half:]
+    x = o.float()
+    x = torch.cat((x[..., :nope_dim], apply_gptj_rope(x[..., nope_dim:], cos, -sin)), dim=-1)
+    d = heads_per_group * head_dim
+    grouped = x.reshape(num_tokens, n_groups, d)
+    scale_dtype = torch.int32 if tma_aligned_scales else torch.float32
+
+    if not quantize:
+        out_buf = torch.empty((n_groups, num_tokens, d), dtype=o.dtype, device=o.device)
+        out_buf.copy_(grouped.transpose(0, 1))
+        return out_buf.transpose(0, 1), torch.empty(0, dtype=scale_dtype, device=o.device)
+
+    num_scale_blocks = d // quant_group_size
+    blocks = grouped.reshape(num_tokens, n_groups, num_scale_blocks, quant_group_size)
+    amax = blocks.abs().amax(dim=-1).clamp_min(1e-10)
+    inv_fp8_max = torch.tensor(1.0 / FP8_MAX, dtype=torch.float32, device=o.device)
+    exponent = _ceil_log2(amax * inv_fp8_max)  # the kernel multiplies by fp32(1/448)
+    scales = torch.ldexp(torch.ones_like(amax), exponent)
+    values = (blocks / scales[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    out_buf = torch.empty((n_groups, num_tokens, d), dtype=torch.float8_e4m3fn, device=o.device)
+    out_buf.copy_(values.reshape(num_tokens, n_groups, d).transpose(0, 1))
+
+    padded_tokens = _align(num_tokens, 4)  # get_tma_aligned_size(T, 4): 16 bytes of 4-byte scales
+    if tma_aligned_scales:
+        scale_inner = (num_scale_blocks + 3) // 4
+        ue8m0 = (exponent + UE8M0_BIAS).clamp(0, 255).to(torch.uint8)
+        ue8m0 = torch.nn.functional.pad(ue8m0, (0, scale_inner * 4 - num_scale_blocks))
+        scale_values = ue8m0.reshape(num_tokens, n_groups, scale_inner, 4).contiguous().view(torch.int32)[..., 0]
+    else:
+        scale_inner = num_scale_blocks
+        scale_values = scales
+    scale_buf = torch.zeros(
+        n_groups * scale_inner * padded_tokens, dtype=scale_dtype, device=o.device
+    ).as_strided((n_groups, num_tokens, scale_inner), (scale_inner * padded_tokens, 1, padded_tokens))
+    scale_buf.copy_(scale_values.transpose(0, 1))
+    return out_buf.transpose(0, 1), scale_buf.transpose(0, 1)
+
+
+def fused_q_kv_rmsnorm(
+    qr: torch.Tensor,
+    kv: torch.Tensor,
+    q_weight: torch.Tensor,
+    kv_weight: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop-in for ``vllm.models.common.ops.fused_q_kv_rmsnorm``: calls
+    ``torch.ops.capturelint_vllm.fused_q_kv_rmsnorm`` (registering it on first use)."""
+    return _own_op(QKV_RMSNORM)(qr, kv, q_weight, kv_weight, eps)
+
+
+def fused_inv_rope_fp8_quant(
+    o: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    n_groups: int,
+    heads_per_group: int,
+    nope_dim: int = NOPE_DIM,
+    rope_dim: int = ROPE_DIM,
+    quant_group_size: int = 128,
+    tma_aligned_scales: bool = False,
+    quantize: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop-in for vLLM's ``fused_inv_rope_fp8_quant`` (DeepSeek V4 common ops): calls
+    ``torch.ops.capturelint_vllm.fused_inv_rope_fp8_quant`` (registering it on first use)."""
+    return _own_op(INV_ROPE)(
+        o, positions, cos_sin_cache, n_groups, heads_per_group, nope_dim, rope_dim,
+        quant_group_size, tma_aligned_scales, quantize,
+    )
+
+
+def weak_ref_tensor(t: torch.Tensor) -> torch.Tensor:
+    """``_C.weak_ref_tensor`` on CPU: an alias of ``t`` (same storage, sizes, strides and
+    offset). Unlike the CUDA op, which wraps the pointer in a tensor that does not own it,
+    the alias keeps ``t``'s storage alive."""
+    return t.as_strided(t.size(), t.stride(), t.storage_offset())
+
+
 # ---------------------------------------------------------------------- registration
 
 
@@ -384,41 +908,119 @@ def _full_cache_bf16_insert_fake(
     return None
 
 
-_IMPLS = {
-    QUANT_INSERT: (fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert, _quant_insert_fake),
-    FULL_CACHE_BF16_INSERT: (fused_deepseek_v4_qnorm_rope_kv_rope_full_cache_bf16_insert, _full_cache_bf16_insert_fake),
-}
+def _sparse_decode_fake(
+    q, k_cache, indices_in_kvcache, topk_length, attn_sink, tile_scheduler_metadata, num_splits,
+    extra_k_cache, extra_indices_in_kvcache, extra_topk_length, head_dim_v, softmax_scale, out,
+    enable_batch_invariant,
+):
+    b, s_q, h_q, _ = q.shape
+    if out is None:
+        out = q.new_empty((b, s_q, h_q, head_dim_v))
+    lse = q.new_empty((b, h_q, s_q), dtype=torch.float32)
+    if tile_scheduler_metadata is None:
+        tile_scheduler_metadata = q.new_empty((1, TILE_SCHEDULER_METADATA_SIZE), dtype=torch.int32)
+    if num_splits is None:
+        num_splits = q.new_empty((b + 1,), dtype=torch.int32)
+    return out, lse, tile_scheduler_metadata, num_splits
 
-_library: torch.library.Library | None = None
+
+def _sparse_prefill_fake(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, out):
+    s_q, h_q, _ = q.shape
+    if out is None:
+        out = kv.new_empty((s_q, h_q, d_v))
+    return out, q.new_empty((s_q, h_q), dtype=torch.float32), q.new_empty((s_q, h_q), dtype=torch.float32)
+
+
+def _fused_q_kv_rmsnorm_fake(qr, kv, q_weight, kv_weight, eps):
+    return qr.new_empty(qr.shape), kv.new_empty(kv.shape)
+
+
+def _fused_inv_rope_fp8_quant_fake(
+    o, positions, cos_sin_cache, n_groups, heads_per_group, nope_dim=NOPE_DIM, rope_dim=ROPE_DIM,
+    quant_group_size=128, tma_aligned_scales=False, quantize=True,
+):
+    num_tokens, _, head_dim = o.shape
+    d = heads_per_group * head_dim
+    scale_dtype = torch.int32 if tma_aligned_scales else torch.float32
+    out = o.new_empty((n_groups, num_tokens, d), dtype=torch.float8_e4m3fn if quantize else o.dtype)
+    if not quantize:
+        return out.transpose(0, 1), o.new_empty((0,), dtype=scale_dtype)
+    blocks = d // quant_group_size
+    inner = (blocks + 3) // 4 if tma_aligned_scales else blocks
+    padded = _align(num_tokens, 4)
+    scale = o.new_empty((n_groups * inner * padded,), dtype=scale_dtype).as_strided(
+        (n_groups, num_tokens, inner), (inner * padded, 1, padded)
+    )
+    return out.transpose(0, 1), scale.transpose(0, 1)
+
+
+# qualified name -> (schema, reference, fake)
+_IMPLS = {
+    f"_C::{QUANT_INSERT}": (
+        _SCHEMAS[QUANT_INSERT], fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert, _quant_insert_fake
+    ),
+    f"_C::{FULL_CACHE_BF16_INSERT}": (
+        _SCHEMAS[FULL_CACHE_BF16_INSERT],
+        fused_deepseek_v4_qnorm_rope_kv_rope_full_cache_bf16_insert,
+        _full_cache_bf16_insert_fake,
+    ),
+    f"_C::{WEAK_REF}": (_SCHEMAS[WEAK_REF], weak_ref_tensor, weak_ref_tensor),
+    f"{FLASHMLA_NAMESPACE}::{SPARSE_DECODE}": (_SCHEMAS[SPARSE_DECODE], sparse_decode_fwd, _sparse_decode_fake),
+    f"{FLASHMLA_NAMESPACE}::{SPARSE_PREFILL}": (_SCHEMAS[SPARSE_PREFILL], sparse_prefill_fwd, _sparse_prefill_fake),
+    f"{OWN_NAMESPACE}::{QKV_RMSNORM}": (_SCHEMAS[QKV_RMSNORM], reference_fused_q_kv_rmsnorm, _fused_q_kv_rmsnorm_fake),
+    f"{OWN_NAMESPACE}::{INV_ROPE}": (
+        _SCHEMAS[INV_ROPE], reference_fused_inv_rope_fp8_quant, _fused_inv_rope_fp8_quant_fake
+    ),
+}
+assert tuple(_IMPLS) == REFERENCE_KERNELS
+
+_libraries: dict[str, torch.library.Library] = {}
 _registered: list[str] = []
 
 
-def register_reference_kernels() -> tuple[str, ...]:
-    """Register the references as ``torch.ops._C.<name>`` where ``_C`` lacks the op.
+def _register(qualified: str) -> None:
+    """Define ``qualified`` (``namespace::name``) with its reference unless the namespace
+    already has an op of that name (vLLM's own, or this module's from an earlier call)."""
+    if qualified in _registered:
+        return
+    namespace, name = qualified.split("::")
+    if hasattr(getattr(torch.ops, namespace), name):
+        return
+    library = _libraries.get(namespace)
+    if library is None:
+        library = _libraries[namespace] = torch.library.Library(namespace, "FRAGMENT")
+    schema, impl, fake = _IMPLS[qualified]
+    library.define(name + schema)
+    # Plain torch: the same code runs on whatever device the tensors are on.
+    library.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(qualified, fake, lib=library)
+    _registered.append(qualified)
 
-    Ops vLLM's own ``_C`` already provides are left alone. Idempotent: a second call
-    registers nothing new. Returns the names whose ``torch.ops._C`` op is this module's
-    reference (the same tuple on every call).
+
+def register_reference_kernels() -> tuple[str, ...]:
+    """Register every reference in ``REFERENCE_KERNELS`` where its namespace lacks the op.
+
+    Ops vLLM's own libraries already provide are left alone. Idempotent: a second call
+    registers nothing new. Returns the qualified names (``namespace::name``) whose op is
+    this module's reference (the same tuple on every call).
     """
-    global _library
-    for name in REFERENCE_KERNELS:
-        if name in _registered or hasattr(torch.ops._C, name):
-            continue
-        if _library is None:
-            _library = torch.library.Library("_C", "FRAGMENT")
-        impl, fake = _IMPLS[name]
-        _library.define(name + _SCHEMAS[name])
-        # Plain torch: the same code runs on whatever device the tensors are on.
-        _library.impl(name, impl, "CompositeExplicitAutograd")
-        torch.library.register_fake(f"_C::{name}", fake, lib=_library)
-        _registered.append(name)
+    for qualified in REFERENCE_KERNELS:
+        _register(qualified)
     return tuple(_registered)
 
 
+def _own_op(name: str):
+    """``torch.ops.capturelint_vllm.<name>``, registered on first use."""
+    _register(f"{OWN_NAMESPACE}::{name}")
+    return getattr(getattr(torch.ops, OWN_NAMESPACE), name)
+
+
 def missing_kernel_error(name: str) -> str:
-    """One line for a ``torch.ops._C`` op vLLM calls and this module does not cover."""
+    """One line for an op vLLM calls and this module does not cover; ``name`` is
+    ``namespace::op`` or a bare ``_C`` op name."""
+    namespace, _, op = name.rpartition("::")
     return (
-        f"vLLM calls _C.{name}, which capturelint has no CPU reference for; "
+        f"vLLM calls {namespace or '_C'}.{op}, which capturelint has no CPU reference for; "
         f"references exist for {', '.join(REFERENCE_KERNELS)} "
         "(capturelint/adapters/vllm_kernels.py)"
     )
