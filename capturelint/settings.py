@@ -53,6 +53,7 @@ EAGER_REGIONS = ("narrow", "wide", "per-runner")
 KERNELS = ("torch", "triton")
 BREAK_OUTPUTS = ("copy", "discard")
 FORMATS = ("rich", "json", "sarif", "github")
+ENGINES = ("bundled", "vllm")
 RULE_CODE = re.compile(r"^CL\d{1,3}$")  # a code (CL101) or a code prefix (CL1)
 
 T = TypeVar("T")
@@ -79,6 +80,7 @@ class Settings:
     kernels: str | None = None
     break_outputs: str | None = None
     format: str | None = None
+    engine: str | None = None
     source: Path | None = None
 
 
@@ -316,6 +318,7 @@ _KEYS = (
     "kernels",
     "break-outputs",
     "format",
+    "engine",
 )
 
 
@@ -343,5 +346,6 @@ def _settings(path: Path, table: dict[str, Any]) -> Settings:
         kernels=r.choice("kernels", KERNELS, str.lower),
         break_outputs=r.choice("break-outputs", BREAK_OUTPUTS, str.lower),
         format=r.choice("format", FORMATS, str.lower),
+        engine=r.choice("engine", ENGINES, str.lower),
         source=path.resolve(),
     )

@@ -131,13 +131,18 @@ class EngineParams:
     kernels: str
     fresh_metadata: bool
     copy_break_outputs: bool
+    name: str = "bundled"  # the engine family (--engine); written only when not the bundled engine
 
     @classmethod
     def of(cls, plan: Any) -> "EngineParams":
-        return cls(plan.layers, plan.steps, plan.seed, plan.kernels, plan.fresh_metadata, plan.copy_break_outputs)
+        return cls(plan.layers, plan.steps, plan.seed, plan.kernels, plan.fresh_metadata, plan.copy_break_outputs,
+                   getattr(plan, "engine", "bundled"))
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        doc = dataclasses.asdict(self)
+        if self.name == "bundled":
+            del doc["name"]
+        return doc
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,6 +346,7 @@ def parse_snapshot(doc: Any, path: str) -> RegionMap:
         kernels=f.field(eng, "kernels", "engine", (str,), "a string"),
         fresh_metadata=f.field(eng, "fresh_metadata", "engine", (bool,), "true or false"),
         copy_break_outputs=f.field(eng, "copy_break_outputs", "engine", (bool,), "true or false"),
+        name=f.field(eng, "name", "engine", (str,), "a string") if "name" in eng else "bundled",
     )
     raw_configs = f.field(doc, "configurations", "", (list,), "a list")
     configs: list[ConfigMap] = []

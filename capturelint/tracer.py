@@ -54,6 +54,16 @@ SegmentIndex = int
 
 rt.register_runtime_file(__file__)
 _DETACH = torch.ops.aten.detach.default
+_transparent_cache: dict[Any, bool] = {}
+
+
+def _transparent(func: Any) -> bool:
+    """``detach`` and ops registered with ``register_transparent_op``: aliases with no
+    kernel, which stacked dispatch modes and runtimes add at capture only."""
+    hit = _transparent_cache.get(func)
+    if hit is None:
+        hit = _transparent_cache[func] = func is _DETACH or rt.is_transparent_op(func.name())
+    return hit
 
 
 class StreamKind(enum.Enum):
@@ -450,10 +460,10 @@ class Tracer(rt.CaptureObserver):
         stream = self.stream
         if stream is None:
             out = func(*args, **kwargs)
-            if func is not _DETACH:
+            if not _transparent(func):
                 self._watch(func, out)
             return out
-        if func is _DETACH:
+        if _transparent(func):
             # detach is a no-op alias for replay purposes, and stacked dispatch modes add
             # it to factory ops at capture only: recording it would fake a divergence.
             return func(*args, **kwargs)

@@ -85,6 +85,7 @@ class CheckPlan:
     platform: str
     codes: frozenset[str]
     copy_break_outputs: bool = True
+    engine: str = "bundled"
 
     @property
     def configurations(self) -> list[tuple[str, str]]:

@@ -81,7 +81,7 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
         with ProgressReporter(len(targets)) as progress:
             report = run_targets(targets, codes, progress)
     else:
-        from capturelint.adapters.bundled import run_check
+        from capturelint.adapters.engines import run_check
 
         with ProgressReporter(len(plan.configurations)) as progress:
             report = run_check(plan, progress)

@@ -38,6 +38,9 @@ def engine_options(fn: Callable) -> Callable:
     """``--runner --mode --eager-region --fresh-metadata --layers --steps --seed --kernels
     --platform --config``: which configurations of the bundled engine to run."""
     opts = [
+        click.option("--engine", type=click.Choice(["bundled", "vllm"]),
+                     help="Engine to check: the bundled DeepSeek V4 model of vLLM (default), or vLLM's own DeepSeek V4 "
+                          "attention as Python imports it (vLLM 0.33.0; settings: engine)."),
         click.option("--runner", metavar="v1|v2|all", help="Model runner; default: the platform's default runner (settings: runners)."),
         click.option("--mode", "modes", multiple=True, callback=_csv, metavar="MODE",
                      help=f"CUDA-graph mode, repeatable or comma-separated: {', '.join(CHECK_MODES)}; default: all of them."),
@@ -61,7 +64,7 @@ def engine_options(fn: Callable) -> Callable:
 
 
 def resolve_plan(settings: Settings, kw: dict[str, Any], select: tuple[str, ...] = (), ignore: tuple[str, ...] = ()) -> CheckPlan:
-    from capturelint.adapters.bundled import make_plan
+    from capturelint.adapters.engines import make_plan
 
     return make_plan(
         settings,
@@ -75,6 +78,7 @@ def resolve_plan(settings: Settings, kw: dict[str, Any], select: tuple[str, ...]
         kernels=kw.get("kernels"),
         break_outputs=kw.get("break_outputs"),
         platform=kw.get("platform") or "cuda",
+        engine=kw.get("engine"),
         select=select,
         ignore=ignore,
     )

@@ -52,7 +52,7 @@ def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_check: bo
     stays 0. Exit status: 0 shown (findings do not change it), 2 usage or engine error, 130
     interrupted.
     """
-    from capturelint.adapters.bundled import run_check
+    from capturelint.adapters.engines import run_check
     from capturelint.render.dot import DotMissing
     from capturelint.render.view import report_views
 
@@ -128,7 +128,7 @@ def diff(snapshots: tuple[str, ...], against_runner: str | None, against_modes: 
     if len(snapshots) == 2:
         result = diff_by_key(load_snapshot(snapshots[0]), load_snapshot(snapshots[1]), snapshots[0], snapshots[1])
     else:
-        from capturelint.adapters.bundled import record_regions
+        from capturelint.adapters.engines import record_regions
 
         settings = settings_for(kw)
         left = resolve_plan(settings, kw)
@@ -196,7 +196,7 @@ def snapshot(output: str | None, update: str | None, **kw: Any) -> int:
 
     Exit status: 0 written, 2 usage, snapshot or engine error, 130 interrupted.
     """
-    from capturelint.adapters.bundled import record_regions
+    from capturelint.adapters.engines import record_regions
     from capturelint.baseline import check_update_target, update_snapshot
 
     if output and update:

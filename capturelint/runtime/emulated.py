@@ -59,6 +59,7 @@ import dataclasses
 import enum
 import gc
 import itertools
+import threading
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -293,6 +294,20 @@ def graph_pool_handle() -> _PoolHandle:
 
 
 _bare_ids = itertools.count(1 << 40)
+_adoption = threading.local()
+
+
+@contextlib.contextmanager
+def owned_by(info: protocol.GraphInfo, segment: int) -> Iterator[None]:
+    """The next ``EmulatedCUDAGraph`` made on this thread in the block is segment
+    ``segment`` of ``info``: a breakable runtime that creates its primitive and begins
+    its capture in one call (vLLM's ``BreakableCUDAGraphCapture._begin_segment``) gets
+    an owned segment, announced by the runtime's bridge, not a bare graph."""
+    _adoption.owner = (info, segment)
+    try:
+        yield
+    finally:
+        _adoption.owner = None
 
 
 class EmulatedCUDAGraph:
@@ -310,7 +325,8 @@ class EmulatedCUDAGraph:
         self.poisoned: set[StorageId] = set()  # inputs found freed at a replay
         # A breakable runtime owns its segments' primitives and announces them itself;
         # a bare graph announces its own capture and replays.
-        self.owner: tuple[protocol.GraphInfo, int] | None = None
+        self.owner: tuple[protocol.GraphInfo, int] | None = getattr(_adoption, "owner", None)
+        _adoption.owner = None
         self._info: protocol.GraphInfo | None = None
         self._where: protocol.Frame | None = None  # the line that began the capture
 
@@ -671,6 +687,7 @@ __all__ = [
     "graph_pool_handle",
     "is_current_stream_capturing",
     "make_graphed_callables",
+    "owned_by",
     "poison_storage",
     "poison_value",
 ]

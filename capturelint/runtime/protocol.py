@@ -307,6 +307,22 @@ def suspended_capture() -> "capturing_as_on_gpu":
     return capturing_as_on_gpu(False)
 
 
+# ------------------------------------------------------------ transparent ops
+
+_transparent_ops: set[str] = {"aten::detach"}
+
+
+def register_transparent_op(name: str) -> None:
+    """Treat op ``name`` (``namespace::op``) as a host-side alias with no kernel, as
+    ``aten::detach`` is: tracers do not record it (vLLM's ``_C::weak_ref_tensor``,
+    which its runtime calls on break arguments and outputs while a segment captures)."""
+    _transparent_ops.add(name)
+
+
+def is_transparent_op(name: str) -> bool:
+    return name in _transparent_ops
+
+
 # --------------------------------------------------------------- host sync table
 
 HOST_SYNC_OPS = frozenset({
@@ -377,8 +393,30 @@ def _skip_dirs() -> tuple[str, ...]:
 
         torch_dir = os.path.dirname(torch.__file__)
         runtime_dir = os.path.dirname(os.path.abspath(__file__))
-        _skip_prefixes = (torch_dir + os.sep, os.path.dirname(os.__file__) + os.sep, runtime_dir + os.sep)
+        _skip_prefixes = (torch_dir + os.sep, runtime_dir + os.sep)
     return _skip_prefixes
+
+
+_STDLIB = os.path.dirname(os.__file__) + os.sep
+
+
+def _site_dirs() -> tuple[str, ...]:
+    """Folders of installed packages: below the standard library's folder, but engine
+    or model code (an installed vLLM is what ``--engine vllm`` checks)."""
+    global _site_prefixes
+    if _site_prefixes is None:
+        found = [os.path.abspath(p) for p in sys.path if p and ("site-packages" in p or "dist-packages" in p)]
+        _site_prefixes = tuple(dict.fromkeys(p + os.sep for p in found))
+    return _site_prefixes
+
+
+_site_prefixes: tuple[str, ...] | None = None
+
+
+def _hidden_path(path: str) -> bool:
+    if path.startswith(_skip_dirs()):
+        return True
+    return path.startswith(_STDLIB) and not path.startswith(_site_dirs())
 
 
 def register_runtime_file(path: str) -> None:
@@ -394,7 +432,7 @@ def hidden_code(code: Any) -> bool:
     hidden = _frame_cache.get(code)
     if hidden is None:
         name = code.co_filename
-        hidden = name.startswith("<") or os.path.abspath(name).startswith(_skip_dirs())
+        hidden = name.startswith("<") or _hidden_path(os.path.abspath(name))
         _frame_cache[code] = hidden
     return hidden
 
@@ -412,7 +450,9 @@ def display_path(filename: str) -> str:
         elif absolute.startswith(cwd + os.sep):
             shown = os.path.relpath(absolute, cwd)
         else:
-            shown = absolute
+            # an installed package: as its import path shows it (vllm/models/...)
+            site = next((d for d in _site_dirs() if absolute.startswith(d)), None)
+            shown = os.path.relpath(absolute, site) if site else absolute
         _display_cache[filename] = shown
     return shown
 

@@ -1,0 +1,55 @@
+"""Which adapter runs a plan: ``--engine bundled`` (the default) or ``--engine vllm``.
+
+The commands resolve their options here and run the plan here; each engine's adapter
+builds its own configurations. The bundled adapter knows nothing of vLLM's, and
+vLLM's is imported only when asked for (it imports vLLM, which takes seconds).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from capturelint.adapters.bundled import CheckPlan
+from capturelint.errors import CapturelintError
+from capturelint.report import Report
+from capturelint.settings import ENGINES, Settings, merge
+
+
+def make_plan(settings: Settings, engine: str | None = None, **options: Any) -> CheckPlan:
+    """The plan of ``engine`` (command line over settings over ``bundled``)."""
+    name = merge(engine, settings.engine, "bundled")
+    if name not in ENGINES:
+        raise CapturelintError(f"unknown engine {name!r}; use {' or '.join(ENGINES)}")
+    if name == "vllm":
+        from capturelint.adapters.vllm_plan import vllm_plan
+
+        return vllm_plan(settings, **options)
+    from capturelint.adapters import bundled
+
+    return bundled.make_plan(settings, **options)
+
+
+def run_check(plan: CheckPlan, progress: Callable[[str], None] | None = None, shadow: bool = True) -> Report:
+    if plan.engine == "vllm":
+        from capturelint.adapters.vllm_plan import run_vllm_check
+
+        return run_vllm_check(plan, progress, shadow)
+    from capturelint.adapters import bundled
+
+    return bundled.run_check(plan, progress, shadow)
+
+
+def record_regions(plan: CheckPlan, progress: Callable[[str], None] | None = None) -> Any:
+    """Every configuration's captures, recorded without the shadow: the region map that
+    ``snapshot`` writes and ``diff`` compares."""
+    if plan.engine != "vllm":
+        from capturelint.adapters import bundled
+
+        return bundled.record_regions(plan, progress)
+    from capturelint.snapshot import region_map
+
+    return region_map(run_check(plan, progress, shadow=False), plan)
+
+
+__all__ = ["make_plan", "record_regions", "run_check"]
+

@@ -1,0 +1,152 @@
+"""``--engine vllm``: the plan of a vLLM check, its configurations, and the forward-context
+probe of ``vllm.forward_context``.
+
+Options, resolved like the bundled engine's (command line over settings over defaults):
+
+- ``--runner v1|v2|all`` (default ``all``: a region change must hold under both);
+- ``--mode PIECEWISE,FULL`` (default both; FULL_DECODE_ONLY and FULL_AND_PIECEWISE are
+  dispatch policies over these two graphs, the same graphs here, and are refused);
+- ``--eager-region``: ``per-runner`` (default) keeps vLLM's own choice
+  (attention.py:323-328), ``narrow`` / ``wide`` force ``_prepare_and_attn`` /
+  ``_prepare_and_attn_eager`` on every layer;
+- ``--layers`` (default 2), ``--steps`` (decode steps, default 6), ``--seed``.
+
+``--fresh-metadata``, ``--kernels triton`` and ``--break-outputs`` describe the bundled
+engine and are refused (vLLM 0.33.0's ``add_eager`` discards break outputs).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from capturelint.adapters.bundled import CheckPlan, layer_scope_group
+from capturelint.analyzer import RunLabel
+from capturelint.errors import CapturelintError
+from capturelint.harness import TwinResult
+from capturelint.limits import count_problem, seed_problem
+from capturelint.pipeline import Configuration, check_configuration
+from capturelint.report import ConfigReport, Report
+from capturelint.rules import select_codes
+from capturelint.runtime.forward_context import CUDAGraphMode
+from capturelint.settings import Settings, merge
+from capturelint.tracer import ContextSnapshot, ContextSummary, named_tensors
+
+VLLM_MODES = ("PIECEWISE", "FULL")
+DEFAULT_LAYERS = 2
+DEFAULT_STEPS = 6
+
+
+def vllm_plan(settings: Settings, runner: str | None = None, modes: Sequence[str] = (), eager_region: str | None = None,
+              fresh_metadata: bool = False, layers: int | None = None, steps: int | None = None, seed: int | None = None,
+              kernels: str | None = None, break_outputs: str | None = None, platform: str = "cuda",
+              select: Sequence[str] = (), ignore: Sequence[str] = ()) -> CheckPlan:
+    """The plan of a vLLM check; options that describe the bundled engine are refused."""
+    if platform != "cuda":
+        raise CapturelintError(f"--platform {platform} picks the bundled engine's default runner; --engine vllm checks "
+                               "the CUDA path of vLLM's DeepSeek V4 attention, drop --platform")
+    if fresh_metadata:
+        raise CapturelintError("--fresh-metadata changes the bundled engine's metadata builders; it does not apply to "
+                               "--engine vllm, drop it")
+    if kernels not in (None, "torch"):
+        raise CapturelintError("--kernels selects the bundled engine's kernels; --engine vllm runs vLLM's kernels' CPU "
+                               "references, drop --kernels")
+    if break_outputs is not None:
+        raise CapturelintError("--break-outputs sets the bundled runtime's policy; vLLM 0.33.0's add_eager discards "
+                               "break outputs, drop --break-outputs")
+    if runner is not None:
+        runners = ("v1", "v2") if runner.lower() == "all" else (runner.lower(),)
+    else:
+        runners = tuple(settings.runners or ("v1", "v2"))
+    for r in runners:
+        if r not in ("v1", "v2"):
+            raise CapturelintError(f"unknown runner {r!r}; use v1, v2 or all")
+    parsed = []
+    for m in tuple(modes) or tuple(settings.modes or ()) or VLLM_MODES:
+        try:
+            mode = str(CUDAGraphMode.parse(m))
+        except ValueError as e:
+            raise CapturelintError(str(e)) from None
+        if mode not in VLLM_MODES:
+            raise CapturelintError(f"--engine vllm checks the PIECEWISE and FULL graphs; mode {mode} is a dispatch "
+                                   "policy over them, use --mode PIECEWISE,FULL")
+        parsed.append(mode)
+    region = merge(eager_region, settings.eager_region, "per-runner")
+    if region not in ("narrow", "wide", "per-runner"):
+        raise CapturelintError(f"unknown eager region {region!r}; use narrow, wide or per-runner (vLLM's own choice)")
+    for name, value in (("layers", layers), ("steps", steps)):
+        problem = None if value is None else count_problem(name, value)
+        if problem is not None:
+            raise CapturelintError(f"--{name} {problem}, got {value}")
+    if seed is not None and (problem := seed_problem(seed)) is not None:
+        raise CapturelintError(f"--seed {problem}, got {seed}")
+    return CheckPlan(
+        runners=tuple(dict.fromkeys(runners)),
+        modes=tuple(dict.fromkeys(parsed)),
+        eager_region=region,
+        fresh_metadata=False,
+        layers=merge(layers, settings.layers, None),
+        steps=merge(steps, settings.steps, None),
+        seed=merge(seed, settings.seed, 0),
+        kernels="torch",
+        platform="cuda",
+        codes=select_codes(list(select) or list(settings.select or ()), list(ignore) or list(settings.ignore or ())),
+        copy_break_outputs=False,
+        engine="vllm",
+    )
+
+
+def forward_context_probe() -> ContextSnapshot:
+    """Reads ``vllm.forward_context``: whether ``attn_metadata`` is a dict (a real step,
+    or a capture with metadata) or not (a dummy or profile run), and the metadata's
+    tensors by path (``attn_metadata['model.layers.0.attn.swa_cache'].slot_mapping``)."""
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if not is_forward_context_available():
+        return ContextSnapshot(ContextSummary("none", "no forward context was set"))
+    md = get_forward_context().attn_metadata
+    if not isinstance(md, dict):
+        return ContextSnapshot(ContextSummary(
+            "none", "attn_metadata was None (a dummy or profile run: no attention metadata)"))
+    tensors: list[tuple[str, Any]] = []
+    for key, value in md.items():
+        tensors.extend(named_tensors(f"attn_metadata[{key!r}]", value, sep=""))
+    return ContextSnapshot(ContextSummary("metadata", f"attn_metadata held {len(md)} entries"), tuple(tensors))
+
+
+def _spec(plan: CheckPlan, runner: str, mode: str) -> Any:
+    from capturelint.adapters.vllm_runners import RunSpec
+
+    return RunSpec(runner=runner, mode=mode, eager_region=None if plan.eager_region == "per-runner" else plan.eager_region,
+                   layers=plan.layers or DEFAULT_LAYERS, steps=plan.steps or DEFAULT_STEPS, seed=plan.seed)
+
+
+def configuration(plan: CheckPlan, runner: str, mode: str) -> Configuration:
+    """Build the tiny model for one runner and mode (inside ``cpu_shim``)."""
+    from capturelint.adapters.vllm_runners import Runner, compare, region_of
+
+    spec = _spec(plan, runner, mode)
+    engine = Runner(spec)
+
+    def twin(output: Any) -> TwinResult:
+        agreement, error = compare(output, Runner(spec, graphs=False).generate())
+        return TwinResult(agreement, error)
+
+    return Configuration(RunLabel(runner, mode), engine.generate, engine.roots(), region_of(engine.model),
+                         forward_context_probe, layer_scope_group, twin, require_replays=True,
+                         eager_region_option=plan.eager_region)
+
+
+def run_vllm_check(plan: CheckPlan, progress: Callable[[str], None] | None = None, shadow: bool = True) -> Report:
+    from capturelint.adapters.vllm import cpu_shim
+
+    configs: list[ConfigReport] = []
+    with cpu_shim():
+        for runner, mode in plan.configurations:
+            if progress is not None:
+                progress(f"vLLM · runner {runner} · {mode}")
+            configs.append(check_configuration(configuration(plan, runner, mode), plan.codes, shadow=shadow))
+    return Report(configs)
+
+
+__all__ = ["DEFAULT_LAYERS", "DEFAULT_STEPS", "VLLM_MODES", "configuration", "forward_context_probe", "run_vllm_check",
+           "vllm_plan"]
