@@ -17,6 +17,7 @@ engine and are refused (vLLM 0.33.0's ``add_eager`` discards break outputs).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Sequence
 
 from capturelint.adapters.bundled import CheckPlan, layer_scope_group
@@ -120,18 +121,48 @@ def _spec(plan: CheckPlan, runner: str, mode: str) -> Any:
                    layers=plan.layers or DEFAULT_LAYERS, steps=plan.steps or DEFAULT_STEPS, seed=plan.seed)
 
 
+_MISSING_OP = re.compile(r"'_OpNamespace' '(\w+)' object has no attribute '(\w+)'")
+
+
+def missing_op(e: BaseException) -> CapturelintError | None:
+    """The one-line error for a ``torch.ops`` kernel vLLM called that does not exist
+    here, found in ``e`` or its causes; None when ``e`` is something else."""
+    from capturelint.adapters.vllm_kernels import missing_kernel_error
+
+    while e is not None:
+        m = _MISSING_OP.search(str(e)) if isinstance(e, AttributeError) else None
+        if m is not None:
+            return CapturelintError(f"{missing_kernel_error(f'{m.group(1)}::{m.group(2)}')}; a vLLM other than "
+                                    "0.33.0 may need one: add it there")
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+    return None
+
+
+def _naming_kernels(fn: Callable[[], Any]) -> Callable[[], Any]:
+    def call() -> Any:
+        try:
+            return fn()
+        except AttributeError as e:
+            error = missing_op(e)
+            if error is None:
+                raise
+            raise error from None
+
+    return call
+
+
 def configuration(plan: CheckPlan, runner: str, mode: str) -> Configuration:
     """Build the tiny model for one runner and mode (inside ``cpu_shim``)."""
     from capturelint.adapters.vllm_runners import Runner, compare, region_of
 
     spec = _spec(plan, runner, mode)
-    engine = Runner(spec)
+    engine = _naming_kernels(lambda: Runner(spec))()
 
     def twin(output: Any) -> TwinResult:
-        agreement, error = compare(output, Runner(spec, graphs=False).generate())
+        agreement, error = compare(output, _naming_kernels(Runner(spec, graphs=False).generate)())
         return TwinResult(agreement, error)
 
-    return Configuration(RunLabel(runner, mode), engine.generate, engine.roots(), region_of(engine.model),
+    return Configuration(RunLabel(runner, mode), _naming_kernels(engine.generate), engine.roots(), region_of(engine.model),
                          forward_context_probe, layer_scope_group, twin, require_replays=True,
                          eager_region_option=plan.eager_region)
 
@@ -144,9 +175,13 @@ def run_vllm_check(plan: CheckPlan, progress: Callable[[str], None] | None = Non
         for runner, mode in plan.configurations:
             if progress is not None:
                 progress(f"vLLM · runner {runner} · {mode}")
-            configs.append(check_configuration(configuration(plan, runner, mode), plan.codes, shadow=shadow))
+            try:
+                configs.append(check_configuration(configuration(plan, runner, mode), plan.codes, shadow=shadow))
+            except CapturelintError as e:
+                raise missing_op(e) or e from None
     return Report(configs)
 
 
-__all__ = ["DEFAULT_LAYERS", "DEFAULT_STEPS", "VLLM_MODES", "configuration", "forward_context_probe", "run_vllm_check",
+__all__ = ["DEFAULT_LAYERS", "DEFAULT_STEPS", "VLLM_MODES", "configuration", "forward_context_probe", "missing_op",
+           "run_vllm_check",
            "vllm_plan"]

@@ -1,0 +1,209 @@
+"""``capturelint check --engine vllm``: vLLM 0.33.0's own DeepSeek V4 attention, checked
+on a CPU under both model runners.
+
+The three commands of the issue's acceptance list run once each (module fixtures, in
+this process: vLLM is imported once); the other tests read their reports or run small
+configurations (one layer, one mode).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from capturelint.cli import main
+from conftest import require_vllm  # tests/vllm/conftest.py
+
+ATTENTION = "vllm/models/deepseek_v4/attention.py"
+
+
+def check(tmp_path_factory, *args: str) -> tuple[int, dict]:
+    require_vllm()
+    out = tmp_path_factory.mktemp("vllm") / "report.json"
+    code = main(["check", "--engine", "vllm", *args, "--format", "json", "-o", str(out)])
+    return code, json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def v1_narrow(tmp_path_factory):
+    return check(tmp_path_factory, "--runner", "v1", "--eager-region", "narrow")
+
+
+@pytest.fixture(scope="module")
+def v1_default(tmp_path_factory):
+    return check(tmp_path_factory, "--runner", "v1")
+
+
+@pytest.fixture(scope="module")
+def v2_narrow(tmp_path_factory):
+    return check(tmp_path_factory, "--runner", "v2", "--eager-region", "narrow")
+
+
+def test_v1_narrow_region_fails_at_the_profile_run_branch(v1_narrow):
+    code, report = v1_narrow
+    assert code == 1
+    cl101 = [f for f in report["findings"] if f["code"] == "CL101"]
+    assert cl101, report["summary"]
+    for f in cl101:
+        assert (f["runner"], f["mode"]) == ("v1", "PIECEWISE")
+        assert f["capture_frame"]["file"].endswith(ATTENTION)
+        assert f["capture_frame"]["function"] == "_fused_qnorm_rope_kv_insert"
+        assert f["op"] == "aten.constant_pad_nd.default"  # the profile run's F.pad, captured instead of the insert
+        assert "attn_metadata was None" in f["message"]
+    # one finding per layer, each in its own layer's scope
+    assert sorted(f["scope"] for f in cl101) == ["layers.0.attn", "layers.1.attn"]
+    piecewise = next(n for n in report["numerical"] if n["mode"] == "PIECEWISE")
+    assert piecewise["max_step_error"] > 1e-2
+    assert piecewise["token_agreement"] < 1.0
+    # a FULL graph is captured with metadata (force_attention): the narrow region is safe there
+    full = next(n for n in report["numerical"] if n["mode"] == "FULL")
+    assert full["max_step_error"] < 1e-4 and full["replay_steps"] >= 4
+    assert not [f for f in report["findings"] if f["mode"] == "FULL"]
+
+
+def test_v1_with_vllms_own_region_is_clean(v1_default):
+    code, report = v1_default
+    assert code == 0, report["findings"]
+    assert report["findings"] == []
+    assert {c["eager_region"] for c in report["configurations"]} == {"wide"}  # _prepare_and_attn_eager under V1
+    for n in report["numerical"]:
+        assert n["replay_steps"] >= 4
+        assert n["max_step_error"] < 1e-4
+        assert n["token_agreement"] == 1.0
+
+
+def test_v2_narrow_region_is_clean(v2_narrow):
+    code, report = v2_narrow
+    assert code == 0, report["findings"]
+    for n in report["numerical"]:
+        assert n["runner"] == "v2"
+        assert n["replay_steps"] >= 4
+        assert n["max_step_error"] < 1e-4
+
+
+def _segments(report: dict, mode: str) -> list[dict]:
+    config = next(c for c in report["configurations"] if c["mode"] == mode)
+    return config["graphs"][0]["segments"]
+
+
+def test_piecewise_graphs_break_where_vllm_breaks(v1_default, v2_narrow):
+    wide = [s["break"] for s in _segments(v1_default[1], "PIECEWISE") if s["kind"] == "eager"]
+    assert wide == ["DeepseekV4Attention._prepare_and_attn_eager"] * 2  # one per layer
+    narrow = _segments(v2_narrow[1], "PIECEWISE")
+    assert [s["break"] for s in narrow if s["kind"] == "eager"] == ["DeepseekV4Attention._sparse_indexer_and_attn"] * 2
+    captured = {op for s in narrow if s["kind"] == "captured" for ops in s["ops"].values() for op in ops}
+    # under V2 the KV insert is captured (metadata was built at capture) ...
+    assert "_C.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert.default" in captured
+    # ... and vLLM's weak references of break arguments are not ops of the graph
+    assert "_C.weak_ref_tensor.default" not in captured
+    # FULL: the FULL-mode bypass makes the whole forward one captured segment
+    full = _segments(v2_narrow[1], "FULL")
+    assert [s["kind"] for s in full] == ["captured"]
+
+
+def test_json_is_byte_identical_across_runs(tmp_path_factory, v2_narrow):
+    code, again = check(tmp_path_factory, "--runner", "v2", "--eager-region", "narrow")
+    assert code == 0
+    assert json.dumps(again, sort_keys=True) == json.dumps(v2_narrow[1], sort_keys=True)
+
+
+# ------------------------------------------------------------------ one-line errors
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_unsupported_version_is_refused(monkeypatch, capsys):
+    vllm = require_vllm()
+    monkeypatch.setattr(vllm, "__version__", "0.34.1")
+    assert main(["check", "--engine", "vllm", "--runner", "v1", "--mode", "PIECEWISE"]) == 2
+    line = _one_line(capsys)
+    assert "vLLM 0.34.1" in line and "not supported" in line and "0.33.0" in line
+    assert "pip install --no-deps -r requirements/vllm.txt" in line
+
+
+def test_missing_vllm_says_how_to_install(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ModuleNotFoundError
+    assert main(["check", "--engine", "vllm"]) == 2
+    line = _one_line(capsys)
+    assert "--engine vllm needs vLLM 0.33.0" in line
+    assert "pip install --no-deps -r requirements/vllm.txt" in line
+
+
+def test_a_kernel_without_reference_is_named(monkeypatch, capsys):
+    require_vllm()
+    import torch
+    from vllm.models.deepseek_v4.attention import DeepseekV4Attention
+
+    def new_kernel(self, q, kv, positions, attn_metadata):  # as a newer vLLM might call a new _C op
+        return torch.ops._C.fused_deepseek_v5_qnorm_rope_kv_insert(q, kv, positions)
+
+    monkeypatch.setattr(DeepseekV4Attention, "_fused_qnorm_rope_kv_insert", new_kernel)
+    assert main(["check", "--engine", "vllm", "--runner", "v2", "--mode", "PIECEWISE", "--layers", "1"]) == 2
+    line = _one_line(capsys)
+    assert "_C.fused_deepseek_v5_qnorm_rope_kv_insert" in line
+    assert "no CPU reference" in line
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--mode", "FULL_DECODE_ONLY"], "PIECEWISE and FULL"),
+    (["--fresh-metadata", "--runner", "v1"], "--fresh-metadata"),
+    (["--break-outputs", "copy"], "discards break outputs"),
+    (["--kernels", "triton"], "--kernels"),
+    (["--platform", "rocm"], "--platform rocm"),
+    (["--eager-region", "medium"], "unknown eager region"),
+])
+def test_options_of_the_bundled_engine_are_refused(args, needle, capsys):
+    assert main(["check", "--engine", "vllm", *args]) == 2
+    assert needle in _one_line(capsys)
+
+
+# ------------------------------------------------------------- regions commands
+
+
+def test_snapshot_and_show_work_on_vllm(tmp_path, capsys):
+    require_vllm()
+    snap = tmp_path / "snap.json"
+    assert main(["snapshot", "--engine", "vllm", "--runner", "v1", "--mode", "PIECEWISE", "--layers", "1",
+                 "-o", str(snap)]) == 0
+    doc = json.loads(snap.read_text())
+    assert doc["engine"]["name"] == "vllm"
+    (config,) = doc["configurations"]
+    assert (config["runner"], config["mode"], config["eager_region"]) == ("v1", "PIECEWISE", "wide")
+    capsys.readouterr()
+    assert main(["show", "--engine", "vllm", "--runner", "v1", "--mode", "PIECEWISE", "--layers", "1",
+                 "--eager-region", "narrow", "--format", "dot"]) == 0
+    shown = capsys.readouterr().out
+    assert "_sparse_indexer_and_attn" in shown
+
+
+# ------------------------------------------------- layers of every kind, built by vLLM
+
+
+def test_compressor_and_indexer_layers_build_through_vllms_init():
+    require_vllm()
+    import torch
+    from vllm.config import set_current_vllm_config
+
+    from capturelint.adapters.vllm import cpu_shim
+    from capturelint.adapters.vllm_runners import _ensure_distributed, build_attention, vllm_config
+
+    with cpu_shim():
+        vc = vllm_config(3, "v1", ratios=(1, 4, 128))
+        with set_current_vllm_config(vc):
+            _ensure_distributed(vc)
+            topk = torch.zeros(64, 16, dtype=torch.int32)
+            layers = [build_attention(vc, i, topk) for i in range(3)]
+    sliding, c4, c128 = layers
+    assert (sliding.compress_ratio, sliding.compressor, sliding.indexer) == (1, None, None)
+    assert c4.compress_ratio == 4 and c4.indexer is not None and c4.compressor is not None
+    assert c128.compress_ratio == 128 and c128.indexer is None and c128.compressor is not None
+    assert {layer.padded_heads for layer in layers} == {64}
+    assert {layer.kv_cache_dtype for layer in layers} == {"fp8_ds_mla"}
+    registered = set(vc.compilation_config.static_forward_context)
+    assert {"model.layers.1.attn.indexer.k_cache", "model.layers.2.attn.compressor.state_cache"} <= registered
