@@ -1,0 +1,84 @@
+"""Benchmark of `capturelint check --engine vllm` (not a test; numbers go to
+BENCHMARKS.md with the machine they were measured on).
+
+Measures, in one run, medians of --repeat whole processes each:
+- import: `import vllm` plus the DeepSeek V4 FlashMLA attention module, for the CPU
+  target (what every `--engine vllm` command pays first);
+- the matrix: `capturelint check --engine vllm` (v1 and v2, PIECEWISE and FULL, 2 layers,
+  6 steps), and the two acceptance commands `--runner v1 --eager-region narrow` and
+  `--runner v2 --eager-region narrow`;
+- an untraced run of one configuration (v1 PIECEWISE: build, capture, 6 replayed steps,
+  no tracer, no twin) as the unit the ratios are expressed in, so they survive a
+  noisy machine.
+
+    python bench/bench_vllm.py [--repeat 3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+IMPORT = ("import os; os.environ.setdefault('VLLM_TARGET_DEVICE','cpu'); os.environ.setdefault('VLLM_LOGGING_LEVEL','ERROR'); "
+          "import vllm, vllm.models.deepseek_v4.nvidia.flashmla")
+UNTRACED = """
+import os, time
+from capturelint.adapters.vllm import cpu_shim
+from capturelint.adapters.vllm_runners import RunSpec, Runner
+with cpu_shim():
+    t0 = time.perf_counter()
+    Runner(RunSpec(runner="v1", mode="PIECEWISE")).generate()
+    print(time.perf_counter() - t0)
+"""
+COMMANDS = {
+    "check --engine vllm (4 configurations)": ["check", "--engine", "vllm", "--format", "json"],
+    "check --engine vllm --runner v1 --eager-region narrow": ["check", "--engine", "vllm", "--runner", "v1",
+                                                              "--eager-region", "narrow", "--format", "json"],
+    "check --engine vllm --runner v2 --eager-region narrow": ["check", "--engine", "vllm", "--runner", "v2",
+                                                              "--eager-region", "narrow", "--format", "json"],
+}
+
+
+def wall(argv: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    py = sys.executable
+    results: dict[str, float] = {}
+    results["import vLLM (DSV4 path)"] = statistics.median(wall([py, "-c", IMPORT]) for _ in range(args.repeat))
+    runs = []
+    for _ in range(args.repeat):
+        out = subprocess.run([py, "-c", UNTRACED], capture_output=True, text=True, check=True)
+        runs.append(float(out.stdout.strip().splitlines()[-1]))
+    unit = statistics.median(runs)
+    results["untraced run, v1 PIECEWISE (in process, after import)"] = unit
+    for name, argv in COMMANDS.items():
+        results[name] = statistics.median(wall([py, "-m", "capturelint.cli", *argv]) for _ in range(args.repeat))
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    if args.json:
+        print(json.dumps({"machine": machine, "seconds": results}, indent=2))
+        return
+    imp = results["import vLLM (DSV4 path)"]
+    print(f"machine: {machine}; medians of {args.repeat} processes")
+    print("| workload | wall (s) | minus import, in untraced runs |")
+    print("|---|---|---|")
+    for name, seconds in results.items():
+        ratio = "" if name.startswith(("import", "untraced")) else f"{(seconds - imp) / unit:.1f}"
+        print(f"| {name} | {seconds:.2f} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()
