@@ -36,6 +36,7 @@ class Options:
     ops: bool = False  # show: expand scopes to their ops
     title: str | None = None  # diff, rich: the panel's title
     fallback_uri: str | None = None  # check, sarif: where findings without a source line point
+    hint: str | None = None  # check, rich: the last line of a report with findings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +65,10 @@ def _check_rich(report: Any, console: Any, options: Options) -> None:
     from capturelint.render.report import render_rich
 
     render_rich(report, console, options.verbose)
+    if options.hint and report.findings:
+        from rich.text import Text
+
+        console.print(Text(options.hint, style="dim"), soft_wrap=True)
 
 
 def _check_json(report: Any, options: Options) -> str:

@@ -31,9 +31,12 @@ hands in ``Slot``\\ s, each of which builds a fresh engine and checks it.
 **Limits.** A function is wrapped where it is defined (a class attribute, or a module
 attribute and every module that imported the same function object); an engine that
 holds a function in a closure, a ``<locals>`` function, or one built before the run
-(at import) is not reached, and such frames are listed as skipped. Candidates come from
-the findings of the current region only: a region that fixes some findings and uncovers
-new ones is reported with what remains, not refined further.
+(at import) is not reached, and such frames are listed as skipped. A capture-time
+divergence (R1) hides the findings after it in its segment, so a region that fixes some
+findings and uncovers others is tried again with each function on the stacks of what
+remains (regions of up to three functions). Findings whose captured op lies outside the
+baked function (a branch that records *fewer* ops at capture is seen at the next op)
+yield candidates that may miss it.
 """
 
 from __future__ import annotations
@@ -308,6 +311,7 @@ class Suggestion:
     current: tuple[Outcome, ...]  # the same configurations with the current region
     cross: tuple[Outcome, ...]  # the other configurations, with the region
     baseline_cross: tuple[Outcome, ...]  # the other configurations, with the current region
+    uncovered: int = 0  # findings a part of the region uncovered (hidden at first), also fixed
 
     @property
     def eager_ops_per_step(self) -> float:
@@ -371,6 +375,7 @@ class Suggestion:
             "eager_ops_per_step": self.eager_ops_per_step,
             "eager_ops_by_configuration": self.growth(),
             "findings_fixed": self.fixed,
+            "uncovered_findings_fixed": self.uncovered,
             "findings_before": sum(len(c.finding_keys) for c in self.current),
             "verification": [o.to_json() for o in self.verification],
             "cross_check": [o.to_json() for o in self.cross],
@@ -448,16 +453,17 @@ class SuggestReport:
 # ---------------------------------------------------------------- the search
 
 
-def _run(slot: Slot, region: Sequence[FunctionRef]) -> Outcome:
+def _run(slot: Slot, region: Sequence[FunctionRef]) -> tuple[Outcome, ConfigReport | None]:
     from capturelint.errors import CapturelintError
 
     try:
         with eager_breaks(region):
-            return Outcome.of(slot.label, slot.check())
+            cfg = slot.check()
+        return Outcome.of(slot.label, cfg), cfg
     except (CapturelintError, LookupError) as e:
         # a region can make an engine fail (a break whose return value cannot be copied
         # back): that region is no fix, and the search goes on
-        return Outcome.failed(slot.label, " ".join(str(e).split()))
+        return Outcome.failed(slot.label, " ".join(str(e).split())), None
 
 
 def collect_candidates(failing: dict[str, ConfigReport]) -> tuple[list[Candidate], list[tuple[str, str]]]:
@@ -489,15 +495,14 @@ def collect_candidates(failing: dict[str, ConfigReport]) -> tuple[list[Candidate
 
 def plan_regions(candidates: Sequence[Candidate], max_size: int = 3) -> list[tuple[Candidate, ...]]:
     """Each candidate alone, then the smallest sets of candidates that together cover
-    every finding (when no single one does), in candidate order."""
+    every finding while none of them does alone (two inner functions can beat the one
+    function that calls both), in candidate order."""
     regions: list[tuple[Candidate, ...]] = [(c,) for c in candidates]
     everything = frozenset().union(*(c.keys for c in candidates)) if candidates else frozenset()
-    if any(c.keys >= everything for c in candidates):
-        return regions
+    partial = [c for c in candidates if not c.keys >= everything]
     for size in range(2, max_size + 1):
-        covers = [combo for combo in itertools.combinations(candidates, size)
-                  if frozenset().union(*(c.keys for c in combo)) >= everything
-                  and all(not (frozenset().union(*(x.keys for x in combo if x is not c)) >= everything) for c in combo)]
+        covers = [combo for combo in itertools.combinations(partial, size)
+                  if frozenset().union(*(c.keys for c in combo)) >= everything]
         if covers:
             return regions + covers
     return regions
@@ -520,25 +525,47 @@ def suggest(slots: Sequence[Slot], max_candidates: int = DEFAULT_MAX_CANDIDATES,
             cfg = slot.check()  # an engine that fails with its own region is the user's error
             current[slot.label] = (Outcome.of(slot.label, cfg), cfg)
         else:
-            current[slot.label] = (_run(slot, ()), None)
+            current[slot.label] = _run(slot, ())
     requested = tuple(s.label for s in slots if s.requested)
     failing = {s.label: current[s.label][1] for s in slots if s.requested and not current[s.label][0].clean}
     failing_slots = [s for s in slots if s.label in failing]
     candidates, skipped = collect_candidates(failing)  # type: ignore[arg-type]
-    planned = plan_regions(candidates)
+    queue: list[tuple[FunctionRef, ...]] = [tuple(c.ref for c in combo) for combo in plan_regions(candidates)]
+    seen = {frozenset(r) for r in queue}
+    known = {c.ref.key for c in candidates}
+    extra: list[Candidate] = []
     trials: list[Trial] = []
-    budget = planned[:max_candidates]
-    total[0] += sum(len(failing_slots) for _ in budget)
-    for combo in budget:
-        region = tuple(c.ref for c in combo)
-        outcomes = []
+    total[0] += len(failing_slots) * min(len(queue), max_candidates)
+    while queue and len(trials) < max_candidates:
+        region = queue.pop(0)
+        if any(t.clean and set(t.region) <= set(region) for t in trials):
+            continue  # a clean region inside it was found: this one only adds breaks
+        outcomes, reports = [], []
         for slot in failing_slots:
             tick(f"{slot.label} · {' + '.join(r.qualname for r in region)}")
-            o = _run(slot, region)
+            o, cfg = _run(slot, region)
             outcomes.append(o)
+            reports.append((slot.label, cfg))
             if not o.clean:
                 break
-        trials.append(Trial(region, tuple(outcomes)))
+        trial = Trial(region, tuple(outcomes))
+        trials.append(trial)
+        last_label, last_cfg = reports[-1]
+        progressed = last_cfg is not None and not (current[last_label][0].finding_keys <= outcomes[-1].finding_keys)
+        if not trial.clean and progressed and len(region) < 3:
+            # It fixed findings and uncovered others (a capture-time divergence hides the
+            # ones after it): try it with each function on the stacks of what remains.
+            more, more_skipped = collect_candidates({last_label: last_cfg})  # type: ignore[dict-item]
+            skipped = sorted(set(skipped) | set(more_skipped))
+            for c in more:
+                grown = tuple(sorted(set(region) | {c.ref}, key=lambda r: (region + (c.ref,)).index(r)))
+                if frozenset(grown) not in seen and c.ref not in region:
+                    seen.add(frozenset(grown))
+                    queue.append(grown)
+                    total[0] += len(failing_slots)
+                if c.ref.key not in known:
+                    known.add(c.ref.key)
+                    extra.append(c)
     clean = [t for t in trials if t.clean]
     clean.sort(key=lambda t: (round(sum(o.eager_ops_per_step for o in t.outcomes), 3), len(t.region), t.region))
     others = [s for s in slots if s.label not in failing]
@@ -548,11 +575,14 @@ def suggest(slots: Sequence[Slot], max_candidates: int = DEFAULT_MAX_CANDIDATES,
         cross = []
         for slot in others:
             tick(f"{slot.label} · cross-check {' + '.join(r.qualname for r in t.region)}")
-            cross.append(_run(slot, t.region))
+            cross.append(_run(slot, t.region)[0])
+        before = set().union(*(current[s.label][0].finding_keys for s in failing_slots))
+        hidden = set().union(*(o.finding_keys for u in trials if set(u.region) < set(t.region) for o in u.outcomes))
         suggestions.append(Suggestion(rank, t.region, t.outcomes, tuple(current[s.label][0] for s in failing_slots),
-                                      tuple(cross), tuple(current[s.label][0] for s in others)))
-    return SuggestReport(tuple(current[s.label][0] for s in slots), requested, tuple(failing), tuple(candidates),
-                         tuple(skipped), tuple(suggestions), tuple(trials), max_candidates, len(planned))
+                                      tuple(cross), tuple(current[s.label][0] for s in others), len(hidden - before)))
+    return SuggestReport(tuple(current[s.label][0] for s in slots), requested, tuple(failing),
+                         tuple(candidates) + tuple(extra), tuple(skipped), tuple(suggestions), tuple(trials),
+                         max_candidates, len(trials) + len(queue))
 
 
 # -------------------------------------------------------------------- patch

@@ -48,7 +48,8 @@ def _suggestion_panel(s: Suggestion) -> Panel:
         pct = "" if g["growth_percent"] is None else f" ({g['growth_percent']:+g}%)"
         growth.append(f"{label} {g['current']:g} -> {g['suggested']:g}{pct}")
     parts.append(Text(f"eager ops per step: {'; '.join(growth)} · {s.breaks_added} break{'s' * (s.breaks_added != 1)} "
-                      f"added · fixes {s.fixed} finding{'s' * (s.fixed != 1)}"))
+                      f"added · fixes {s.fixed} finding{'s' * (s.fixed != 1)}"
+                      + (f" and {s.uncovered} it uncovered" if s.uncovered else "")))
     for o in s.verification:
         parts.append(Text(f"verified: {_verdict(o)}", style="green"))
     for o in s.cross:
