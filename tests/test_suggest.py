@@ -79,7 +79,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, args):
 
 
 def test_eager_breaks_wrap_the_class_attribute_and_restore_it():
-    import capturelint_target_suggest_engines as engines  # loaded by the tests above, as --target loads it
+    import suggest_engines as engines
     from capturelint.suggest import FunctionRef, eager_breaks
 
     original = engines.TwoBranches.__dict__["first"]
@@ -121,7 +121,7 @@ def test_bundled_v1_narrow_gets_a_verified_region_no_wider_than_wide(capsys):
     assert top["eager_ops_per_step"] <= sum(g["eager_ops"] for g in graphs) / len(graphs)
 
 
-def test_the_default_budget_is_the_cores():
+def test_the_help_states_the_default_budget():
     from capturelint.commands.suggest import DEFAULT_MAX_CANDIDATES
     from capturelint import suggest
 
