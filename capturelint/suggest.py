@@ -315,7 +315,8 @@ class Suggestion:
 
     @property
     def eager_ops_per_step(self) -> float:
-        return round(sum(o.eager_ops_per_step for o in self.verification), 3)
+        """Averaged over the failing configurations (each one's as ``snapshot`` counts it)."""
+        return round(sum(o.eager_ops_per_step for o in self.verification) / max(len(self.verification), 1), 3)
 
     @property
     def breaks_added(self) -> int:
