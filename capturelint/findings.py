@@ -36,6 +36,9 @@ class Finding:
     the tensor concerned (parameter, runner buffer, metadata field, cache or producing
     op), or ``None`` when the finding concerns an op. ``steps`` are the replay steps
     where it was seen (first few), ``occurrences`` how many times in all.
+    ``capture_stack`` is the engine frames on the stack of the captured op (or of the
+    break's call) at capture, innermost first, up to the captured callable: the
+    functions ``capturelint suggest`` tries as eager breaks. It is not part of the JSON.
     """
 
     code: str
@@ -56,6 +59,7 @@ class Finding:
     steps: tuple[int, ...] = ()
     occurrences: int = 1
     allocation_frame: Frame | None = None  # where the step's replacement tensor was allocated (CL104)
+    capture_stack: tuple[Frame, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
     def sort_key(self) -> tuple:
         frame = self.capture_frame or self.shadow_frame or Frame("", 0, "")

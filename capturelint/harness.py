@@ -21,7 +21,7 @@ from capturelint.findings import Finding
 from capturelint.rules import RULES
 from capturelint.runtime import protocol
 from capturelint.runtime.protocol import HostSyncEvent, HostSyncInCaptureError
-from capturelint.tracer import ContextProbe, ScopeGroup, Stream, Tracer
+from capturelint.tracer import ContextProbe, ScopeGroup, Stream, Tracer, capture_stack
 
 protocol.register_runtime_file(__file__)
 
@@ -81,7 +81,7 @@ def trace_run(
         e = raised if isinstance(raised, HostSyncInCaptureError) else raised.__cause__
         if not isinstance(e, HostSyncInCaptureError):
             raise
-        host_sync = e.event
+        host_sync = dataclasses.replace(e.event, stack=capture_stack(e.event.stack, tracer.entry_stack))
     except SystemExit as e:  # a check that did not finish has no verdict, whatever the code
         raise CapturelintError(
             f"the engine called sys.exit({e.code!r}) under runner {label.runner}, mode {label.mode}, so the check could "

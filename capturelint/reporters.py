@@ -1,8 +1,8 @@
 """Every output format of every command, in one registry.
 
 A *reporter* renders one subject of one command: the check ``Report`` (``check``), the
-views of the captured regions (``show``), a ``RegionDiff`` (``diff``) or a
-``RegionMap`` (``snapshot``). Its ``kind`` says how: ``rich`` draws on a Rich console
+views of the captured regions (``show``), a ``RegionDiff`` (``diff``), a
+``RegionMap`` (``snapshot``) or a ``SuggestReport`` (``suggest``). Its ``kind`` says how: ``rich`` draws on a Rich console
 (a terminal, or a file at a fixed width), ``text`` returns a string, ``bytes`` returns
 binary data (PNG), which only goes to a file. ``summary`` says whether the output ends
 with the run's one-line summary; when it does not, the command says the summary on
@@ -36,6 +36,7 @@ class Options:
     ops: bool = False  # show: expand scopes to their ops
     title: str | None = None  # diff, rich: the panel's title
     fallback_uri: str | None = None  # check, sarif: where findings without a source line point
+    hint: str | None = None  # check, rich: the last line of a report with findings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +65,10 @@ def _check_rich(report: Any, console: Any, options: Options) -> None:
     from capturelint.render.report import render_rich
 
     render_rich(report, console, options.verbose)
+    if options.hint and report.findings:
+        from rich.text import Text
+
+        console.print(Text(options.hint, style="dim"), soft_wrap=True)
 
 
 def _check_json(report: Any, options: Options) -> str:
@@ -143,6 +148,25 @@ def _snapshot_json(rmap: Any, options: Options) -> str:
     return rmap.dumps()
 
 
+# ----------------------------------------------------------------------- suggest
+
+
+def _suggest_rich(report: Any, console: Any, options: Options) -> None:
+    from capturelint.render.suggest import render_suggest
+
+    render_suggest(report, console)
+
+
+def _suggest_json(report: Any, options: Options) -> str:
+    from capturelint.report import dumps_json
+
+    return dumps_json(report.to_json())
+
+
+def _suggest_patch(report: Any, options: Options) -> str:
+    return report.patch_text
+
+
 REPORTERS: tuple[Reporter, ...] = (
     Reporter("check", "rich", "rich", _check_rich, summary=True),
     Reporter("check", "json", "text", _check_json),
@@ -156,6 +180,9 @@ REPORTERS: tuple[Reporter, ...] = (
     Reporter("diff", "dot", "text", _diff_dot),
     Reporter("diff", "json", "text", _diff_json),
     Reporter("snapshot", "json", "text", _snapshot_json),
+    Reporter("suggest", "rich", "rich", _suggest_rich, summary=True),
+    Reporter("suggest", "json", "text", _suggest_json),
+    Reporter("suggest", "patch", "text", _suggest_patch),
 )
 
 

@@ -109,6 +109,7 @@ class OpRecord(NamedTuple):
     scalars: tuple[tuple[str, Any], ...]
     inputs: tuple[TensorUse, ...]
     outputs: tuple[TensorUse, ...]
+    stack: tuple[Frame, ...] = ()  # capture streams: engine frames, innermost first, up to the captured callable
 
     @property
     def key(self) -> tuple[str, str]:
@@ -137,6 +138,7 @@ class Segment:
     end_op: OpIndex = -1
     break_args: tuple[BreakArg, ...] = ()
     break_frame: Frame | None = None
+    break_stack: tuple[Frame, ...] = ()  # capture streams: the engine frames that called the break
     returned: frozenset[StorageId] = frozenset()
 
     @property
@@ -272,7 +274,7 @@ def _schema(func: Any) -> _SchemaInfo:
 
 
 _frames: dict[tuple, Frame] = {}
-_code_names: dict[Any, tuple[str, str] | None] = {}
+_code_names: dict[Any, bool | None] = {}
 
 
 def _frame() -> Frame:
@@ -281,18 +283,57 @@ def _frame() -> Frame:
     f = sys._getframe(3)
     while f is not None:
         code = f.f_code
-        names = _code_names.get(code, False)
-        if names is False:
-            names = None if rt.hidden_code(code) else (rt.display_path(code.co_filename), code.co_name)
-            _code_names[code] = names
-        if names is not None:
-            key = (code, f.f_lineno)
-            frame = _frames.get(key)
-            if frame is None:
-                frame = _frames[key] = Frame(names[0], f.f_lineno, names[1])
-            return frame
+        if _shown(code):
+            return _code_frame(code, f.f_lineno)
         f = f.f_back
     return Frame("<unknown>", 0, "<unknown>")
+
+
+def _shown(code: Any) -> bool:
+    shown = _code_names.get(code)
+    if shown is None:
+        shown = _code_names[code] = not rt.hidden_code(code)
+    return shown
+
+
+def _code_frame(code: Any, line: int) -> Frame:
+    key = (code, line)
+    frame = _frames.get(key)
+    if frame is None:
+        frame = _frames[key] = rt.code_frame(code, line)
+    return frame
+
+
+def _stack(f: Any, stop: frozenset[int]) -> tuple[Frame, ...]:
+    """The engine frames from ``f`` outwards, innermost first, up to (not including)
+    the first frame in ``stop`` (the frames that were running when the capture began,
+    so the outermost frame kept is the captured callable's). Captures only: the walk
+    costs a few microseconds per op."""
+    out = []
+    while f is not None and id(f) not in stop:
+        code = f.f_code
+        if _shown(code):
+            out.append(_code_frame(code, f.f_lineno))
+        f = f.f_back
+    return tuple(out)
+
+
+def capture_stack(stack: tuple[Frame, ...], entry: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    """``stack`` (a full engine stack inside a capture) without the frames that were
+    running when the capture began (``entry``, its outer end)."""
+    if entry and len(stack) >= len(entry) and stack[len(stack) - len(entry):] == entry:
+        return stack[: len(stack) - len(entry)]
+    return stack
+
+
+def _running_frames() -> tuple[frozenset[int], list[Any]]:
+    """The ids of the frames running now, and the frames: held until the capture ends,
+    so that no frame made during the capture can get one of their ids."""
+    f, frames = sys._getframe(1), []
+    while f is not None:
+        frames.append(f)
+        f = f.f_back
+    return frozenset(id(x) for x in frames), frames
 
 
 _dtype_names: dict[torch.dtype, str] = {}
@@ -383,6 +424,9 @@ class Tracer(rt.CaptureObserver):
         self._static_names: dict[StorageId, tuple[str, ...]] = {}
         self._static_alive: list[Any] = []
         self._alloc_frames: dict[StorageId, Frame] = {}
+        self._entry: frozenset[int] = frozenset()  # frames running when the current capture began
+        self._entry_frames: list[Any] = []
+        self.entry_stack: tuple[Frame, ...] = ()  # their engine frames, innermost first
         self.unseen: dict[int, str] = {}  # graphs replayed whose capture the tracer did not see
 
     # ---------------------------------------------------------------- lifecycle
@@ -553,9 +597,11 @@ class Tracer(rt.CaptureObserver):
                 outputs.append(TensorUse(f"out{i}", sid, tuple(o.shape), o.stride(), o.storage_offset(), _dtype_name(o.dtype), True))
         seg = self._segment
         scope = self._scope_stack[-1] if self._scope_stack else (seg.scope if seg is not None else "")
+        frame = _frame()
+        stack = _stack(sys._getframe(2), self._entry) if stream.kind is StreamKind.CAPTURE else ()
         stream.ops.append(
-            OpRecord(index, info.name, seg.index if seg is not None else 0, scope, _frame(),
-                     tuple(scalars), tuple(inputs), tuple(outputs))
+            OpRecord(index, info.name, seg.index if seg is not None else 0, scope, frame,
+                     tuple(scalars), tuple(inputs), tuple(outputs), stack)
         )
 
     # ------------------------------------------------------------ stream setup
@@ -599,6 +645,8 @@ class Tracer(rt.CaptureObserver):
     # ----------------------------------------------------------- observer API
     def on_graph_begin(self, graph: rt.GraphInfo, phase: rt.Phase) -> None:
         if phase is rt.Phase.CAPTURE:
+            self._entry, self._entry_frames = _running_frames()
+            self.entry_stack = _stack(sys._getframe(1), frozenset())
             self.stream = self._new_stream(StreamKind.CAPTURE, graph)
             if not graph.segmented:
                 self._open_segment(self.stream, 0, SegmentKind.CAPTURED, None)
@@ -618,6 +666,7 @@ class Tracer(rt.CaptureObserver):
                 self.stream.names[sid] = tuple(dict.fromkeys(self.stream.names.get(sid, ()) + tuple(extra)))
             self.captures[graph.id] = self.stream
             self.stream = None
+            self._entry, self._entry_frames = frozenset(), []
         elif phase is rt.Phase.REPLAY:
             self._mode_on_()  # back to watching allocations between steps
             if not graph.segmented:
@@ -660,6 +709,7 @@ class Tracer(rt.CaptureObserver):
         elif not call.inline and self._segment is not None:
             self._segment.break_args = self._break_args(stream, call)
             self._segment.break_frame = call.frame
+            self._segment.break_stack = _stack(sys._getframe(1), self._entry)
 
     def on_break_exit(self, call: rt.BreakCall, result: Any) -> None:
         stream = self.stream

@@ -52,7 +52,10 @@ def test_v1_narrow_rich_report_shows_the_finding_and_a_summary(capsys):
     assert "step:    capturelint/engine/dsv4/attention.py:" in out
     assert "runner v1 · mode PIECEWISE · eager region narrow" in out
     assert "C:" in out and "E _sparse_indexer_and_attn:" in out  # per-segment op counts
-    assert out.rstrip().splitlines()[-1].startswith("4 findings (CL101 x4) in 1 configuration")
+    lines = out.rstrip().splitlines()
+    assert lines[-2].startswith("4 findings (CL101 x4) in 1 configuration")
+    # a failing report ends with the command that finds the fix, with the same options
+    assert lines[-1].startswith("hint: run `capturelint suggest --runner v1 --eager-region narrow --mode PIECEWISE`")
 
 
 @pytest.mark.parametrize("args", [["--runner", "v1"], ["--runner", "v2", "--eager-region", "narrow"]])

@@ -231,6 +231,23 @@ def run_check(plan: CheckPlan, progress: Callable[[str], None] | None = None, sh
     return Report(configs)
 
 
+def suggest_slots(plan: CheckPlan) -> list[Any]:
+    """``capturelint suggest``: the plan's configurations, then the same modes under the
+    runners the plan leaves out (checked only to cross-check a suggestion: a region
+    right under one runner can be wrong under the other). Each check builds a fresh
+    engine, so it picks up the functions made eager breaks at that moment."""
+    from capturelint.suggest import Slot
+
+    slots = []
+    for runner in plan.runners + tuple(r for r in RUNNERS if r not in plan.runners):
+        for mode in plan.modes:
+            def check(runner: str = runner, mode: str = mode) -> ConfigReport:
+                return check_configuration(configuration(plan, runner, mode), plan.codes)
+
+            slots.append(Slot(f"{runner}/{mode}", runner, mode, check, requested=runner in plan.runners))
+    return slots
+
+
 def record_regions(plan: CheckPlan, progress: Callable[[str], None] | None = None) -> Any:
     """Run every configuration of the plan recording captures only (no shadow): the
     region map that ``snapshot`` writes and ``diff`` compares."""
@@ -242,4 +259,5 @@ def record_regions(plan: CheckPlan, progress: Callable[[str], None] | None = Non
 __all__ = [
     "CHECK_MODES", "CheckPlan", "REGIONS", "RUNNERS", "configuration", "default_runner", "engine_config",
     "forward_context_probe", "layer_scope_group", "make_plan", "record_regions", "run_check", "run_configuration",
+    "suggest_slots",
 ]

@@ -41,7 +41,7 @@ from capturelint.adapters.bundled import forward_context_probe, layer_scope_grou
 from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
 from capturelint.harness import TwinResult
-from capturelint.pipeline import Configuration, check_all
+from capturelint.pipeline import Configuration, check_all, check_configuration
 from capturelint.report import Report
 from capturelint.runtime import protocol
 from capturelint.runtime.emulated import emulate_cuda
@@ -79,6 +79,13 @@ class Target:
 
 def load_targets(spec: str) -> list[Target]:
     """Import ``SPEC`` and call it; every way this can fail is a one-line error."""
+    return target_factory(spec)()
+
+
+def target_factory(spec: str) -> Callable[[], list[Target]]:
+    """Import ``SPEC``'s file or module once, and return what calls its function and
+    checks the result: each call builds the targets anew (``capturelint suggest`` builds
+    fresh engines with some functions made eager breaks)."""
     where, sep, name = spec.rpartition(":")
     if not sep or not where or not name:
         raise CapturelintError(f"--target {spec!r} is not MODULE:FUNCTION or FILE.py:FUNCTION; e.g. myengine.check:targets")
@@ -86,18 +93,22 @@ def load_targets(spec: str) -> list[Target]:
     factory = getattr(module, name, None)
     if not callable(factory):
         raise CapturelintError(f"--target {spec!r}: {where} has no function {name!r}; define it to return Target objects")
-    try:
-        with emulate_cuda():
-            made = factory()
-    except SystemExit as e:
-        raise _exited(spec, f"{name}()", e) from None
-    except Exception as e:
-        raise CapturelintError(f"--target {spec!r}: {name}() raised {type(e).__name__}: {e}; fix it, then run again") from e
-    targets = list(made) if isinstance(made, (list, tuple)) else [made]
-    if not targets or not all(isinstance(t, Target) for t in targets):
-        raise CapturelintError(f"--target {spec!r}: {name}() must return a Target or a non-empty list of Targets (capturelint.target.Target)")
-    return [dataclasses.replace(t, run=_guarded(spec, "run()", t.run),
-                                eager=None if t.eager is None else _guarded(spec, "eager()", t.eager)) for t in targets]
+
+    def make() -> list[Target]:
+        try:
+            with emulate_cuda():
+                made = factory()
+        except SystemExit as e:
+            raise _exited(spec, f"{name}()", e) from None
+        except Exception as e:
+            raise CapturelintError(f"--target {spec!r}: {name}() raised {type(e).__name__}: {e}; fix it, then run again") from e
+        targets = list(made) if isinstance(made, (list, tuple)) else [made]
+        if not targets or not all(isinstance(t, Target) for t in targets):
+            raise CapturelintError(f"--target {spec!r}: {name}() must return a Target or a non-empty list of Targets (capturelint.target.Target)")
+        return [dataclasses.replace(t, run=_guarded(spec, "run()", t.run),
+                                    eager=None if t.eager is None else _guarded(spec, "eager()", t.eager)) for t in targets]
+
+    return make
 
 
 def _exited(spec: str, where: str, e: SystemExit) -> CapturelintError:
@@ -169,3 +180,22 @@ def configuration(t: Target) -> Configuration:
 
 def run_targets(targets: list[Target], codes: frozenset[str], progress: Callable[[str], None] | None = None) -> Report:
     return check_all((configuration(t) for t in targets), codes, progress=progress)
+
+
+def suggest_slots(spec: str, codes: frozenset[str]) -> list[Any]:
+    """``capturelint suggest --target SPEC``: one slot per target; each check calls the
+    factory again, so the engine it checks is built with the region in place."""
+    from capturelint.suggest import Slot
+
+    make = target_factory(spec)
+    targets = make()
+    labels = [f"{t.runner}/{t.mode}" for t in targets]
+    slots = []
+    for i, t in enumerate(targets):
+        label = labels[i] if labels.count(labels[i]) == 1 else f"{labels[i]}#{i}"
+
+        def check(i: int = i) -> Any:
+            return check_configuration(configuration(make()[i]), codes)
+
+        slots.append(Slot(label, t.runner, t.mode, check))
+    return slots

@@ -35,6 +35,10 @@ COMMANDS: dict[str, CommandEntry] = {
                          "Show the regions of each runner and mode: captured segments and eager breaks in execution "
                          "order, the module scopes in each with their op counts, and the findings in red where they "
                          "occur."),
+    "suggest": CommandEntry("capturelint.commands.suggest", "suggest",
+                            "Find the smallest eager region that makes replay equal eager: try the functions on the "
+                            "capture-time stack of each finding as eager breaks, verify each with the full check, and "
+                            "rank the clean ones by eager ops per step."),
     "snapshot": CommandEntry("capturelint.commands.regions", "snapshot",
                              "Record the region map of every runner and mode (default: runners v1 and v2, all four "
                              "modes) as a stable, reviewable JSON file: per graph, its segments in order (captured or "

@@ -93,9 +93,38 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
     # line, so SARIF points it at the configuration file that asked for the check.
     fallback = str(settings.source.name) if settings.source else "pyproject.toml"
     rep = reporter("check", fmt)
-    emit(rep, report, output, Options(verbose=verbose, fallback_uri=fallback))
+    hint = suggest_hint(kw, select, ignore, target)
+    emit(rep, report, output, Options(verbose=verbose, fallback_uri=fallback, hint=hint))
     if not (rep.summary and is_stdout(output)):
         say(report.summary_line())
     if exit_zero:
         return EXIT_CLEAN
     return EXIT_FINDINGS if report.failed else EXIT_CLEAN
+
+
+def suggest_hint(kw: dict[str, Any], select: tuple[str, ...], ignore: tuple[str, ...], target: str | None) -> str:
+    """``hint: capturelint suggest --runner v1 ...``: the check's own options, for the
+    command that finds the eager region that fixes its findings."""
+    import shlex
+
+    args: list[str] = []
+    if target is not None:
+        args += ["--target", target]
+    else:
+        for name in ("runner", "eager_region", "layers", "steps", "seed", "kernels", "break_outputs"):
+            if kw.get(name) is not None:
+                args += [f"--{name.replace('_', '-')}", str(kw[name])]
+        if kw.get("modes"):
+            args += ["--mode", ",".join(kw["modes"])]
+        if kw.get("fresh_metadata"):
+            args.append("--fresh-metadata")
+        if kw.get("platform") not in (None, "cuda"):
+            args += ["--platform", kw["platform"]]
+    if kw.get("config_path"):
+        args += ["--config", kw["config_path"]]
+    if select:
+        args += ["--select", ",".join(select)]
+    if ignore:
+        args += ["--ignore", ",".join(ignore)]
+    command = " ".join(["capturelint", "suggest"] + [shlex.quote(a) for a in args])
+    return f"hint: run `{command}` to find the smallest eager region that fixes these findings"

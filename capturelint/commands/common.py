@@ -123,6 +123,13 @@ class ProgressReporter:
                 self.progress.advance(self.task)
             self.progress.update(self.task, description=description)
 
+    def with_total(self, description: str, total: int) -> None:
+        """``__call__`` for a run whose number of steps grows as it goes (``suggest``)."""
+        if self.progress is not None and total != self.total:
+            self.total = total
+            self.progress.update(self.task, total=total)
+        self(description)
+
     def __exit__(self, *exc: Any) -> None:
         if self.progress is not None:
             self.progress.__exit__(*exc)

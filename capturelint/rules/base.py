@@ -78,6 +78,7 @@ class Rule:
             scope=(op.scope if op else "") or "<top>",
             tensor=tensor,
             capture_frame=capture_op.frame if capture_op else None,
+            capture_stack=capture_op.stack if capture_op else (),
             shadow_frame=shadow_op.frame if shadow_op else None,
             message=message,
             steps=(view.shadow.step,),

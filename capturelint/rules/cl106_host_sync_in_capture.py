@@ -51,7 +51,8 @@ class HostSyncInCapture(Rule):
                 continue
             for op in capture.ops[seg.first_op : seg.end_op]:
                 if is_host_sync_op(op.op):
-                    yield self.make(label, capture.graph, capture.runtime_mode, f"{capture.graph} {seg.label}", seg.index, op.op, op.scope, op.frame)
+                    yield self.make(label, capture.graph, capture.runtime_mode, f"{capture.graph} {seg.label}", seg.index, op.op, op.scope, op.frame,
+                                    op.stack)
 
     def check_run(self, outcome: RunOutcome) -> Iterator[Finding]:
         e = outcome.host_sync
@@ -59,13 +60,14 @@ class HostSyncInCapture(Rule):
             return
         graph = e.graph.label if e.graph else "graph"
         mode = e.graph.mode if e.graph else ""
-        yield self.make(outcome.label, graph, mode, f"{graph} #{e.segment} captured", e.segment, e.op, "", e.frame)
+        yield self.make(outcome.label, graph, mode, f"{graph} #{e.segment} captured", e.segment, e.op, "", e.frame, e.stack)
 
-    def make(self, label: RunLabel, graph: str, runtime_mode: str, segment: str, index: int, op: str, scope: str, frame: Frame | None) -> Finding:
+    def make(self, label: RunLabel, graph: str, runtime_mode: str, segment: str, index: int, op: str, scope: str, frame: Frame | None,
+             stack: tuple[Frame, ...] = ()) -> Finding:
         where = f"{frame.file}:{frame.line}" if frame else "<unknown>"
         message = (
             f"host synchronisation {op} inside captured segment {segment} at {where}: a CUDA-graph capture fails "
             f"here (or bakes the value). Compute with fixed-shape tensors, or move the code into an eager break."
         )
         return Finding(self.code, self.name, self.condition, label.runner, label.mode, graph, runtime_mode, segment,
-                       index, op, scope or "<top>", None, frame, None, message)
+                       index, op, scope or "<top>", None, frame, None, message, capture_stack=stack)

@@ -96,4 +96,5 @@ def _name(view: StepView, use, path: str, stream=None) -> str:
 def _at(f: Finding, cs, ss) -> Finding:
     import dataclasses
 
-    return dataclasses.replace(f, op=f"break {cs.name}", capture_frame=cs.break_frame, shadow_frame=ss.break_frame, scope=cs.scope or "<top>")
+    return dataclasses.replace(f, op=f"break {cs.name}", capture_frame=cs.break_frame,
+                               capture_stack=cs.break_stack, shadow_frame=ss.break_frame, scope=cs.scope or "<top>")

@@ -235,7 +235,8 @@ class _HostReadGuard(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
         if name in protocol.HOST_READ_METHODS:
-            raise HostSyncInCaptureError(HostSyncEvent(f"Tensor.{name}()", protocol.user_frame(2)))
+            raise HostSyncInCaptureError(HostSyncEvent(f"Tensor.{name}()", protocol.user_frame(2),
+                                                        stack=protocol.user_stack(2)))
         return func(*args, **(kwargs or {}))
 
 
@@ -256,7 +257,7 @@ class _RecordingMode(TorchDispatchMode):
         kwargs = kwargs or {}
         reason = protocol.host_sync_reason(func, args, kwargs)
         if reason is not None:
-            raise HostSyncInCaptureError(HostSyncEvent(reason, protocol.user_frame(2)))
+            raise HostSyncInCaptureError(HostSyncEvent(reason, protocol.user_frame(2), stack=protocol.user_stack(2)))
         g = self.graph
         kind, fresh, writes = _replay_kind(func)
         for t in _written(writes, args, kwargs):

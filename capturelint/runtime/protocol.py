@@ -99,11 +99,21 @@ class BreakOutputs(enum.Enum):
 
 @dataclasses.dataclass(frozen=True, order=True)
 class Frame:
-    """A source location in engine or model code."""
+    """A source location in engine or model code.
+
+    ``file`` is the path shown in findings, ``line`` the line running, ``function`` the
+    code object's name. Frames the tracer records also carry where their function is
+    defined (``qualname``, ``source``: the absolute file name, ``first_line``: the
+    code object's first line), so that ``capturelint suggest`` can find the function
+    and make it an eager break; these take no part in comparing frames or in JSON.
+    """
 
     file: str
     line: int
     function: str
+    qualname: str = dataclasses.field(default="", compare=False)
+    source: str = dataclasses.field(default="", compare=False, repr=False)
+    first_line: int = dataclasses.field(default=0, compare=False, repr=False)
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line} in {self.function}"
@@ -183,6 +193,7 @@ class HostSyncEvent:
     frame: Frame
     graph: GraphInfo | None = None
     segment: int = 0
+    stack: tuple[Frame, ...] = ()  # engine frames, innermost first (``user_stack``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -465,6 +476,22 @@ def user_frame(skip: int = 1) -> Frame:
             return Frame(display_path(f.f_code.co_filename), f.f_lineno, f.f_code.co_name)
         f = f.f_back
     return UNKNOWN_FRAME
+
+
+def user_stack(skip: int = 1) -> tuple[Frame, ...]:
+    """Every frame of engine or model code, innermost first, ``skip`` frames above the caller."""
+    f, out = sys._getframe(skip), []
+    while f is not None:
+        if not hidden_code(f.f_code):
+            out.append(code_frame(f.f_code, f.f_lineno))
+        f = f.f_back
+    return tuple(out)
+
+
+def code_frame(code: Any, line: int) -> Frame:
+    """The ``Frame`` of ``code`` running ``line``, with where its function is defined."""
+    return Frame(display_path(code.co_filename), line, code.co_name,
+                 getattr(code, "co_qualname", code.co_name), os.path.abspath(code.co_filename), code.co_firstlineno)
 
 
 def traceback_frame(e: BaseException) -> Frame:
