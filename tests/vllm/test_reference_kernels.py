@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from capturelint.adapters import vllm_kernels as K
+from vllm_required import require_vllm  # tests/vllm/vllm_required.py
 
 EPS = 1e-6
 BS = 4  # tokens per cache block
@@ -47,18 +48,6 @@ def gptj_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
 def has_op(qualified: str) -> bool:
     namespace, name = qualified.split("::")
     return hasattr(getattr(torch.ops, namespace), name)
-
-
-def require_vllm():
-    """vLLM, imported for the CPU target; a skip without it, a failure under CI=true."""
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    try:
-        import vllm
-    except ImportError as exc:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"vLLM is required under CI=true: {exc}")
-        pytest.skip(f"vLLM is not installed: {exc}")
-    return vllm
 
 
 def empty_cache() -> torch.Tensor:

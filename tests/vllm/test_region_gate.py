@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from test_reference_kernels import require_vllm  # tests/vllm/test_reference_kernels.py
+from vllm_required import require_vllm  # tests/vllm/vllm_required.py
 
 GATE = Path(__file__).resolve().parents[2] / "examples" / "vllm_region_gate" / "gate.py"
 

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from capturelint.cli import main
-from conftest import require_vllm  # tests/vllm/conftest.py
+from vllm_required import require_vllm
 
 ATTENTION = "vllm/models/deepseek_v4/attention.py"
 

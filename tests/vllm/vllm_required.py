@@ -1,4 +1,4 @@
-"""Shared by the vLLM tests: vLLM itself, which CI must have.
+"""Shared by the vLLM tests (imported by name: tests/vllm is on sys.path while they load): vLLM itself, which CI must have.
 
 ``require_vllm()`` imports vLLM for the CPU target. Without it a test skips on a
 developer's machine, and fails under ``CI=true``: the README's test command installs
