@@ -13,7 +13,6 @@ where a missing vLLM fails them.
 from __future__ import annotations
 
 import math
-import os
 import sys
 
 import pytest
