@@ -77,6 +77,7 @@ def resolve_plan(settings: Settings, kw: dict[str, Any], select: tuple[str, ...]
         platform=kw.get("platform") or "cuda",
         select=select,
         ignore=ignore,
+        invariants_file=kw.get("invariants_file"),
     )
 
 
