@@ -216,7 +216,7 @@ class _InvariantReader:
                 raise self.error(key, f"has unknown key '{k}'; a selector has {', '.join(_SELECTOR_KEYS)}")
         examples = {"scope": '"model.layers.*.attn"', "op": '"aten.mm*"', "function": '"forward"', "writes": '"*kv_cache*"',
                     "reads": '"attn_metadata*"'}
-        fields = {k: self.patterns(k if key == k else f"{key}.{k}", table[k], examples[k]) for k in _SELECTOR_KEYS if k in table}
+        fields = {k: self.patterns(f"{key}.{k}" if key else k, table[k], examples[k]) for k in _SELECTOR_KEYS if k in table}
         if not fields:
             raise self.error(key, f"selects every op; give at least one of {', '.join(_SELECTOR_KEYS)}")
         return Selector(**fields)
