@@ -42,10 +42,10 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
           baseline: str | None, max_eager_growth: float | None, verbose: bool, static: bool, invariants_file: str | None,
           strict: bool, target: str | None, **kw: Any) -> int:
     """Check that CUDA-graph replay of the bundled engine computes what eager execution
-    computes, under each runner and CUDA-graph mode, and that its captures keep the
-    declared region invariants (capturelint invariants lists them).
+    computes, under each runner and CUDA-graph mode.
 
-    With --static only the captures are checked (invariants, host syncs): fast, but
+    Its captures are also held to the declared region invariants (capturelint
+    invariants lists them). With --static only the captures are checked (invariants, host syncs): fast, but
     replay equivalence is not checked; the full check is the CI gate.
 
     Exit status: 0 clean, 1 findings (or region growth over budget with --baseline),
