@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from capturelint.findings import Condition, Finding
 from capturelint.runtime.protocol import HostSyncEvent, SegmentKind, StaleInputEvent
@@ -106,6 +106,29 @@ class StepView:
         """True when ``use`` was produced by a capture op that already has a finding."""
         origin = stream.origins.get(use.storage)
         return origin is not None and origin.producer is not None and origin.producer in self.tainted
+
+
+@dataclasses.dataclass
+class RegionView:
+    """One capture as a region graph (``capturelint.graph``), with the declared
+    invariants that apply to it (its runner, mode and forward context), for the rules
+    that check invariants (CL2xx). ``selected(inv)`` runs an invariant's graph query
+    once per capture for every rule that reads it."""
+
+    label: RunLabel
+    capture: Stream
+    graph: Any  # networkx.MultiDiGraph, built by capturelint.graph.build_region_graph
+    invariants: tuple[Any, ...]  # capturelint.invariants.Invariant
+    _selected: dict[str, list] = dataclasses.field(default_factory=dict)
+
+    def selected(self, inv: Any) -> list:
+        if inv.id not in self._selected:
+            self._selected[inv.id] = inv.select_ops(self.graph)
+        return self._selected[inv.id]
+
+    def segment_label(self, index: int) -> str:
+        seg = self.capture.segments[index] if 0 <= index < len(self.capture.segments) else None
+        return f"{self.capture.graph} {seg.label}" if seg else f"{self.capture.graph} step"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,7 +247,7 @@ class FindingSet:
     def key(f: Finding) -> tuple:
         cf = (f.capture_frame.file, f.capture_frame.line) if f.capture_frame else None
         sf = (f.shadow_frame.file, f.shadow_frame.line) if f.shadow_frame else None
-        return (f.code, f.runner, f.mode, f.scope, f.op, f.tensor, cf, sf)
+        return (f.code, f.runner, f.mode, f.scope, f.op, f.tensor, cf, sf, f.invariant)
 
     def add(self, f: Finding) -> None:
         k = self.key(f)
@@ -267,13 +290,20 @@ class Analyzer:
     finished run of one configuration, and merges their findings. Rules are handed in
     (``capturelint.rules.RULES``, selected): the analyzer does not know them."""
 
-    def __init__(self, label: RunLabel, rules: Sequence[type]):
+    def __init__(self, label: RunLabel, rules: Sequence[type], invariants: Sequence[Any] = ()):
         self.label = label
         self.rules = [r() for r in rules]
+        self.invariants = tuple(invariants)
         self.findings = FindingSet()
         self.max_step_error = 0.0
         self.steps = 0
         self._capture_checked: set[int] = set()
+        self.invariant_selected: dict[str, int] = {}  # invariants that applied to a capture: ops selected in all
+
+    def _region_rules(self) -> list:
+        from capturelint.rules.base import Rule
+
+        return [r for r in self.rules if type(r).check_region is not Rule.check_region]
 
     def on_step(self, capture: Stream, shadow: Stream, error: float) -> None:
         self.steps += 1
@@ -294,6 +324,27 @@ class Analyzer:
         self._capture_checked.add(capture.graph_id)
         for rule in self.rules:
             self.findings.extend(rule.check_capture(self.label, capture))
+        self.check_invariants(capture)
+
+    def check_invariants(self, capture: Stream) -> None:
+        """The declared invariants that apply to ``capture``, as queries on its region
+        graph (CL2xx); counts what each selects, for the "selects nothing" warning."""
+        applicable = tuple(
+            inv for inv in self.invariants
+            if inv.applies(self.label.runner, self.label.mode, capture.runtime_mode, capture.context.key)
+        )
+        rules = self._region_rules()
+        if not applicable or not rules:
+            return
+        from capturelint.graph import build_region_graph, check_graph
+
+        G = build_region_graph(capture)
+        check_graph(G)
+        view = RegionView(self.label, capture, G, applicable)
+        for inv in applicable:
+            self.invariant_selected[inv.id] = self.invariant_selected.get(inv.id, 0) + len(view.selected(inv))
+        for rule in rules:
+            self.findings.extend(rule.check_region(view))
 
     def finish(self, outcome: RunOutcome) -> list[Finding]:
         """Rules over the whole run (a failed capture, the numerical oracle); returns
@@ -316,6 +367,7 @@ __all__ = [
     "FindingSet",
     "LocationProblem",
     "RunLabel",
+    "RegionView",
     "RunOutcome",
     "SegmentAlignment",
     "StepView",

@@ -21,6 +21,7 @@ class Condition(enum.Enum):
     R5 = "R5"
     R6 = "R6"
     NUMERICAL = "numerical"
+    DECLARED = "declared"  # a declared region invariant (capturelint.invariants), not a replay condition
 
     def __str__(self) -> str:
         return self.value
@@ -60,10 +61,12 @@ class Finding:
     occurrences: int = 1
     allocation_frame: Frame | None = None  # where the step's replacement tensor was allocated (CL104)
     capture_stack: tuple[Frame, ...] = dataclasses.field(default=(), compare=False, repr=False)
+    invariant: str | None = None  # the id of the declared invariant violated (CL2xx)
 
     def sort_key(self) -> tuple:
         frame = self.capture_frame or self.shadow_frame or Frame("", 0, "")
-        return (self.runner, self.mode, frame.file, frame.line, self.code, self.graph, self.segment_index, self.scope, self.op, self.tensor or "")
+        return (self.runner, self.mode, frame.file, frame.line, self.code, self.graph, self.segment_index, self.scope, self.op,
+                self.tensor or "", self.invariant or "")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -85,6 +88,7 @@ class Finding:
             "message": self.message,
             "steps": list(self.steps),
             "occurrences": self.occurrences,
+            **({"invariant": self.invariant} if self.invariant is not None else {}),
         }
 
 

@@ -17,7 +17,10 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import enum
+import fnmatch
 from collections import Counter, defaultdict
+from typing import Sequence
+
 import networkx as nx
 
 from capturelint.runtime.protocol import SegmentKind
@@ -343,16 +346,74 @@ def captured_ops(G: nx.MultiDiGraph) -> int:
     return sum(1 for n in op_nodes(G) if G.nodes[n]["segment_kind"] is SegmentKind.CAPTURED)
 
 
-def find_ops(G: nx.MultiDiGraph, op: str | None = None, scope_prefix: str | None = None) -> list[OpNode]:
-    """Op nodes whose name contains ``op`` and whose scope starts with ``scope_prefix``."""
+def _globs(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value or ())
+
+
+def _matches(text: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(text, p) for p in patterns)
+
+
+def storages_written(G: nx.MultiDiGraph, index: int) -> list[StorageNode]:
+    """The storages op ``index`` writes in place (``WRITE`` edges; not its outputs)."""
+    node = (OP, index)
+    if node not in G:
+        raise RegionGraphError(f"graph {G.graph.get('graph', '?')} has no op #{index}; take op indices from op_nodes(G)")
+    return sorted({v for _, v, a in G.out_edges(node, data="access") if a is Access.WRITE}, key=lambda n: n[1])
+
+
+def reads_initial(G: nx.MultiDiGraph, index: int) -> list[StorageNode]:
+    """The storages op ``index`` reads with the value they held when the forward began:
+    no op of the stream wrote them before the read (``last_writer`` is ``None``)."""
+    node = (OP, index)
+    if node not in G:
+        raise RegionGraphError(f"graph {G.graph.get('graph', '?')} has no op #{index}; take op indices from op_nodes(G)")
+    return sorted({u for u, _, a in G.in_edges(node, data="access") if a is Access.READ and last_writer(G, u, index) is None},
+                  key=lambda n: n[1])
+
+
+def find_ops(
+    G: nx.MultiDiGraph,
+    op: str | Sequence[str] | None = None,
+    scope_prefix: str | None = None,
+    *,
+    scope: str | Sequence[str] | None = None,
+    function: str | Sequence[str] | None = None,
+    writes: str | Sequence[str] | None = None,
+    reads: str | Sequence[str] | None = None,
+) -> list[OpNode]:
+    """Op nodes, in execution order, that match every criterion given.
+
+    ``op``: a string is a substring of the dispatcher name (``"addmm"``), a list holds
+    globs on it (``["aten.*mm*"]``); ``scope_prefix``: the scope starts with it;
+    ``scope``, ``function``: globs on the module scope and on the source function;
+    ``writes``: the op writes in place a storage whose name matches a glob;
+    ``reads``: the op, or an op upstream of it (``upstream_ops``), reads the value that a
+    storage whose name matches held when the forward began (``reads_initial``): data
+    derived from it. Globs are ``fnmatch`` patterns, case-sensitive.
+    """
+    op_globs = () if op is None or isinstance(op, str) else tuple(op)
+    scopes, functions, written, read = _globs(scope), _globs(function), _globs(writes), _globs(reads)
     out = []
     for n in op_nodes(G):
         d = G.nodes[n]
-        if op is not None and op not in d["op"]:
+        if isinstance(op, str) and op not in d["op"]:
+            continue
+        if op_globs and not _matches(d["op"], op_globs):
             continue
         if scope_prefix is not None and not d["scope"].startswith(scope_prefix):
             continue
+        if scopes and not _matches(d["scope"], scopes):
+            continue
+        if functions and not _matches(d["function"], functions):
+            continue
+        if written and not any(_matches(G.nodes[s]["name"], written) for s in storages_written(G, n[1])):
+            continue
         out.append(n)
+    if read:
+        sources = {i for i in (n[1] for n in op_nodes(G))
+                   if any(_matches(G.nodes[s]["name"], read) for s in reads_initial(G, i))}
+        out = [n for n in out if n[1] in sources or any(u[1] in sources for u in upstream_ops(G, n[1]))]
     return out
 
 

@@ -47,6 +47,7 @@ class TraceResult:
     output: Any = None
     capture_failed: bool = False
     twin: TwinResult | None = None
+    invariant_selected: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def trace_run(
@@ -59,16 +60,19 @@ def trace_run(
     scope_group: ScopeGroup | None = None,
     twin: Callable[[Any], TwinResult] | None = None,
     rules: Sequence[type] | None = None,
+    invariants: Sequence[Any] = (),
 ) -> TraceResult:
     """Run ``run()`` under the tracer; analyze every replay step against its shadow.
 
     ``twin(output)``, when given, compares the run's output with an eager twin's after
     the traced run. A host synchronisation that makes the capture fail becomes a CL106
     finding (the run stops there, as it would on a GPU); any other exception from the
-    engine is a ``CapturelintError`` naming the configuration.
+    engine is a ``CapturelintError`` naming the configuration. ``invariants``
+    (``capturelint.invariants.Invariant``) are checked on every capture's region graph
+    by the CL2xx rules.
     """
     codes = select if select is not None else frozenset(r.code for r in RULES)
-    analyzer = Analyzer(label, [r for r in (rules or RULES) if r.code in codes])
+    analyzer = Analyzer(label, [r for r in (rules or RULES) if r.code in codes], invariants)
     tracer = Tracer(roots, on_step=analyzer.on_step, shadow=shadow, probe=probe, scope_group=scope_group,
                     on_stale=analyzer.on_stale)
     output = None
@@ -108,7 +112,7 @@ def trace_run(
     )
     findings = analyzer.finish(outcome)
     return TraceResult(label, findings, list(tracer.captures.values()), steps, analyzer.max_step_error, output,
-                       host_sync is not None, verdict)
+                       host_sync is not None, verdict, dict(analyzer.invariant_selected))
 
 
 __all__ = ["TraceResult", "TwinResult", "trace_run"]

@@ -35,6 +35,9 @@ class Configuration:
     that compared no step proves nothing, and must not read as a pass.
     ``eager_region_option`` is what the user asked for when it differs in kind from the
     region in effect (``per-runner``, which is ``wide`` under V1), for titles.
+    ``invariants`` are the declared invariants in force (``capturelint.invariants``);
+    ``capture_only()``, where the adapter can give one, captures every graph and
+    replays none: static mode runs it instead of ``run()``.
     """
 
     label: RunLabel
@@ -46,18 +49,34 @@ class Configuration:
     twin: Callable[[Any], TwinResult] | None = None
     require_replays: bool = False
     eager_region_option: str | None = None
+    invariants: tuple[Any, ...] = ()
+    capture_only: Callable[[], Any] | None = None
 
 
-def check_configuration(config: Configuration, codes: frozenset[str], shadow: bool = True) -> ConfigReport:
+STATIC_NOTE = ("static mode: only the captures were checked (declared invariants, host syncs); replay "
+               "equivalence was NOT checked (no shadow, no eager twin): run check without --static for that")
+
+
+def check_configuration(config: Configuration, codes: frozenset[str], shadow: bool = True,
+                        static: bool = False) -> ConfigReport:
     """Trace one configuration; with ``shadow`` also check every replay step and run
     the eager twin. Without it, only the captures are recorded (what region maps need).
-    Runs under the emulated ``torch.cuda`` surface where no CUDA device is usable."""
+    ``static`` checks captures only, with the rules that need nothing else
+    (``capturelint.rules.STATIC_CODES``), running ``capture_only()`` where the adapter
+    has one. Runs under the emulated ``torch.cuda`` surface where no CUDA device is
+    usable."""
+    from capturelint.rules import STATIC_CODES
+
     label = config.label
+    if static:
+        shadow = False
+        codes = codes & STATIC_CODES
+    run = config.capture_only if static and config.capture_only is not None else config.run
     with emulate_cuda():
-        result = trace_run(config.run, config.roots, label, codes, shadow=shadow, probe=config.probe,
-                           scope_group=config.scope_group, twin=config.twin)
+        result = trace_run(run, config.roots, label, codes, shadow=shadow, probe=config.probe,
+                           scope_group=config.scope_group, twin=config.twin, invariants=config.invariants)
     numerical = None
-    note = None
+    note = STATIC_NOTE if static else None
     if result.capture_failed:
         note = "the capture failed on a host synchronisation; replay and the numerical oracle did not run"
     elif shadow:
@@ -72,17 +91,19 @@ def check_configuration(config: Configuration, codes: frozenset[str], shadow: bo
                               twin.max_error if twin else None, result.replay_steps)
     graphs = [graph_map(c) for c in result.captures]
     return ConfigReport(label.runner, label.mode, config.eager_region, result.findings, numerical, graphs,
-                        captures=result.captures, note=note, eager_region_option=config.eager_region_option)
+                        captures=result.captures, note=note, eager_region_option=config.eager_region_option,
+                        invariant_selected=result.invariant_selected, static=static)
 
 
 def check_all(configs: Iterable[Configuration], codes: frozenset[str], shadow: bool = True,
-              progress: Callable[[str], None] | None = None) -> Report:
+              progress: Callable[[str], None] | None = None, static: bool = False,
+              invariants: tuple[Any, ...] = ()) -> Report:
     reports = []
     for config in configs:
         if progress is not None:
             progress(f"{config.label.runner} · {config.label.mode}")
-        reports.append(check_configuration(config, codes, shadow))
-    return Report(reports)
+        reports.append(check_configuration(config, codes, shadow, static))
+    return Report(reports, invariants=invariants, static=static)
 
 
 __all__ = ["Configuration", "check_all", "check_configuration"]

@@ -42,6 +42,8 @@ class ConfigReport:
     captures: list[Stream] = dataclasses.field(default_factory=list, repr=False)
     note: str | None = None
     eager_region_option: str | None = None  # what was asked (per-runner), when not the region in effect
+    invariant_selected: dict[str, int] = dataclasses.field(default_factory=dict)  # applied invariants: ops selected
+    static: bool = False  # captures only: replay equivalence was not checked
 
     @property
     def label(self) -> str:
@@ -74,6 +76,23 @@ class ConfigReport:
 class Report:
     configs: list[ConfigReport]
     region_changes: Any = None  # filled by the gate (capturelint.snapshot)
+    invariants: tuple[Any, ...] = ()  # the declared invariants in force (capturelint.invariants.Invariant)
+    static: bool = False  # check --static: captures only, replay equivalence not checked
+
+    def invariant_selection(self) -> dict[str, int | None]:
+        """Per invariant in force: the ops it selected over every capture it applied to
+        (``None``: it applied to no capture of these configurations)."""
+        out: dict[str, int | None] = {inv.id: None for inv in self.invariants}
+        for c in self.configs:
+            for inv_id, n in c.invariant_selected.items():
+                out[inv_id] = (out.get(inv_id) or 0) + n
+        return out
+
+    @property
+    def empty_invariants(self) -> list[str]:
+        """Invariants that applied to captures here but selected no op in any: their
+        selector probably does not say what was meant (a warning; ``--strict``: an error)."""
+        return [i for i, n in self.invariant_selection().items() if n == 0]
 
     @property
     def findings(self) -> list[Finding]:
@@ -103,6 +122,15 @@ class Report:
         }
         if self.region_changes is not None:
             doc["region_changes"] = self.region_changes.to_json()
+        if self.invariants:
+            selection = self.invariant_selection()
+            doc["invariants"] = [
+                {"id": inv.id, "source": inv.source, "requires": inv.requirement_text(), "applies_to": inv.scope_text(),
+                 "selected_ops": selection.get(inv.id)}
+                for inv in self.invariants
+            ]
+        if self.static:
+            doc["static"] = True
         return doc
 
     def summary_json(self) -> dict[str, Any]:
@@ -126,11 +154,16 @@ class Report:
                 f"no findings in {configs} configuration{'s' * (configs != 1)}, but replay DIFFERS from eager "
                 f"execution in {where}: the rules that report it are not selected (see --select and --ignore)"
             )
+        elif n == 0 and self.static:
+            line = (f"no findings in {configs} configuration{'s' * (configs != 1)} (static: declared invariants and "
+                    "host syncs at capture only; replay equivalence was NOT checked)")
         elif n == 0:
             line = f"no findings in {configs} configuration{'s' * (configs != 1)}: replay matches eager execution"
         else:
             codes = ", ".join(f"{k} x{v}" for k, v in self.summary_json()["by_code"].items())
             line = f"{n} finding{'s' * (n != 1)} ({codes}) in {configs} configuration{'s' * (configs != 1)}"
+        if self.static and n:
+            line += " (static: replay equivalence was NOT checked)"
         if self.region_changes is not None:
             line += "; " + self.region_changes.summary_line()
         return line

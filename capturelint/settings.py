@@ -21,6 +21,10 @@ found means every setting is unset. Printed form::
     break-outputs = "copy"                   # copy or discard (vLLM 0.33.0)
     format = "sarif"
 
+    [tool.capturelint.invariants.moe-captured]   # declared region invariants (capturelint.invariants)
+    require = "captured"
+    scope = "model.layers.*.ffn*"
+
 **Precedence.** Command-line flags over settings over built-in defaults, one value at a
 time: ``merge(cli_value, setting_value, default)``.
 
@@ -81,6 +85,7 @@ class Settings:
     break_outputs: str | None = None
     format: str | None = None
     engine: str | None = None
+    invariants: tuple[Any, ...] | None = None  # capturelint.invariants.Invariant, in file order
     source: Path | None = None
 
 
@@ -319,7 +324,16 @@ _KEYS = (
     "break-outputs",
     "format",
     "engine",
+    "invariants",
 )
+
+
+def _invariants(path: Path, table: dict[str, Any]) -> tuple[Any, ...] | None:
+    from capturelint.invariants import parse_invariants  # parses without torch
+
+    if "invariants" not in table:
+        return None
+    return parse_invariants(_shown(path), "tool.capturelint.invariants", table["invariants"], f"settings ({_shown(path)})")
 
 
 def _settings(path: Path, table: dict[str, Any]) -> Settings:
@@ -347,5 +361,6 @@ def _settings(path: Path, table: dict[str, Any]) -> Settings:
         break_outputs=r.choice("break-outputs", BREAK_OUTPUTS, str.lower),
         format=r.choice("format", FORMATS, str.lower),
         engine=r.choice("engine", ENGINES, str.lower),
+        invariants=_invariants(path, table),
         source=path.resolve(),
     )

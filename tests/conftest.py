@@ -26,11 +26,11 @@ def cached_configurations(monkeypatch, _configuration_memo):
 
     import dataclasses
 
-    def memo(plan, runner, mode, shadow=True):
+    def memo(plan, runner, mode, shadow=True, static=False):
         # which runners and modes a plan lists does not change one configuration's run
-        key = (dataclasses.replace(plan, runners=(), modes=()), runner, mode, shadow)
+        key = (dataclasses.replace(plan, runners=(), modes=()), runner, mode, shadow, static)
         if key not in _configuration_memo:
-            _configuration_memo[key] = real(plan, runner, mode, shadow=shadow)
+            _configuration_memo[key] = real(plan, runner, mode, shadow=shadow, static=static)
         return _configuration_memo[key]
 
     monkeypatch.setattr(bundled, "run_configuration", memo)

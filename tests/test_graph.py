@@ -119,3 +119,58 @@ def test_same_engine_gives_the_same_graph():
     Ga, Gb = build_region_graph(a.captures[0]), build_region_graph(b.captures[0])
     assert list(Ga.nodes(data=True)) == list(Gb.nodes(data=True))
     assert list(Ga.edges(keys=True, data=True)) == list(Gb.edges(keys=True, data=True))
+
+
+# ------------------------------------------------- queries on a hand-built stream
+
+from region_streams import stream as hand_stream  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def H():
+    G = build_region_graph(hand_stream())
+    rg.check_graph(G)
+    return G
+
+
+def _storage(G, name):
+    return next(n for n, d in G.nodes(data=True) if d.get("name") == name)
+
+
+def test_find_ops_by_scope_function_op_and_writes(H):
+    ops = lambda nodes: [n[1] for n in nodes]  # noqa: E731
+    assert ops(rg.find_ops(H, scope="model.layers.*.attn*")) == [0, 1, 2]
+    assert ops(rg.find_ops(H, scope="model.layers.*.attn", function="_fused*")) == [1]
+    assert ops(rg.find_ops(H, op=["aten.mm*"])) == [0, 4] == ops(rg.find_ops(H, "mm"))
+    assert ops(rg.find_ops(H, op=["aten.mm*"], scope=["*.ffn*"])) == [4]
+    assert ops(rg.find_ops(H, writes="kv_cache.*")) == [1]
+    assert rg.find_ops(H, scope="model.layers.1.*") == []
+
+
+def test_find_ops_reads_follows_the_data_upstream(H):
+    # op1 reads the slot mapping as the forward got it; ops 2-4 derive from op1's write
+    assert [n[1] for n in rg.find_ops(H, reads="attn_metadata*")] == [1, 2, 3, 4]
+    # op2 reads the cache after op1 wrote it: not the value the forward began with
+    assert rg.find_ops(H, reads="kv_cache.*") == []
+    assert [n[1] for n in rg.find_ops(H, reads="model.*.weight")] == [0, 1, 2, 3, 4]
+
+
+def test_last_writer_and_upstream_ops_on_the_hand_built_stream(H):
+    kv = _storage(H, "kv_cache.layers.0.swa")
+    assert rg.last_writer(H, kv, 2) == ("op", 1)
+    assert rg.last_writer(H, kv, 1) is None
+    assert rg.upstream_ops(H, 3) == [("op", 0), ("op", 1), ("op", 2)]
+    assert rg.upstream_ops(H, 0) == []
+    assert rg.storages_written(H, 1) == [kv]
+    assert rg.reads_initial(H, 2) == [] and rg.reads_initial(H, 1) == [_storage(H, "attn_metadata['layers.0.swa'].slot_mapping")]
+
+
+def test_check_graph_on_the_hand_built_stream(H):
+    rg.check_graph(H)
+    broken = H.copy()
+    broken.add_edge(("op", 4), _storage(H, "kv_cache.layers.0.swa"), key="x", access=Access.PRODUCE)
+    with pytest.raises(RegionGraphError, match="2 producers|producers"):
+        broken.add_edge(("op", 3), _storage(H, "kv_cache.layers.0.swa"), key="y", access=Access.PRODUCE)
+        rg.check_graph(broken)
+    with pytest.raises(RegionGraphError, match="no op #9"):
+        rg.storages_written(H, 9)

@@ -20,7 +20,7 @@ CHECKER = (
     "capturelint.tracer", "capturelint.analyzer", "capturelint.rules", "capturelint.graph", "capturelint.regions",
     "capturelint.report", "capturelint.formats", "capturelint.findings", "capturelint.harness", "capturelint.pipeline",
     "capturelint.region_changes", "capturelint.render", "capturelint.snapshot", "capturelint.baseline",
-    "capturelint.reporters", "capturelint.output",
+    "capturelint.reporters", "capturelint.output", "capturelint.invariants",
 )
 
 

@@ -86,6 +86,7 @@ class CheckPlan:
     codes: frozenset[str]
     copy_break_outputs: bool = True
     engine: str = "bundled"
+    invariants: tuple[Any, ...] = ()  # declared invariants in force (capturelint.invariants.Invariant)
 
     @property
     def configurations(self) -> list[tuple[str, str]]:
@@ -117,8 +118,12 @@ def make_plan(
     ignore: Sequence[str] = (),
     copy_break_outputs: bool | None = None,
     break_outputs: str | None = None,
+    invariants_file: str | None = None,
+    default_invariants: bool = True,
 ) -> CheckPlan:
-    """Resolve command-line values over settings over defaults, and validate them."""
+    """Resolve command-line values over settings over defaults, and validate them.
+    Invariants: the bundled engine's defaults, then the settings file's, then those of
+    ``invariants_file`` (the command line), later ones replacing earlier ones by id."""
     if runner is not None:
         runners: tuple[str, ...] = RUNNERS if runner.lower() == "all" else (runner.lower(),)
     elif settings.runners:
@@ -172,7 +177,18 @@ def make_plan(
         platform=platform,
         codes=select_codes(sel, ign),
         copy_break_outputs=copy,
+        invariants=resolve_invariants(settings, invariants_file, default_invariants),
     )
+
+
+def resolve_invariants(settings: Settings, invariants_file: str | None = None, defaults: bool = True) -> tuple[Any, ...]:
+    """The invariants in force: the bundled engine's defaults (``defaults``), the
+    settings file's, then ``--invariants FILE``'s; by id, later replacing earlier."""
+    from capturelint.adapters.bundled_invariants import default_invariants
+    from capturelint.invariants import in_force, read_invariants_file
+
+    cli = read_invariants_file(invariants_file) if invariants_file is not None else ()
+    return in_force(default_invariants() if defaults else (), settings.invariants or (), cli)
 
 
 # ------------------------------------------------------------ configurations
@@ -212,23 +228,29 @@ def configuration(plan: CheckPlan, runner: str, mode: str) -> Configuration:
     roots = {"model": engine.model, "state": list(engine.runner.named_state_tensors())}
     return Configuration(RunLabel(runner, mode), engine.generate, roots, str(cfg.effective_eager_region),
                          forward_context_probe, layer_scope_group, twin, require_replays=True,
-                         eager_region_option=plan.eager_region)
+                         eager_region_option=plan.eager_region, invariants=plan.invariants,
+                         capture_only=engine.capture_model)
 
 
-def run_configuration(plan: CheckPlan, runner: str, mode: str, shadow: bool = True) -> ConfigReport:
+def run_configuration(plan: CheckPlan, runner: str, mode: str, shadow: bool = True, static: bool = False) -> ConfigReport:
     """Trace one runner and mode; with ``shadow`` also check every replay step and run
     the eager twin for the numerical oracle. Without it, only the captures are
-    recorded (what region maps and diffs need)."""
-    return check_configuration(configuration(plan, runner, mode), plan.codes, shadow=shadow)
+    recorded (what region maps and diffs need). ``static`` captures every graph
+    (``Engine.capture_model``, no generation) and checks the invariants and host syncs."""
+    return check_configuration(configuration(plan, runner, mode), plan.codes, shadow=shadow, static=static)
 
 
-def run_check(plan: CheckPlan, progress: Callable[[str], None] | None = None, shadow: bool = True) -> Report:
+def run_check(plan: CheckPlan, progress: Callable[[str], None] | None = None, shadow: bool = True,
+              static: bool = False) -> Report:
     configs: list[ConfigReport] = []
     for runner, mode in plan.configurations:
         if progress is not None:
             progress(f"runner {runner} · {mode}")
-        configs.append(run_configuration(plan, runner, mode, shadow=shadow))
-    return Report(configs)
+        if static:
+            configs.append(run_configuration(plan, runner, mode, shadow=False, static=True))
+        else:
+            configs.append(run_configuration(plan, runner, mode, shadow=shadow))
+    return Report(configs, invariants=plan.invariants, static=static)
 
 
 def suggest_slots(plan: CheckPlan) -> list[Any]:

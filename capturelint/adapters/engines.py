@@ -29,14 +29,16 @@ def make_plan(settings: Settings, engine: str | None = None, **options: Any) -> 
     return bundled.make_plan(settings, **options)
 
 
-def run_check(plan: CheckPlan, progress: Callable[[str], None] | None = None, shadow: bool = True) -> Report:
+def run_check(plan: CheckPlan, progress: Callable[[str], None] | None = None, shadow: bool = True,
+              static: bool = False) -> Report:
+    """Run every configuration of the plan; ``static`` checks the captures only."""
     if plan.engine == "vllm":
         from capturelint.adapters.vllm_plan import run_vllm_check
 
-        return run_vllm_check(plan, progress, shadow)
+        return run_vllm_check(plan, progress, shadow, static)
     from capturelint.adapters import bundled
 
-    return bundled.run_check(plan, progress, shadow)
+    return bundled.run_check(plan, progress, shadow, static)
 
 
 def record_regions(plan: CheckPlan, progress: Callable[[str], None] | None = None) -> Any:

@@ -173,13 +173,17 @@ def _twin(eager: Callable[[], Any]) -> Callable[[Any], TwinResult]:
     return compare
 
 
-def configuration(t: Target) -> Configuration:
+def configuration(t: Target, invariants: tuple[Any, ...] = ()) -> Configuration:
     return Configuration(RunLabel(t.runner, t.mode), t.run, t.roots, t.eager_region, t.probe, t.scope_group,
-                         _twin(t.eager) if t.eager is not None else None, require_replays=True)
+                         _twin(t.eager) if t.eager is not None else None, require_replays=True, invariants=invariants)
 
 
-def run_targets(targets: list[Target], codes: frozenset[str], progress: Callable[[str], None] | None = None) -> Report:
-    return check_all((configuration(t) for t in targets), codes, progress=progress)
+def run_targets(targets: list[Target], codes: frozenset[str], progress: Callable[[str], None] | None = None,
+                invariants: tuple[Any, ...] = (), static: bool = False) -> Report:
+    """Check each target; ``invariants`` (settings and command line: a target has no
+    defaults) are checked on its captures; ``static`` checks captures only."""
+    return check_all((configuration(t, invariants) for t in targets), codes, progress=progress, static=static,
+                     invariants=invariants)
 
 
 def suggest_slots(spec: str, codes: frozenset[str]) -> list[Any]:

@@ -152,6 +152,7 @@ def cpu_shim() -> Iterator[Any]:
     from capturelint.runtime.emulated import emulate_cuda, graph_pool_handle
 
     vllm = require_vllm()
+    _hide_plumbing()
     with _shim_lock, emulate_cuda(force=True):
         kernels.install_flashmla_stub()
         kernels.register_reference_kernels()
@@ -162,6 +163,18 @@ def cpu_shim() -> Iterator[Any]:
                 yield vllm
         finally:
             patches.undo()
+
+
+_PLUMBING = ("vllm.model_executor.parameter", "vllm.model_executor.layers.linear", "vllm.model_executor.layers.utils",
+             "vllm.model_executor.custom_op")
+
+
+def _hide_plumbing() -> None:
+    """Findings point at the model's lines (``self.wq_b(qr)`` in attention.py), not at
+    vLLM's parameter and linear-layer plumbing every GEMM passes through."""
+    for name in _PLUMBING:
+        module = importlib.import_module(name)
+        protocol.register_runtime_file(module.__file__)
 
 
 def _install(patches: _Patches, graph_pool_handle: Callable[[], Any], kernels: Any) -> None:

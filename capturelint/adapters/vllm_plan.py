@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Sequence
 
-from capturelint.adapters.bundled import CheckPlan, layer_scope_group
+from capturelint.adapters.bundled import CheckPlan, layer_scope_group, resolve_invariants
 from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
 from capturelint.harness import TwinResult
@@ -40,8 +40,12 @@ DEFAULT_STEPS = 6
 def vllm_plan(settings: Settings, runner: str | None = None, modes: Sequence[str] = (), eager_region: str | None = None,
               fresh_metadata: bool = False, layers: int | None = None, steps: int | None = None, seed: int | None = None,
               kernels: str | None = None, break_outputs: str | None = None, platform: str = "cuda",
-              select: Sequence[str] = (), ignore: Sequence[str] = ()) -> CheckPlan:
-    """The plan of a vLLM check; options that describe the bundled engine are refused."""
+              select: Sequence[str] = (), ignore: Sequence[str] = (), invariants_file: str | None = None,
+              default_invariants: bool = True) -> CheckPlan:
+    """The plan of a vLLM check; options that describe the bundled engine are refused.
+    The default invariants are the bundled engine's: they are vLLM's DeepSeek V4 region
+    decisions, and the tiny model's module scopes are vLLM's layer prefixes
+    (``model.layers.N.attn``), so the same selectors select vLLM's ops."""
     if platform != "cuda":
         raise CapturelintError(f"--platform {platform} picks the bundled engine's default runner; --engine vllm checks "
                                "the CUDA path of vLLM's DeepSeek V4 attention, drop --platform")
@@ -93,6 +97,7 @@ def vllm_plan(settings: Settings, runner: str | None = None, modes: Sequence[str
         codes=select_codes(list(select) or list(settings.select or ()), list(ignore) or list(settings.ignore or ())),
         copy_break_outputs=False,
         engine="vllm",
+        invariants=resolve_invariants(settings, invariants_file, default_invariants),
     )
 
 
@@ -164,10 +169,12 @@ def configuration(plan: CheckPlan, runner: str, mode: str) -> Configuration:
 
     return Configuration(RunLabel(runner, mode), _naming_kernels(engine.generate), engine.roots(), region_of(engine.model),
                          forward_context_probe, layer_scope_group, twin, require_replays=True,
-                         eager_region_option=plan.eager_region)
+                         eager_region_option=plan.eager_region, invariants=plan.invariants,
+                         capture_only=_naming_kernels(engine.capture))
 
 
-def run_vllm_check(plan: CheckPlan, progress: Callable[[str], None] | None = None, shadow: bool = True) -> Report:
+def run_vllm_check(plan: CheckPlan, progress: Callable[[str], None] | None = None, shadow: bool = True,
+                   static: bool = False) -> Report:
     from capturelint.adapters.vllm import cpu_shim
 
     configs: list[ConfigReport] = []
@@ -176,10 +183,11 @@ def run_vllm_check(plan: CheckPlan, progress: Callable[[str], None] | None = Non
             if progress is not None:
                 progress(f"vLLM · runner {runner} · {mode}")
             try:
-                configs.append(check_configuration(configuration(plan, runner, mode), plan.codes, shadow=shadow))
+                configs.append(check_configuration(configuration(plan, runner, mode), plan.codes, shadow=shadow,
+                                                   static=static))
             except CapturelintError as e:
                 raise missing_op(e) or e from None
-    return Report(configs)
+    return Report(configs, invariants=plan.invariants, static=static)
 
 
 __all__ = ["DEFAULT_LAYERS", "DEFAULT_STEPS", "VLLM_MODES", "configuration", "forward_context_probe", "missing_op",

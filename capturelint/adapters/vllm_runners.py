@@ -174,21 +174,36 @@ class DecoderLayer(nn.Module):
         return hidden + self.attn(positions, self.norm(hidden))
 
 
-class TinyDeepseekV4(nn.Module):
-    """Embedding, decoder layers around vLLM's attention, final norm, LM head."""
-
+class DecoderStack(nn.Module):
     def __init__(self, layers: list[nn.Module]):
         super().__init__()
         self.embed = nn.Embedding(VOCAB, HIDDEN, dtype=torch.bfloat16)
         self.layers = nn.ModuleList(DecoderLayer(a) for a in layers)
         self.norm = RMSNorm(HIDDEN)
-        self.lm_head = nn.Linear(HIDDEN, VOCAB, bias=False, dtype=torch.bfloat16)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed(input_ids)
         for layer in self.layers:
             hidden = layer(positions, hidden)
-        return self.lm_head(self.norm(hidden)).float()
+        return self.norm(hidden)
+
+
+class TinyDeepseekV4(nn.Module):
+    """Embedding, decoder layers around vLLM's attention, final norm, LM head. The
+    decoder is ``model``, so module scopes are vLLM's layer prefixes
+    (``model.layers.0.attn``)."""
+
+    def __init__(self, layers: list[nn.Module]):
+        super().__init__()
+        self.model = DecoderStack(layers)
+        self.lm_head = nn.Linear(HIDDEN, VOCAB, bias=False, dtype=torch.bfloat16)
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self.model.layers
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.model(input_ids, positions)).float()
 
 
 def _use_cpu_gemm(model: nn.Module) -> None:

@@ -29,6 +29,10 @@ COMMANDS: dict[str, CommandEntry] = {
                          "scope and op, with counts), segments added or removed, and the change in eager ops per step."),
     "engine": CommandEntry("capturelint.engine.cli", "engine_group",
                            "Run the bundled miniature DeepSeek V4 serving engine."),
+    "invariants": CommandEntry("capturelint.commands.invariants", "invariants",
+                               "List the declared region invariants in force (bundled defaults, settings file, "
+                               "--invariants FILE) and where each comes from; --explain ID shows the graph query it "
+                               "runs and the ops it selects under each runner and mode."),
     "rules": CommandEntry("capturelint.commands.rules", "rules",
                           "List the rules, or print the doc of rule CODE (e.g. CL101).", torch=False),
     "show": CommandEntry("capturelint.commands.regions", "show",

@@ -15,6 +15,7 @@ from capturelint.commands.common import (
     resolve_plan,
     say,
     settings_for,
+    warn,
 )
 from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS, CapturelintError
 from capturelint.output import check_output_path, is_stdout
@@ -33,11 +34,19 @@ FORMATS = formats("check")
 @click.option("--baseline", metavar="FILE", help="Also report region changes against this snapshot (settings: baseline).")
 @click.option("--max-eager-growth", type=float, metavar="PCT", help="With --baseline: fail when eager ops per step grow by more than PCT percent (default 0).")
 @click.option("-v", "--verbose", is_flag=True, help="Show every graph in the Rich report.")
+@click.option("--static", is_flag=True, help="Capture the graphs only (no replay shadow, no eager twin) and check the declared invariants and host syncs at capture: the fast pre-commit hook. Replay equivalence is NOT checked.")
+@click.option("--invariants", "invariants_file", metavar="FILE", help="Also hold the invariants of this TOML file ([invariants.ID] tables); they replace defaults and settings with the same id.")
+@click.option("--strict", is_flag=True, help="An invariant that selects no op is an error (exit 2), not a warning.")
 @click.option("--target", metavar="SPEC", help="Check your own engine instead of the bundled one: FILE.py:FUNCTION (the file is executed, as pytest imports test files) or MODULE:FUNCTION, returning capturelint.target.Target objects (engine options do not apply).")
 def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, output: str | None, exit_zero: bool,
-          baseline: str | None, max_eager_growth: float | None, verbose: bool, target: str | None, **kw: Any) -> int:
+          baseline: str | None, max_eager_growth: float | None, verbose: bool, static: bool, invariants_file: str | None,
+          strict: bool, target: str | None, **kw: Any) -> int:
     """Check that CUDA-graph replay of the bundled engine computes what eager execution
     computes, under each runner and CUDA-graph mode.
+
+    Its captures are also held to the declared region invariants (capturelint
+    invariants lists them). With --static only the captures are checked (invariants, host syncs): fast, but
+    replay equivalence is not checked; the full check is the CI gate.
 
     Exit status: 0 clean, 1 findings (or region growth over budget with --baseline),
     2 usage, configuration or internal error, 130 interrupted.
@@ -48,19 +57,26 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
     if max_eager_growth is not None and not (math.isfinite(max_eager_growth) and max_eager_growth >= 0):
         raise CapturelintError(f"--max-eager-growth must be a percentage >= 0, got {max_eager_growth}; e.g. 10")
     baseline_path = baseline or (str(settings.baseline) if settings.baseline else None)
+    if static and (baseline is not None or max_eager_growth is not None):
+        raise CapturelintError("--baseline gates the regions of a full check; drop --static, or drop --baseline")
     if target is not None:
         if baseline is not None or max_eager_growth is not None:
             raise CapturelintError("--baseline and --max-eager-growth gate the bundled engine's regions, not --target; drop them")
         # engine options do not apply to a target: only the rule selection does
         from capturelint.rules import select_codes
 
+        from capturelint.invariants import in_force, read_invariants_file
+
         codes = select_codes(list(select) or list(settings.select or ()), list(ignore) or list(settings.ignore or ()))
+        invariants = in_force(settings.invariants or (),
+                              read_invariants_file(invariants_file) if invariants_file is not None else ())
         plan = None
     else:
         if max_eager_growth is not None and baseline_path is None:
             raise CapturelintError("--max-eager-growth is the budget of --baseline, and no baseline is given; "
                                    "add --baseline FILE (or baseline in settings), or drop it")
-        plan = resolve_plan(settings, kw, select, ignore)
+        plan = resolve_plan(settings, dict(kw, invariants_file=invariants_file), select, ignore)
+        invariants = plan.invariants
         if "NONE" in plan.modes:
             raise CapturelintError(
                 "mode NONE captures no CUDA graph, so there is no replay to compare with eager execution; choose "
@@ -70,7 +86,7 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
         codes = plan.codes
     growth = max_eager_growth if max_eager_growth is not None else settings.max_eager_growth
     gate = None
-    if baseline_path is not None and target is None:
+    if baseline_path is not None and target is None and not static:
         from capturelint.snapshot import load_snapshot
 
         gate = load_snapshot(baseline_path)  # fail on a bad baseline before running anything
@@ -79,12 +95,19 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
 
         targets = load_targets(target)
         with ProgressReporter(len(targets)) as progress:
-            report = run_targets(targets, codes, progress)
+            report = run_targets(targets, codes, progress, invariants=invariants, static=static)
     else:
         from capturelint.adapters.engines import run_check
 
         with ProgressReporter(len(plan.configurations)) as progress:
-            report = run_check(plan, progress)
+            report = run_check(plan, progress, static=static)
+    empty = report.empty_invariants
+    if empty:
+        text = (f"invariant(s) {', '.join(empty)} applied to captured graphs but selected no op: the selector "
+                "probably does not say what was meant; see capturelint invariants --explain ID")
+        if strict:
+            raise CapturelintError(text + " (an error with --strict)")
+        warn(text)
     if gate is not None:
         from capturelint.baseline import compare_report
 

@@ -81,6 +81,7 @@ def resolve_plan(settings: Settings, kw: dict[str, Any], select: tuple[str, ...]
         engine=kw.get("engine"),
         select=select,
         ignore=ignore,
+        invariants_file=kw.get("invariants_file"),
     )
 
 

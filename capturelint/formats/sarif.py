@@ -94,6 +94,8 @@ def fingerprint(finding: Finding) -> str:
     tensor (32 hex digits)."""
     frame = finding.capture_frame or finding.shadow_frame
     parts = (finding.code, frame.file if frame else "", finding.scope, finding.op, finding.tensor or "")
+    if finding.invariant is not None:  # two invariants may flag the same op
+        parts += (finding.invariant,)
     return hashlib.sha256("\x1f".join(parts).encode("utf-8")).hexdigest()[:32]
 
 
@@ -167,6 +169,8 @@ def _result(finding: Finding, rule_index: int, fallback_uri: str | None) -> dict
         "steps": list(finding.steps),
         "occurrences": finding.occurrences,
     }
+    if finding.invariant is not None:
+        result["properties"]["invariant"] = finding.invariant
     return result
 
 

@@ -11,15 +11,21 @@ from capturelint.rules.cl104_stale_input import StaleInput
 from capturelint.rules.cl105_escaped_eager_output import EscapedEagerOutput
 from capturelint.rules.cl106_host_sync_in_capture import HostSyncInCapture
 from capturelint.rules.cl107_stale_break_argument import StaleBreakArgument
+from capturelint.rules.cl201_declared_eager_captured import DeclaredEagerCaptured
+from capturelint.rules.cl202_declared_captured_eager import DeclaredCapturedEager
+from capturelint.rules.cl203_eager_budget_exceeded import EagerBudgetExceeded
 from capturelint.rules.cl901_unexplained_divergence import UnexplainedDivergence
 
 # Order matters: CL101 marks the ops after a divergence so later rules skip follow-ons.
 STEP_RULES: tuple[type[Rule], ...] = (BakedControlFlow, BakedHostValue, BakedShape, StaleInput, EscapedEagerOutput, StaleBreakArgument)
 CAPTURE_RULES: tuple[type[Rule], ...] = (HostSyncInCapture,)
+REGION_RULES: tuple[type[Rule], ...] = (DeclaredEagerCaptured, DeclaredCapturedEager, EagerBudgetExceeded)
 RULES: tuple[type[Rule], ...] = (
     BakedControlFlow, BakedHostValue, BakedShape, StaleInput, EscapedEagerOutput, HostSyncInCapture,
-    StaleBreakArgument, UnexplainedDivergence,
+    StaleBreakArgument, DeclaredEagerCaptured, DeclaredCapturedEager, EagerBudgetExceeded, UnexplainedDivergence,
 )
+# What ``check --static`` runs: the rules that need only a capture (no shadow, no twin).
+STATIC_CODES: frozenset[str] = frozenset(r.code for r in CAPTURE_RULES + REGION_RULES)
 BY_CODE = {r.code: r for r in RULES}
 
 
@@ -51,4 +57,4 @@ def select_codes(select: list[str] | None, ignore: list[str] | None) -> frozense
     return frozenset(chosen - (expand(ignore, "--ignore") if ignore else set()))
 
 
-__all__ = ["RULES", "STEP_RULES", "CAPTURE_RULES", "BY_CODE", "Rule", "rule", "select_codes"]
+__all__ = ["RULES", "STEP_RULES", "CAPTURE_RULES", "REGION_RULES", "STATIC_CODES", "BY_CODE", "Rule", "rule", "select_codes"]

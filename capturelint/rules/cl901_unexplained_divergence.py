@@ -41,7 +41,8 @@ class UnexplainedDivergence(Rule):
 
     ## Limitations
     Replay-versus-shadow differences below 1e-4 are float noise. Token agreement is
-    measured over the sampled workload only.
+    measured over the sampled workload only. Findings of declared invariants (CL2xx)
+    do not count as an explanation: they say what was decided, not why replay differs.
     """
 
     def check_run(self, outcome: RunOutcome) -> Iterator[Finding]:
@@ -53,7 +54,9 @@ class UnexplainedDivergence(Rule):
             or (agreement is None and twin is not None and twin > STEP_TOLERANCE)
             or outcome.max_step_error > STEP_TOLERANCE
         )
-        if diverged and not any(f.code != self.code for f in outcome.findings):
+        # a declared invariant's finding (CL2xx) records a decision, not why replay differs
+        explained = any(f.code != self.code and f.condition is not Condition.DECLARED for f in outcome.findings)
+        if diverged and not explained:
             yield self.make(outcome.label, agreement, outcome.max_step_error, twin)
 
     def make(self, label: RunLabel, token_agreement: float | None, max_step_error: float,

@@ -53,7 +53,11 @@ def test_v1_narrow_region_fails_at_the_profile_run_branch(v1_narrow):
         assert f["op"] == "aten.constant_pad_nd.default"  # the profile run's F.pad, captured instead of the insert
         assert "attn_metadata was None" in f["message"]
     # one finding per layer, each in its own layer's scope
-    assert sorted(f["scope"] for f in cl101) == ["layers.0.attn", "layers.1.attn"]
+    assert sorted(f["scope"] for f in cl101) == ["model.layers.0.attn", "model.layers.1.attn"]  # vLLM's prefixes
+    # the declared invariant of vLLM's region decision is broken too, in vLLM's own function
+    cl201 = [f for f in report["findings"] if f["code"] == "CL201"]
+    assert {f["invariant"] for f in cl201} == {"dsv4-v1-attention-prep-eager"}
+    assert all(f["capture_frame"]["file"].endswith(ATTENTION) for f in cl201)
     piecewise = next(n for n in report["numerical"] if n["mode"] == "PIECEWISE")
     assert piecewise["max_step_error"] > 1e-2
     assert piecewise["token_agreement"] < 1.0
@@ -107,6 +111,18 @@ def test_json_is_byte_identical_across_runs(tmp_path_factory, v2_narrow):
     code, again = check(tmp_path_factory, "--runner", "v2", "--eager-region", "narrow")
     assert code == 0
     assert json.dumps(again, sort_keys=True) == json.dumps(v2_narrow[1], sort_keys=True)
+
+
+def test_static_mode_holds_vllm_to_the_declared_region(tmp_path_factory):
+    code, report = check(tmp_path_factory, "--static", "--runner", "v1", "--eager-region", "narrow", "--mode", "PIECEWISE")
+    assert code == 1
+    assert {f["code"] for f in report["findings"]} == {"CL201"}
+    functions = {f["capture_frame"]["function"] for f in report["findings"]}
+    assert functions <= {"_prepare_and_attn", "_fused_qnorm_rope_kv_insert", "_wq_b_proj", "project_query_and_cache_kv",
+                         "forward"}
+    assert report["numerical"] == []  # replay equivalence was not checked, and the report says so
+    code, report = check(tmp_path_factory, "--static", "--runner", "v1", "--mode", "PIECEWISE")
+    assert code == 0, report["findings"]
 
 
 # ------------------------------------------------------------------ one-line errors

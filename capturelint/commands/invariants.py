@@ -1,0 +1,119 @@
+"""``capturelint invariants``: the declared region invariants in force, where each comes
+from, and (``--explain ID``) the graph query one runs and the ops it selects."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import click
+
+from capturelint.commands.common import ProgressReporter, engine_options, resolve_plan, say, settings_for, stdout_console
+from capturelint.errors import EXIT_CLEAN, CapturelintError
+
+
+@click.command()
+@engine_options
+@click.option("--invariants", "invariants_file", metavar="FILE", help="Also hold the invariants of this TOML file ([invariants.ID] tables).")
+@click.option("--explain", "explain_id", metavar="ID", help="Show invariant ID's graph query and the ops it selects under each runner and mode (captures the graphs: a static check).")
+@click.option("--format", "fmt", type=click.Choice(["rich", "json"]), default="rich", show_default=True)
+def invariants(invariants_file: str | None, explain_id: str | None, fmt: str, **kw: Any) -> int:
+    """List the declared region invariants in force (bundled defaults, settings file,
+    --invariants FILE) and where each comes from; --explain ID shows the graph query it
+    runs and the ops it selects under each runner and mode.
+
+    Exit status: 0 listed, 2 usage or configuration error (an unknown ID), 130 interrupted.
+    """
+    plan = resolve_plan(settings_for(kw), dict(kw, invariants_file=invariants_file))
+    if explain_id is None:
+        rows = [_row(inv) for inv in plan.invariants]
+        if fmt == "json":
+            click.echo(json.dumps({"invariants": rows}, indent=2, sort_keys=True))
+        else:
+            _table(rows)
+        say(f"{len(rows)} invariant{'s' * (len(rows) != 1)} in force")
+        return EXIT_CLEAN
+    by_id = {inv.id: inv for inv in plan.invariants}
+    inv = by_id.get(explain_id)
+    if inv is None:
+        known = ", ".join(by_id) or "none"
+        raise CapturelintError(f"--explain {explain_id!r}: no invariant with that id is in force (in force: {known}); "
+                               "run capturelint invariants to list them")
+    from capturelint.adapters.bundled import run_check
+
+    with ProgressReporter(len(plan.configurations)) as progress:
+        report = run_check(plan, progress, static=True)
+    explained = {**_row(inv), "query": inv.query(), "configurations": [_explain(inv, c) for c in report.configs]}
+    if fmt == "json":
+        click.echo(json.dumps(explained, indent=2, sort_keys=True))
+    else:
+        _print_explained(explained)
+    return EXIT_CLEAN
+
+
+def _row(inv: Any) -> dict[str, Any]:
+    return {"id": inv.id, "source": inv.source, "requires": inv.requirement_text(), "applies_to": inv.scope_text(),
+            "selects": " | ".join(s.describe() for s in inv.selectors), "why": inv.why}
+
+
+def _explain(inv: Any, config: Any) -> dict[str, Any]:
+    """What ``inv`` selects in one configuration's captures: per graph it applies to,
+    the selected ops by scope and placement (the first graph of each distinct selection)."""
+    from capturelint.graph import build_region_graph
+    from capturelint.runtime.protocol import SegmentKind
+
+    graphs = []
+    seen: dict[tuple, dict[str, Any]] = {}
+    for capture in config.captures:
+        if not inv.applies(config.runner, config.mode, capture.runtime_mode, capture.context.key):
+            continue
+        G = build_region_graph(capture)
+        counts: Counter = Counter()
+        for n in inv.select_ops(G):
+            d = G.nodes[n]
+            where = "eager" if d["segment_kind"] is SegmentKind.EAGER else "captured"
+            counts[(d["scope"] or "<top>", d["op"], where)] += 1
+        key = tuple(sorted(counts.items()))
+        if key in seen:
+            seen[key]["graphs"].append(capture.graph)
+            continue
+        entry = {"graphs": [capture.graph], "runtime_mode": capture.runtime_mode, "selected": sum(counts.values()),
+                 "ops": [{"scope": s, "op": o, "placement": p, "count": c} for (s, o, p), c in sorted(counts.items())]}
+        seen[key] = entry
+        graphs.append(entry)
+    return {"runner": config.runner, "mode": config.mode, "eager_region": config.eager_region,
+            "applies": bool(graphs), "selections": graphs}
+
+
+def _table(rows: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    table = Table(show_header=True, header_style="bold", box=None)
+    for col in ("id", "source", "requires", "applies to", "selects"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(r["id"], r["source"], r["requires"], r["applies_to"], r["selects"])
+    stdout_console().print(table)
+
+
+def _print_explained(e: dict[str, Any]) -> None:
+    from rich.text import Text
+
+    console = stdout_console()
+    console.print(Text(f"{e['id']} ({e['source']}): {e['requires']}; applies to {e['applies_to']}", style="bold"))
+    if e["why"]:
+        console.print(Text(f"why: {e['why']}"))
+    console.print(Text(f"query: {e['query']}"))
+    for c in e["configurations"]:
+        head = f"runner {c['runner']} · {c['mode']} · eager region {c['eager_region']}"
+        if not c["applies"]:
+            console.print(Text(f"{head}: does not apply to any captured graph", style="dim"))
+            continue
+        for sel in c["selections"]:
+            graphs = ", ".join(sel["graphs"][:5]) + (f" ... and {len(sel['graphs']) - 5} more" if len(sel["graphs"]) > 5 else "")
+            console.print(Text(f"{head} · graphs {graphs} ({sel['runtime_mode']}): {sel['selected']} ops selected",
+                               style="bold" if sel["selected"] else "yellow"))
+            for op in sel["ops"]:
+                style = "green" if op["placement"] == "eager" else "red"
+                console.print(Text(f"    {op['scope']}  {op['op']} x{op['count']}  ", style=None) + Text(op["placement"], style=style))
