@@ -39,3 +39,23 @@ def seed_problem(value: object) -> str | None:
 
 
 __all__ = ["MAX_LAYERS", "MAX_SNAPSHOT_BYTES", "MAX_STEPS", "SEED_MAX", "count_problem", "seed_problem"]
+
+
+MAX_JOBS = 256
+
+
+def jobs_problem(value: object) -> str | None:
+    """Why ``value`` is not a valid ``jobs`` count, or ``None``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_JOBS:
+        return f"must be an integer from 1 to {MAX_JOBS}"
+    return None
+
+
+def default_jobs() -> int:
+    """Configurations checked at once by default: the cores this process may use."""
+    import os
+
+    try:
+        return max(1, min(len(os.sched_getaffinity(0)), MAX_JOBS))
+    except AttributeError:  # not Linux
+        return max(1, min(os.cpu_count() or 1, MAX_JOBS))

@@ -10,7 +10,8 @@ twin. ``check_configuration`` traces it, runs the rules, and returns its
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterable
+import functools
+from typing import Any, Callable, Iterable, Sequence
 
 from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
@@ -97,13 +98,92 @@ def check_configuration(config: Configuration, codes: frozenset[str], shadow: bo
 
 def check_all(configs: Iterable[Configuration], codes: frozenset[str], shadow: bool = True,
               progress: Callable[[str], None] | None = None, static: bool = False,
-              invariants: tuple[Any, ...] = ()) -> Report:
-    reports = []
-    for config in configs:
-        if progress is not None:
-            progress(f"{config.label.runner} · {config.label.mode}")
-        reports.append(check_configuration(config, codes, shadow, static))
-    return Report(reports, invariants=invariants, static=static)
+              invariants: tuple[Any, ...] = (), jobs: int = 1) -> Report:
+    configs = list(configs)
+    tasks = [Task(f"{c.label.runner} · {c.label.mode}", functools.partial(check_configuration, c, codes, shadow, static))
+             for c in configs]
+    return Report(run_all(tasks, jobs, progress), invariants=invariants, static=static)
 
 
-__all__ = ["Configuration", "check_all", "check_configuration"]
+# ------------------------------------------------------------------ parallel runs
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One configuration's check, to run here or in a worker process: ``run()`` returns
+    its ``ConfigReport``; ``label`` is what the progress bar shows."""
+
+    label: str
+    run: Callable[[], ConfigReport]
+
+
+_JOBS: list[Callable[[], Any]] = []  # what forked workers run, by index (inherited, never pickled)
+
+
+def _run_job(index: int) -> Any:
+    return _JOBS[index]()
+
+
+def parallel_map(fns: Sequence[Callable[[], Any]], jobs: int, done: Callable[[int], None] | None = None) -> list[Any]:
+    """``[fn() for fn in fns]``, in ``min(jobs, len(fns))`` worker processes forked from
+    this one when ``jobs > 1``; results (pickled back) in order. ``done(i)`` is called
+    as result ``i`` arrives. The functions are inherited by the fork, never pickled, so
+    closures over engines and plans work. A worker's exception (a ``CapturelintError``,
+    an interrupt) is raised here, and the other workers are stopped."""
+    global _JOBS
+    if jobs <= 1 or len(fns) <= 1:
+        out = []
+        for i, fn in enumerate(fns):
+            out.append(fn())
+            if done is not None:
+                done(i)
+        return out
+    import multiprocessing
+
+    _JOBS = list(fns)
+    pool = multiprocessing.get_context("fork").Pool(min(jobs, len(fns)))
+    try:
+        out = []
+        for i, result in enumerate(pool.imap(_run_job, range(len(fns)))):
+            out.append(result)
+            if done is not None:
+                done(i)
+        pool.close()
+        return out
+    finally:
+        pool.terminate()
+        pool.join()
+        _JOBS = []
+
+
+def _without_captures(task: Task) -> Callable[[], ConfigReport]:
+    # A configuration's capture streams hold the engine's storages; reports and region
+    # maps need its findings, numerical oracle and graph maps, not them.
+    return lambda: dataclasses.replace(task.run(), captures=[])
+
+
+def run_all(tasks: Sequence[Task], jobs: int = 1, progress: Callable[[str], None] | None = None,
+            keep_captures: bool = False) -> list[ConfigReport]:
+    """Run ``tasks`` and return their reports in task order, whatever ``jobs`` is.
+
+    With ``jobs > 1`` (and more than one task) they run in worker processes forked from
+    this one (``parallel_map``), which has already imported torch and the engine (workers
+    do not import them again) and runs torch on one intra-op thread
+    (``CAPTURELINT_THREADS``). Reports come back without their capture streams, in
+    serial runs too, unless ``keep_captures`` (``show`` draws them; the tasks then run
+    here, since streams hold storages that do not cross processes).
+    """
+    if keep_captures:
+        jobs = 1
+    fns = [t.run if keep_captures else _without_captures(t) for t in tasks]
+    if progress is not None and tasks:
+        progress(tasks[0].label)
+
+    def done(i: int) -> None:
+        if progress is not None and i + 1 < len(tasks):
+            progress(tasks[i + 1].label)
+
+    return parallel_map(fns, jobs, done)
+
+
+__all__ = ["Configuration", "Task", "check_all", "check_configuration", "parallel_map", "run_all"]

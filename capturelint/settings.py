@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from capturelint.errors import CapturelintError
-from capturelint.limits import count_problem, seed_problem
+from capturelint.limits import count_problem, jobs_problem, seed_problem
 
 PYPROJECT = "pyproject.toml"
 RUNNERS = ("v1", "v2")
@@ -85,6 +85,7 @@ class Settings:
     break_outputs: str | None = None
     format: str | None = None
     engine: str | None = None
+    jobs: int | None = None
     invariants: tuple[Any, ...] | None = None  # capturelint.invariants.Invariant, in file order
     source: Path | None = None
 
@@ -283,6 +284,15 @@ class _Reader:
             raise self.fail(key, problem.removeprefix("must be "), value, "4")
         return value
 
+    def jobs(self, key: str) -> int | None:
+        value = self.table.get(key)
+        if value is None:
+            return None
+        problem = jobs_problem(value)
+        if problem is not None:
+            raise self.fail(key, problem.removeprefix("must be "), value, "2")
+        return value
+
     def seed(self, key: str) -> int | None:
         value = self.table.get(key)
         if value is None:
@@ -324,6 +334,7 @@ _KEYS = (
     "break-outputs",
     "format",
     "engine",
+    "jobs",
     "invariants",
 )
 
@@ -361,6 +372,7 @@ def _settings(path: Path, table: dict[str, Any]) -> Settings:
         break_outputs=r.choice("break-outputs", BREAK_OUTPUTS, str.lower),
         format=r.choice("format", FORMATS, str.lower),
         engine=r.choice("engine", ENGINES, str.lower),
+        jobs=r.jobs("jobs"),
         invariants=_invariants(path, table),
         source=path.resolve(),
     )

@@ -87,10 +87,24 @@ class CheckPlan:
     copy_break_outputs: bool = True
     engine: str = "bundled"
     invariants: tuple[Any, ...] = ()  # declared invariants in force (capturelint.invariants.Invariant)
+    shard: tuple[int, int] | None = None  # (K, N): run the K-th of N deterministic slices (1-based)
+    jobs: int = 1  # configurations checked at once, in worker processes
+    reuse: bool = True  # share identical work between configurations (the eager twins)
+
+    @property
+    def all_configurations(self) -> list[tuple[str, str]]:
+        """Every configuration of the plan, in report order (runners, then modes)."""
+        return [(r, m) for r in self.runners for m in self.modes]
 
     @property
     def configurations(self) -> list[tuple[str, str]]:
-        return [(r, m) for r in self.runners for m in self.modes]
+        """The configurations this run checks: all of them, or its shard's: the K-th of
+        every N in report order, so the shards of one plan partition it."""
+        every = self.all_configurations
+        if self.shard is None:
+            return every
+        k, n = self.shard
+        return [c for i, c in enumerate(every) if i % n == k - 1]
 
     @property
     def break_outputs(self) -> BreakOutputs:
@@ -222,7 +236,8 @@ def configuration(plan: CheckPlan, runner: str, mode: str) -> Configuration:
     engine = Engine(cfg)
 
     def twin(output: Any) -> TwinResult:
-        agreement, logit_error = compare(output, Engine(cfg.eager_twin()).generate())
+        eager = eager_run(cfg.eager_twin()) if plan.reuse else Engine(cfg.eager_twin()).generate()
+        agreement, logit_error = compare(output, eager)
         return TwinResult(agreement, logit_error)
 
     roots = {"model": engine.model, "state": list(engine.runner.named_state_tensors())}
@@ -230,6 +245,36 @@ def configuration(plan: CheckPlan, runner: str, mode: str) -> Configuration:
                          forward_context_probe, layer_scope_group, twin, require_replays=True,
                          eager_region_option=plan.eager_region, invariants=plan.invariants,
                          capture_only=engine.capture_model)
+
+
+_eager_runs: dict[Any, Any] = {}
+
+
+def eager_run(config: Any) -> Any:
+    """The generation of an eager twin, run once per process and engine config: every
+    mode of a runner has the same eager twin (``EngineConfig.eager_twin`` sets mode
+    NONE), and the engine is deterministic, so the four modes of a runner share it."""
+    from capturelint.engine.llm import Engine
+
+    result = _eager_runs.get(config)
+    if result is None:
+        result = _eager_runs[config] = Engine(config).generate()
+    return result
+
+
+def _prepare_twins(plan: CheckPlan) -> None:
+    """Before configurations fork into workers: run their distinct eager twins (in
+    parallel too), so that every worker inherits them instead of running its own."""
+    from capturelint.pipeline import parallel_map
+
+    wanted = list(dict.fromkeys(engine_config(plan, r, m).eager_twin() for r, m in plan.configurations))
+    missing = [c for c in wanted if c not in _eager_runs]
+    if not missing:
+        return
+    from capturelint.engine.llm import Engine
+
+    results = parallel_map([lambda c=c: Engine(c).generate() for c in missing], plan.jobs)
+    _eager_runs.update(zip(missing, results))
 
 
 def run_configuration(plan: CheckPlan, runner: str, mode: str, shadow: bool = True, static: bool = False) -> ConfigReport:
@@ -241,16 +286,22 @@ def run_configuration(plan: CheckPlan, runner: str, mode: str, shadow: bool = Tr
 
 
 def run_check(plan: CheckPlan, progress: Callable[[str], None] | None = None, shadow: bool = True,
-              static: bool = False) -> Report:
-    configs: list[ConfigReport] = []
-    for runner, mode in plan.configurations:
-        if progress is not None:
-            progress(f"runner {runner} · {mode}")
-        if static:
-            configs.append(run_configuration(plan, runner, mode, shadow=False, static=True))
-        else:
-            configs.append(run_configuration(plan, runner, mode, shadow=shadow))
-    return Report(configs, invariants=plan.invariants, static=static)
+              static: bool = False, keep_captures: bool = False) -> Report:
+    """Run the plan's configurations (``plan.jobs`` at once, in worker processes)."""
+    from capturelint.pipeline import Task, run_all
+
+    def task(runner: str, mode: str) -> Task:
+        def run() -> ConfigReport:
+            if static:
+                return run_configuration(plan, runner, mode, shadow=False, static=True)
+            return run_configuration(plan, runner, mode, shadow=shadow)
+
+        return Task(f"runner {runner} · {mode}", run)
+
+    tasks = [task(r, m) for r, m in plan.configurations]
+    if plan.reuse and shadow and not static and plan.jobs > 1 and len(tasks) > 1 and not keep_captures:
+        _prepare_twins(plan)
+    return Report(run_all(tasks, plan.jobs, progress, keep_captures), invariants=plan.invariants, static=static)
 
 
 def suggest_slots(plan: CheckPlan) -> list[Any]:

@@ -179,11 +179,12 @@ def configuration(t: Target, invariants: tuple[Any, ...] = ()) -> Configuration:
 
 
 def run_targets(targets: list[Target], codes: frozenset[str], progress: Callable[[str], None] | None = None,
-                invariants: tuple[Any, ...] = (), static: bool = False) -> Report:
+                invariants: tuple[Any, ...] = (), static: bool = False, jobs: int = 1) -> Report:
     """Check each target; ``invariants`` (settings and command line: a target has no
-    defaults) are checked on its captures; ``static`` checks captures only."""
+    defaults) are checked on its captures; ``static`` checks captures only; ``jobs``
+    targets at once, in worker processes forked after the targets were built."""
     return check_all((configuration(t, invariants) for t in targets), codes, progress=progress, static=static,
-                     invariants=invariants)
+                     invariants=invariants, jobs=jobs)
 
 
 def suggest_slots(spec: str, codes: frozenset[str]) -> list[Any]:

@@ -174,20 +174,27 @@ def configuration(plan: CheckPlan, runner: str, mode: str) -> Configuration:
 
 
 def run_vllm_check(plan: CheckPlan, progress: Callable[[str], None] | None = None, shadow: bool = True,
-                   static: bool = False) -> Report:
-    from capturelint.adapters.vllm import cpu_shim
+                   static: bool = False, keep_captures: bool = False) -> Report:
+    """Run the plan's configurations, each under ``cpu_shim`` (``plan.jobs`` at once: vLLM
+    is imported before the workers are forked, and each worker builds its own model)."""
+    from capturelint.adapters.vllm import cpu_shim, require_vllm
+    from capturelint.pipeline import Task, run_all
 
-    configs: list[ConfigReport] = []
-    with cpu_shim():
-        for runner, mode in plan.configurations:
-            if progress is not None:
-                progress(f"vLLM · runner {runner} · {mode}")
-            try:
-                configs.append(check_configuration(configuration(plan, runner, mode), plan.codes, shadow=shadow,
-                                                   static=static))
-            except CapturelintError as e:
-                raise missing_op(e) or e from None
-    return Report(configs, invariants=plan.invariants, static=static)
+    require_vllm()
+
+    def task(runner: str, mode: str) -> Task:
+        def run() -> ConfigReport:
+            with cpu_shim():
+                try:
+                    return check_configuration(configuration(plan, runner, mode), plan.codes, shadow=shadow,
+                                               static=static)
+                except CapturelintError as e:
+                    raise missing_op(e) or e from None
+
+        return Task(f"vLLM · runner {runner} · {mode}", run)
+
+    tasks = [task(r, m) for r, m in plan.configurations]
+    return Report(run_all(tasks, plan.jobs, progress, keep_captures), invariants=plan.invariants, static=static)
 
 
 __all__ = ["DEFAULT_LAYERS", "DEFAULT_STEPS", "VLLM_MODES", "configuration", "forward_context_probe", "missing_op",

@@ -41,6 +41,11 @@ def engine_options(fn: Callable) -> Callable:
         click.option("--engine", type=click.Choice(["bundled", "vllm"]),
                      help="Engine to check: the bundled DeepSeek V4 model of vLLM (default), or vLLM's own DeepSeek V4 "
                           "attention as Python imports it (vLLM 0.33.0; settings: engine)."),
+        click.option("--jobs", "-j", type=int, metavar="N",
+                     help="Configurations checked at once, in worker processes (default: the usable cores; settings: "
+                          "jobs). The report is the same for every N."),
+        click.option("--no-reuse", "no_reuse", is_flag=True,
+                     help="Share no work between configurations (each runs its own eager twin); the report is the same."),
         click.option("--runner", metavar="v1|v2|all", help="Model runner; default: the platform's default runner (settings: runners)."),
         click.option("--mode", "modes", multiple=True, callback=_csv, metavar="MODE",
                      help=f"CUDA-graph mode, repeatable or comma-separated: {', '.join(CHECK_MODES)}; default: all of them."),
@@ -79,6 +84,8 @@ def resolve_plan(settings: Settings, kw: dict[str, Any], select: tuple[str, ...]
         break_outputs=kw.get("break_outputs"),
         platform=kw.get("platform") or "cuda",
         engine=kw.get("engine"),
+        jobs=kw.get("jobs"),
+        reuse=not kw.get("no_reuse", False),
         select=select,
         ignore=ignore,
         invariants_file=kw.get("invariants_file"),

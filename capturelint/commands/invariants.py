@@ -43,7 +43,7 @@ def invariants(invariants_file: str | None, explain_id: str | None, fmt: str, **
     from capturelint.adapters.bundled import run_check
 
     with ProgressReporter(len(plan.configurations)) as progress:
-        report = run_check(plan, progress, static=True)
+        report = run_check(plan, progress, static=True, keep_captures=True)  # --explain reads the captures
     explained = {**_row(inv), "query": inv.query(), "configurations": [_explain(inv, c) for c in report.configs]}
     if fmt == "json":
         click.echo(json.dumps(explained, indent=2, sort_keys=True))

@@ -61,7 +61,7 @@ def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_check: bo
     check_output_path(output)
     plan = resolve_plan(settings_for(kw), kw)
     with ProgressReporter(len(plan.configurations)) as progress:
-        report = run_check(plan, progress, shadow=not no_check)
+        report = run_check(plan, progress, shadow=not no_check, keep_captures=True)  # drawn from the captures
     views = report_views(report, all_graphs)
     options = Options(ops=ops)
     rep = reporter("show", fmt)

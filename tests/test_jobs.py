@@ -1,0 +1,58 @@
+"""Configurations in parallel worker processes (``--jobs``) and work shared between
+configurations (the eager twins; ``--no-reuse``): neither may change the report."""
+
+from __future__ import annotations
+
+import pytest
+
+from capturelint.cli import main
+from capturelint.errors import CapturelintError
+from capturelint.pipeline import parallel_map
+
+# every runner and mode, with findings (the narrow region fails under V1)
+MATRIX = ["check", "--runner", "all", "--eager-region", "narrow", "--layers", "2", "--steps", "8", "--format", "json"]
+
+
+def test_report_is_byte_identical_for_any_jobs_and_without_reuse(tmp_path, capsys):
+    outputs = {}
+    for name, extra in {"serial": ["--jobs", "1"], "parallel": ["--jobs", "2"],
+                        "no-reuse": ["--jobs", "2", "--no-reuse"]}.items():
+        path = tmp_path / f"{name}.json"
+        assert main([*MATRIX, *extra, "-o", str(path)]) == 1  # CL101 under v1
+        outputs[name] = path.read_bytes()
+    capsys.readouterr()
+    assert b'"CL101"' in outputs["serial"] and b'"configurations": 8' in outputs["serial"]
+    assert outputs["parallel"] == outputs["serial"]
+    assert outputs["no-reuse"] == outputs["serial"]
+
+
+@pytest.mark.parametrize("value", ["0", "257", "-1"])
+def test_bad_jobs_is_one_line(value, capsys):
+    assert main(["check", "--jobs", value]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--jobs must be an integer from 1 to 256" in err[0]
+
+
+def test_jobs_setting_is_checked(tmp_path, capsys):
+    config = tmp_path / "pyproject.toml"
+    config.write_text("[tool.capturelint]\njobs = 0\n")
+    assert main(["check", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "jobs" in err and "an integer from 1 to 256" in err
+
+
+def test_parallel_map_keeps_order_and_runs_closures():
+    state = {"base": 10}  # a closure over local state: inherited by the fork, never pickled
+    fns = [lambda i=i: state["base"] + i * i for i in range(5)]
+    done = []
+    assert parallel_map(fns, 2, done.append) == [10, 11, 14, 19, 26]
+    assert done == [0, 1, 2, 3, 4]
+
+
+def _fails() -> None:
+    raise CapturelintError("configuration 3 cannot run: its engine is broken")
+
+
+def test_a_worker_error_is_raised_here():
+    with pytest.raises(CapturelintError, match="configuration 3 cannot run"):
+        parallel_map([lambda: 1, lambda: 2, _fails, lambda: 4], 2)
