@@ -87,13 +87,33 @@ def poison_value(dtype: torch.dtype) -> Any:
 
 def poison_storage(storage: torch.UntypedStorage, dtype: torch.dtype) -> None:
     """Fill the whole of ``storage``, read as ``dtype``, with the poison value."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    n = storage.nbytes() // itemsize
-    if n == 0:
-        return
     with _disable_current_modes(), torch.no_grad():
-        flat = torch.empty(0, dtype=dtype, device=storage.device).set_(storage, 0, (n,), (1,))
-        flat.fill_(poison_value(dtype))
+        _poison(storage, dtype)
+
+
+def _poison(storage: torch.UntypedStorage, dtype: torch.dtype) -> None:
+    """``poison_storage`` where no mode is active and grad is off (a capture's end)."""
+    n = storage.nbytes() // dtype.itemsize
+    if n:
+        torch.empty(0, dtype=dtype, device=storage.device).set_(storage, 0, (n,), (1,)).fill_(poison_value(dtype))
+
+
+def _map_tensors(fn: Callable[[torch.Tensor], Any], obj: Any) -> Any:
+    """``tree_map(fn, obj)`` for an op's arguments (tuples, lists, dicts of tensors and
+    scalars), without pytree's per-leaf overhead; containers without a tensor are
+    returned as they are."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, (tuple, list)):
+        mapped = [_map_tensors(fn, x) for x in obj]
+        if all(a is b for a, b in zip(mapped, obj)):
+            return obj
+        return type(obj)(mapped) if type(obj) in (tuple, list) else tree_map(fn, obj)
+    if isinstance(obj, dict):
+        if not obj:
+            return obj
+        return {k: _map_tensors(fn, v) for k, v in obj.items()}
+    return obj
 
 
 def _alias(t: torch.Tensor) -> torch.Tensor:
@@ -398,7 +418,7 @@ class EmulatedCUDAGraph:
             for st, saved in self._saved.values():
                 st.copy_(saved)
             for st, dtype in self._allocated.values():
-                poison_storage(st, dtype)
+                _poison(st, dtype)
 
             def own(x: Any) -> Any:
                 if isinstance(x, torch.Tensor) and x.untyped_storage()._cdata in self._allocated:
@@ -406,8 +426,8 @@ class EmulatedCUDAGraph:
                 return self._borrowed.borrow(x)
 
             for c in self._calls:
-                c.args = tree_map(own, c.args)
-                c.kwargs = tree_map(own, c.kwargs)
+                c.args = _map_tensors(own, c.args)
+                c.kwargs = _map_tensors(own, c.kwargs)
         self._borrowed.done()
         for sid in self._allocated:
             _graph_owned[sid] = _graph_owned.get(sid, 0) + 1
