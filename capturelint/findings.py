@@ -91,6 +91,24 @@ class Finding:
             **({"invariant": self.invariant} if self.invariant is not None else {}),
         }
 
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Finding:
+        """The finding ``to_json`` wrote (``Finding.from_json(d).to_json() == d``); the
+        engine stack at capture (``capture_stack``) is not in the JSON and stays empty."""
+        return cls(
+            code=doc["code"], name=doc["name"], condition=Condition(doc["condition"]), runner=doc["runner"],
+            mode=doc["mode"], graph=doc["graph"], runtime_mode=doc["runtime_mode"], segment=doc["segment"],
+            segment_index=doc["segment_index"], op=doc["op"], scope=doc["scope"], tensor=doc["tensor"],
+            capture_frame=_frame(doc["capture_frame"]), shadow_frame=_frame(doc["shadow_frame"]),
+            message=doc["message"], steps=tuple(doc["steps"]), occurrences=doc["occurrences"],
+            allocation_frame=_frame(doc["allocation_frame"]), invariant=doc.get("invariant"),
+        )
+
+
+def _frame(doc: dict[str, Any] | None) -> Frame | None:
+    """A ``Frame`` from its JSON (file, line, function), or ``None``."""
+    return None if doc is None else Frame(doc["file"], doc["line"], doc["function"])
+
 
 @dataclasses.dataclass(frozen=True)
 class RuleInfo:
@@ -156,6 +174,14 @@ class Numerical:
             "replay_steps": self.replay_steps,
         }
 
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Numerical:
+        """The record ``to_json`` wrote, with its values as the JSON rounded them (6
+        significant digits): ``Numerical.from_json(d).to_json() == d``."""
+        return cls(doc["runner"], doc["mode"], _optional_number(doc["token_agreement"]),
+                   _from_number(doc["max_step_error"]), _optional_number(doc["max_logit_error"]),
+                   doc["replay_steps"])
+
 
 def _number(x: float) -> float | str:
     """A float for JSON: 6 significant digits; ``"inf"`` or ``"nan"`` where it is not
@@ -165,3 +191,18 @@ def _number(x: float) -> float | str:
     if x in (float("inf"), float("-inf")):
         return "inf" if x > 0 else "-inf"
     return float(f"{x:.6g}")
+
+
+def _from_number(x: float | str) -> float:
+    """The inverse of ``_number``: ``"nan"``, ``"inf"`` and ``"-inf"`` are read back as floats."""
+    if isinstance(x, str):
+        if x not in ("nan", "inf", "-inf"):
+            raise ValueError(f"{x!r} is not a number")
+        return float(x)
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise ValueError(f"{x!r} is not a number")
+    return float(x)
+
+
+def _optional_number(x: float | str | None) -> float | None:
+    return None if x is None else _from_number(x)

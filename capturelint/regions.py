@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from capturelint.runtime.protocol import SegmentKind
-from capturelint.tracer import Stream
+
+if TYPE_CHECKING:  # reading a report (capturelint merge) needs no tracer, nor torch
+    from capturelint.tracer import Stream
 
 ScopeOps = tuple[tuple[str, tuple[tuple[str, int], ...]], ...]  # ((scope, ((op, count), ...)), ...)
 
@@ -38,6 +40,12 @@ class SegmentMap:
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": str(self.kind), "break": self.name, "ops": {s: dict(by_op) for s, by_op in self.ops}}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> SegmentMap:
+        """The segment ``to_json`` wrote; scopes and ops sorted, as ``graph_map`` sorts them."""
+        ops = tuple((scope, tuple(sorted(by_op.items()))) for scope, by_op in sorted(doc["ops"].items()))
+        return cls(SegmentKind(doc["kind"]), doc["break"], ops)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +90,15 @@ class GraphMap:
             "eager_ops": self.eager_ops,
             "segments": [s.to_json() for s in self.segments],
         }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> GraphMap:
+        """The graph ``to_json`` wrote (``GraphMap.from_json(d).to_json() == d``); its op
+        counts are derived, so counts that disagree with the segments are a ``ValueError``."""
+        g = cls(doc["graph"], doc["runtime_mode"], tuple(SegmentMap.from_json(s) for s in doc["segments"]))
+        if (g.captured_ops, g.eager_ops) != (doc["captured_ops"], doc["eager_ops"]):
+            raise ValueError(f"graph {g.graph}: captured_ops and eager_ops disagree with its segments")
+        return g
 
 
 def graph_map(stream: Stream) -> GraphMap:

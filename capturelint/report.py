@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from capturelint import __version__
 from capturelint.findings import Finding, Numerical
 from capturelint.regions import GraphMap
+from capturelint.shard import ShardInfo
 
 if TYPE_CHECKING:
     from capturelint.tracer import Stream
@@ -72,12 +73,30 @@ class ConfigReport:
         }
 
 
+@dataclasses.dataclass(frozen=True)
+class InvariantRecord:
+    """A declared invariant as a report lists it (read back from a JSON report): what
+    ``Report.to_json`` needs of a ``capturelint.invariants.Invariant``."""
+
+    id: str
+    source: str
+    requires: str
+    applies_to: str
+
+    def requirement_text(self) -> str:
+        return self.requires
+
+    def scope_text(self) -> str:
+        return self.applies_to
+
+
 @dataclasses.dataclass
 class Report:
     configs: list[ConfigReport]
     region_changes: Any = None  # filled by the gate (capturelint.snapshot)
     invariants: tuple[Any, ...] = ()  # the declared invariants in force (capturelint.invariants.Invariant)
     static: bool = False  # check --static: captures only, replay equivalence not checked
+    shard: ShardInfo | None = None  # check --shard K/N: which shard of which plan (capturelint.shard)
 
     def invariant_selection(self) -> dict[str, int | None]:
         """Per invariant in force: the ops it selected over every capture it applied to
@@ -131,7 +150,55 @@ class Report:
             ]
         if self.static:
             doc["static"] = True
+        if self.shard is not None:
+            doc["shard"] = self.shard.to_json()
         return doc
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Report:
+        """The report ``to_json`` wrote, for ``capturelint merge``:
+        ``Report.from_json(d).to_json() == d`` for the reports of this capturelint version.
+
+        What the JSON does not hold is not restored: capture streams, the engine stack of
+        each finding, the eager region asked for (``per-runner``; titles show the region
+        in effect) and the baseline gate's region changes (a ``ValueError``). Findings and
+        numerical results are given back to their configuration by runner and mode, in
+        order; the invariants' selected-op totals are kept on the first configuration,
+        since only the totals are in the JSON."""
+        if "region_changes" in doc:
+            raise ValueError("a report with the baseline gate's region_changes cannot be read back")
+        static = bool(doc.get("static", False))
+        configs = []
+        for c in doc["configurations"]:
+            configs.append(ConfigReport(c["runner"], c["mode"], c["eager_region"], [], None,
+                                        [GraphMap.from_json(g) for g in c["graphs"]], note=c["note"], static=static))
+        # findings: sorted over the whole report; each configuration says how many are its own
+        remaining = {id(c): c_doc["findings"] for c, c_doc in zip(configs, doc["configurations"])}
+        for f in (Finding.from_json(f) for f in doc["findings"]):
+            owner = next((c for c in configs if (c.runner, c.mode) == (f.runner, f.mode) and remaining[id(c)] > 0), None)
+            if owner is None:
+                raise ValueError(f"finding {f.code} of {f.runner}/{f.mode} has no configuration to belong to")
+            owner.findings.append(f)
+            remaining[id(owner)] -= 1
+        if any(remaining.values()):
+            raise ValueError("the configurations' finding counts disagree with the findings listed")
+        start = 0  # numerical results are listed in configuration order
+        for n in (Numerical.from_json(n) for n in doc["numerical"]):
+            at = next((i for i in range(start, len(configs)) if (configs[i].runner, configs[i].mode) == (n.runner, n.mode)),
+                      None)
+            if at is None:
+                raise ValueError(f"numerical result of {n.runner}/{n.mode} has no configuration to belong to")
+            configs[at].numerical = n
+            start = at + 1
+        invariants = []
+        for inv in doc.get("invariants", ()):
+            invariants.append(InvariantRecord(inv["id"], inv["source"], inv["requires"], inv["applies_to"]))
+            if inv["selected_ops"] is not None:
+                if not configs:
+                    raise ValueError(f"invariant {inv['id']} selected ops in a report of no configuration")
+                configs[0].invariant_selected[inv["id"]] = inv["selected_ops"]
+        shard = ShardInfo.from_json(doc["shard"]) if "shard" in doc else None
+        return cls(configs, invariants=tuple(invariants), static=static, shard=shard)
 
     def summary_json(self) -> dict[str, Any]:
         by_code: dict[str, int] = {}
@@ -166,6 +233,10 @@ class Report:
             line += " (static: replay equivalence was NOT checked)"
         if self.region_changes is not None:
             line += "; " + self.region_changes.summary_line()
+        if self.shard is not None:
+            total = len(self.shard.configurations)
+            line += (f" (shard {self.shard.index}/{self.shard.count} of {total} configuration{'s' * (total != 1)}: "
+                     "capturelint merge joins the shards' reports)")
         return line
 
 

@@ -83,7 +83,9 @@ def _check_sarif(report: Any, options: Options) -> str:
     from capturelint.report import dumps_json
     from capturelint.rules import RULES
 
-    return dumps_json(to_sarif(report.findings, [r.info() for r in RULES], __version__, fallback_uri=options.fallback_uri))
+    shard = {"shard": report.shard.to_json()} if report.shard is not None else None
+    return dumps_json(to_sarif(report.findings, [r.info() for r in RULES], __version__, fallback_uri=options.fallback_uri,
+                               run_properties=shard))
 
 
 def _check_github(report: Any, options: Options) -> str:

@@ -33,6 +33,9 @@ COMMANDS: dict[str, CommandEntry] = {
                                "List the declared region invariants in force (bundled defaults, settings file, "
                                "--invariants FILE) and where each comes from; --explain ID shows the graph query it "
                                "runs and the ops it selects under each runner and mode."),
+    "merge": CommandEntry("capturelint.commands.merge", "merge",
+                          "Join the reports of the shards of one check (check --shard K/N, JSON or SARIF) into the "
+                          "report one unsharded check would have written.", torch=False),
     "rules": CommandEntry("capturelint.commands.rules", "rules",
                           "List the rules, or print the doc of rule CODE (e.g. CL101).", torch=False),
     "show": CommandEntry("capturelint.commands.regions", "show",

@@ -3,6 +3,7 @@ refute that every replay computes what eager execution computes."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -20,6 +21,8 @@ from capturelint.commands.common import (
 from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS, CapturelintError
 from capturelint.output import check_output_path, is_stdout
 from capturelint.reporters import Options, emit, formats, reporter
+from capturelint.shard import ShardInfo, parse_shard, require_selection
+from capturelint.shard import select as shard_select
 
 FORMATS = formats("check")
 
@@ -38,9 +41,10 @@ FORMATS = formats("check")
 @click.option("--invariants", "invariants_file", metavar="FILE", help="Also hold the invariants of this TOML file ([invariants.ID] tables); they replace defaults and settings with the same id.")
 @click.option("--strict", is_flag=True, help="An invariant that selects no op is an error (exit 2), not a warning.")
 @click.option("--target", metavar="SPEC", help="Check your own engine instead of the bundled one: FILE.py:FUNCTION (the file is executed, as pytest imports test files) or MODULE:FUNCTION, returning capturelint.target.Target objects (engine options do not apply).")
+@click.option("--shard", "shard_text", metavar="K/N", help="Run shard K of N: every N-th configuration (or target) in report order, starting at the K-th; the N shards partition the check and capturelint merge joins their reports (JSON or SARIF) into the unsharded report.")
 def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, output: str | None, exit_zero: bool,
           baseline: str | None, max_eager_growth: float | None, verbose: bool, static: bool, invariants_file: str | None,
-          strict: bool, target: str | None, **kw: Any) -> int:
+          strict: bool, target: str | None, shard_text: str | None, **kw: Any) -> int:
     """Check that CUDA-graph replay of the bundled engine computes what eager execution
     computes, under each runner and CUDA-graph mode.
 
@@ -54,6 +58,12 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
     settings = settings_for(kw)
     fmt = fmt or settings.format or "rich"
     check_output_path(output)
+    shard = parse_shard(shard_text) if shard_text is not None else None
+    if shard is not None and (baseline is not None or max_eager_growth is not None):
+        raise CapturelintError(
+            "--baseline gates the region map of the whole matrix of configurations, and --shard runs part of it: run "
+            "check --baseline without --shard (e.g. in a job of its own), or drop --baseline"
+        )
     if max_eager_growth is not None and not (math.isfinite(max_eager_growth) and max_eager_growth >= 0):
         raise CapturelintError(f"--max-eager-growth must be a percentage >= 0, got {max_eager_growth}; e.g. 10")
     baseline_path = baseline or (str(settings.baseline) if settings.baseline else None)
@@ -86,7 +96,10 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
         codes = plan.codes
     growth = max_eager_growth if max_eager_growth is not None else settings.max_eager_growth
     gate = None
-    if baseline_path is not None and target is None and not static:
+    if baseline_path is not None and shard is not None and target is None and not static:
+        warn(f"the baseline of the settings ({baseline_path}) is not checked by a shard: the gate compares the whole "
+             "matrix; run check --baseline without --shard for it")
+    elif baseline_path is not None and target is None and not static:
         from capturelint.snapshot import load_snapshot
 
         gate = load_snapshot(baseline_path)  # fail on a bad baseline before running anything
@@ -94,13 +107,23 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
         from capturelint.target import load_targets, run_targets
 
         targets = load_targets(target)
+        if shard is not None:
+            labels = [f"{t.runner}/{t.mode}" for t in targets]
+            require_selection(shard, labels, "target")
+            targets = shard_select(targets, shard)
         with ProgressReporter(len(targets)) as progress:
             report = run_targets(targets, codes, progress, invariants=invariants, static=static)
     else:
         from capturelint.adapters.engines import run_check
 
+        if shard is not None:
+            labels = [f"{r}/{m}" for r, m in plan.all_configurations]
+            require_selection(shard, labels)
+            plan = dataclasses.replace(plan, shard=shard)
         with ProgressReporter(len(plan.configurations)) as progress:
             report = run_check(plan, progress, static=static)
+    if shard is not None:
+        report.shard = ShardInfo(shard[0], shard[1], tuple(labels))
     empty = report.empty_invariants
     if empty:
         text = (f"invariant(s) {', '.join(empty)} applied to captured graphs but selected no op: the selector "

@@ -53,6 +53,7 @@ def to_sarif(
     tool_version: str,
     *,
     fallback_uri: str | None = None,
+    run_properties: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A SARIF 2.1.0 log of ``findings``; ``rules`` must contain the rule of every
     finding (extra rules are listed too, so the log documents the whole rule set).
@@ -60,7 +61,9 @@ def to_sarif(
     ``fallback_uri`` (a path relative to ``%SRCROOT%``, e.g. the ``pyproject.toml``
     that configured the check) locates findings that have no source frame (the
     numerical oracle's); without it they have no location, which the SARIF schema
-    allows but GitHub code scanning rejects ("expected at least one location")."""
+    allows but GitHub code scanning rejects ("expected at least one location").
+    ``run_properties`` become the run's ``properties`` (a shard's ``shard`` object,
+    ``capturelint.shard``)."""
     descriptors, index = _rules(rules)
     results = []
     for finding in sorted(findings, key=Finding.sort_key):
@@ -71,22 +74,19 @@ def to_sarif(
                 f"(rules given: {known}); pass every registered rule to to_sarif"
             )
         results.append(_result(finding, index[finding.code], fallback_uri))
-    return {
-        "$schema": SARIF_SCHEMA_URI,
-        "version": SARIF_VERSION,
-        "runs": [
-            {
-                "tool": {
-                    "driver": {
-                        "name": "capturelint",
-                        "version": tool_version,
-                        "rules": descriptors,
-                    }
-                },
-                "results": results,
+    run: dict[str, Any] = {
+        "tool": {
+            "driver": {
+                "name": "capturelint",
+                "version": tool_version,
+                "rules": descriptors,
             }
-        ],
+        },
+        "results": results,
     }
+    if run_properties:
+        run["properties"] = dict(run_properties)
+    return {"$schema": SARIF_SCHEMA_URI, "version": SARIF_VERSION, "runs": [run]}
 
 
 def fingerprint(finding: Finding) -> str:
