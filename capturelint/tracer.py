@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import sys
+import weakref
 from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 import torch
@@ -211,7 +212,7 @@ class Stream:
     copy_break_outputs: bool = True
     breaks_eager: bool = True
     output_storages: tuple[StorageId, ...] = ()
-    allocation_frames: dict[StorageId, Frame] = dataclasses.field(default_factory=dict, repr=False)
+    allocation_frames: dict[StorageId, tuple[Frame, Any]] = dataclasses.field(default_factory=dict, repr=False)
     names_now: dict[str, StorageId] = dataclasses.field(default_factory=dict, repr=False)  # root paths at a stale replay
     scope_group: ScopeGroup | None = dataclasses.field(default=None, repr=False)
     _alive: list[Any] = dataclasses.field(default_factory=list, repr=False)
@@ -234,8 +235,13 @@ class Stream:
         return names[0]
 
     def allocated_at(self, storage: StorageId) -> Frame | None:
-        """The source line that allocated an external storage, when the tracer saw it."""
-        return self.allocation_frames.get(storage)
+        """The source line that allocated an external storage, when the tracer saw it.
+        An entry counts only while the storage it was made for is alive: a storage made
+        later at the same address, unseen, does not inherit it."""
+        entry = self.allocation_frames.get(storage)
+        if entry is None or entry[1]() is None:
+            return None
+        return entry[0]
 
     def release(self) -> None:
         self._alive.clear()
@@ -423,7 +429,7 @@ class Tracer(rt.CaptureObserver):
         self._hooks: list[Any] = []
         self._static_names: dict[StorageId, tuple[str, ...]] = {}
         self._static_alive: list[Any] = []
-        self._alloc_frames: dict[StorageId, Frame] = {}
+        self._alloc_frames: dict[StorageId, tuple[Frame, Any]] = {}  # frame, weakref to the storage
         self._entry: frozenset[int] = frozenset()  # frames running when the current capture began
         self._entry_frames: list[Any] = []
         self.entry_stack: tuple[Frame, ...] = ()  # their engine frames, innermost first
@@ -535,7 +541,8 @@ class Tracer(rt.CaptureObserver):
             return
         for o, is_fresh in zip(out if len(fresh) > 1 else (out,), fresh):
             if is_fresh and isinstance(o, torch.Tensor):
-                self._alloc_frames[o.untyped_storage()._cdata] = _frame()
+                st = o.untyped_storage()  # the same Python object for the storage's life
+                self._alloc_frames[st._cdata] = (_frame(), weakref.ref(st))
 
     def _copy_before_write(self, info: _SchemaInfo, args: tuple, kwargs: dict, stream: Stream) -> None:
         for pos, name, kwarg_only, _ in info.writes:

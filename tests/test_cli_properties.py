@@ -114,7 +114,7 @@ def settings_files(draw) -> bytes | None:
 
 # ------------------------------------------------------------------ the fakes
 
-def _fake_report(plan, progress=None, shadow=True, static=False) -> Report:
+def _fake_report(plan, progress=None, shadow=True, static=False, keep_captures=False) -> Report:
     configs = [
         ConfigReport(runner, mode, plan.eager_region, [], Numerical(runner, mode, 1.0, 0.0, 0.0, 3) if shadow else None, [])
         for runner, mode in plan.configurations

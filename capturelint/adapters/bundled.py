@@ -100,11 +100,9 @@ class CheckPlan:
     def configurations(self) -> list[tuple[str, str]]:
         """The configurations this run checks: all of them, or its shard's: the K-th of
         every N in report order, so the shards of one plan partition it."""
-        every = self.all_configurations
-        if self.shard is None:
-            return every
-        k, n = self.shard
-        return [c for i, c in enumerate(every) if i % n == k - 1]
+        from capturelint.shard import select
+
+        return select(self.all_configurations, self.shard)
 
     @property
     def break_outputs(self) -> BreakOutputs:
