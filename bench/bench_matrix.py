@@ -15,11 +15,9 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
-import time
 
 UNIT = ["engine", "run", "--runner", "v1", "--mode", "PIECEWISE"]
 WORKLOADS = [
@@ -29,17 +27,26 @@ WORKLOADS = [
 ]
 
 
+# A fresh process per measurement, whose RUSAGE_CHILDREN peak covers capturelint and its
+# workers only (the benchmark's own children accumulate across measurements).
+_MEASURE = """
+import resource, subprocess, sys, time
+t0 = time.perf_counter()
+done = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+wall = time.perf_counter() - t0
+print(done.returncode, wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+sys.stderr.write(done.stderr[-500:])
+"""
+
+
 def run(argv: list[str]) -> tuple[float, float]:
     """Wall seconds and peak RSS (MiB, the largest of the process and its workers)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "capturelint.cli", *argv], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
-    wall = time.perf_counter() - t0
-    if done.returncode not in (0, 1):
-        raise SystemExit(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return wall, max(peak, before) / 1024.0
+    done = subprocess.run([sys.executable, "-c", _MEASURE, sys.executable, "-m", "capturelint.cli", *argv],
+                          capture_output=True, text=True)
+    code, wall, peak_kib = done.stdout.split()
+    if int(code) not in (0, 1):
+        raise SystemExit(f"{' '.join(argv)} failed ({code}): {done.stderr.strip()}")
+    return float(wall), int(peak_kib) / 1024.0
 
 
 def measure(argv: list[str], repeat: int) -> tuple[float, float, list[float]]:

@@ -62,6 +62,21 @@ DECORATOR = "eager_break_during_capture"
 DECORATOR_IMPORT = "from capturelint.runtime.breakable import eager_break_during_capture"
 
 
+@dataclasses.dataclass(frozen=True)
+class BreakDecorator:
+    """The decorator that makes a function an eager break in the engine's own runtime:
+    ``wrap`` applies it at run time, ``name`` and ``import_line`` write it in a patch.
+    capturelint's runtime by default; vLLM's ``eager_break_during_capture`` for
+    ``--engine vllm`` (vLLM's runtime knows only its own breaks)."""
+
+    wrap: Callable[[Callable], Callable]
+    name: str = DECORATOR
+    import_line: str = DECORATOR_IMPORT
+
+
+CAPTURELINT_BREAK = BreakDecorator(eager_break_during_capture)
+
+
 # ----------------------------------------------------------------- functions
 
 
@@ -161,11 +176,12 @@ def resolve(frame: Frame) -> FunctionRef | str:
 
 
 @contextlib.contextmanager
-def eager_breaks(region: Sequence[FunctionRef]) -> Iterator[None]:
+def eager_breaks(region: Sequence[FunctionRef], decorator: BreakDecorator | None = None) -> Iterator[None]:
     """Make every function of ``region`` an eager break for the duration: the class or
     module attribute that holds it (and every module attribute holding the same
-    function object) is replaced by the function wrapped with
-    ``@eager_break_during_capture``, then restored. Files are never edited."""
+    function object) is replaced by the function wrapped with ``decorator`` (default:
+    capturelint's ``@eager_break_during_capture``), then restored. Files are never edited."""
+    eager_break_during_capture = (decorator or CAPTURELINT_BREAK).wrap
     saved: list[tuple[Any, str, Any]] = []
     try:
         for ref in region:
@@ -211,6 +227,7 @@ class Slot:
     mode: str
     check: Callable[[], ConfigReport]
     requested: bool = True
+    decorator: BreakDecorator = CAPTURELINT_BREAK  # what makes a function a break in this engine
 
 
 def is_clean(cfg: ConfigReport) -> bool:
@@ -396,6 +413,7 @@ class SuggestReport:
     trials: tuple[Trial, ...]
     max_candidates: int
     regions_planned: int
+    decorator: BreakDecorator = CAPTURELINT_BREAK
 
     @property
     def found(self) -> bool:
@@ -412,7 +430,7 @@ class SuggestReport:
     @property
     def patch_text(self) -> str:
         """The top region as a unified diff (``patch``); empty without one."""
-        return patch(self.top.region) if self.top is not None else ""
+        return patch(self.top.region, self.decorator) if self.top is not None else ""
 
     def unsuccessful(self) -> list[Trial]:
         return [t for t in self.trials if not t.clean]
@@ -458,7 +476,7 @@ def _run(slot: Slot, region: Sequence[FunctionRef]) -> tuple[Outcome, ConfigRepo
     from capturelint.errors import CapturelintError
 
     try:
-        with eager_breaks(region):
+        with eager_breaks(region, slot.decorator):
             cfg = slot.check()
         return Outcome.of(slot.label, cfg), cfg
     except (CapturelintError, LookupError) as e:
@@ -583,19 +601,19 @@ def suggest(slots: Sequence[Slot], max_candidates: int = DEFAULT_MAX_CANDIDATES,
                                       tuple(cross), tuple(current[s.label][0] for s in others), len(hidden - before)))
     return SuggestReport(tuple(current[s.label][0] for s in slots), requested, tuple(failing),
                          tuple(candidates) + tuple(extra), tuple(skipped), tuple(suggestions), tuple(trials),
-                         max_candidates, len(trials) + len(queue))
+                         max_candidates, len(trials) + len(queue), slots[0].decorator if slots else CAPTURELINT_BREAK)
 
 
 # -------------------------------------------------------------------- patch
 
 
-def _import_line(tree: ast.Module) -> int | None:
+def _import_line(tree: ast.Module, name: str = DECORATOR) -> int | None:
     """The line after which the decorator's import goes, or ``None`` when the module
     already binds the name."""
     last = 0
     for node in tree.body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            if any((a.asname or a.name) == DECORATOR for a in node.names):
+            if any((a.asname or a.name) == name for a in node.names):
                 return None
             last = node.end_lineno or node.lineno
         elif isinstance(node, ast.Expr) and isinstance(getattr(node, "value", None), ast.Constant) and last == 0 \
@@ -605,17 +623,27 @@ def _import_line(tree: ast.Module) -> int | None:
 
 
 def _shown_path(source: str) -> str:
+    """The patch's path of ``source``: relative to the working directory when below it;
+    for an installed package, its import path (``vllm/models/...``: the path in the
+    package's own checkout); else absolute."""
+    from capturelint.runtime.protocol import installed_path
+
     absolute = os.path.abspath(source)
     cwd = os.getcwd()
     if absolute.startswith(cwd + os.sep):
         return os.path.relpath(absolute, cwd).replace(os.sep, "/")
+    installed = installed_path(absolute)
+    if installed is not None:
+        return installed.replace(os.sep, "/")
     return absolute.lstrip("/")
 
 
-def patch(region: Sequence[FunctionRef]) -> str:
+def patch(region: Sequence[FunctionRef], decorator: BreakDecorator | None = None) -> str:
     """A unified diff (``git apply``, paths relative to the working directory) that adds
-    ``@eager_break_during_capture`` directly above the ``def`` of each function of
-    ``region``, and the decorator's import where the module lacks it."""
+    ``decorator`` (default ``@eager_break_during_capture`` of capturelint's runtime)
+    directly above the ``def`` of each function of ``region``, and its import where the
+    module lacks it."""
+    decorator = decorator or CAPTURELINT_BREAK
     by_file: dict[str, list[FunctionRef]] = {}
     for ref in region:
         by_file.setdefault(ref.source, []).append(ref)
@@ -625,10 +653,10 @@ def patch(region: Sequence[FunctionRef]) -> str:
         old = text.splitlines(keepends=True)
         inserts: dict[int, list[str]] = {}  # 0-based line index -> lines inserted before it
         for ref in sorted(by_file[source], key=lambda r: r.def_line):
-            inserts.setdefault(ref.def_line - 1, []).append(f"{ref.indent}@{DECORATOR}\n")
-        after = _import_line(ast.parse(text))
+            inserts.setdefault(ref.def_line - 1, []).append(f"{ref.indent}@{decorator.name}\n")
+        after = _import_line(ast.parse(text), decorator.name)
         if after is not None:
-            inserts.setdefault(after, []).insert(0, DECORATOR_IMPORT + "\n")
+            inserts.setdefault(after, []).insert(0, decorator.import_line + "\n")
         new: list[str] = []
         for i, line in enumerate(old + [""]):
             new.extend(inserts.get(i, []))
@@ -640,6 +668,6 @@ def patch(region: Sequence[FunctionRef]) -> str:
 
 
 __all__ = [
-    "Candidate", "FunctionRef", "Outcome", "Slot", "Suggestion", "SuggestReport", "Trial", "collect_candidates",
+    "BreakDecorator", "CAPTURELINT_BREAK", "Candidate", "FunctionRef", "Outcome", "Slot", "Suggestion", "SuggestReport", "Trial", "collect_candidates",
     "eager_breaks", "is_clean", "patch", "plan_regions", "resolve", "suggest",
 ]

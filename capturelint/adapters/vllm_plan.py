@@ -197,6 +197,35 @@ def run_vllm_check(plan: CheckPlan, progress: Callable[[str], None] | None = Non
     return Report(run_all(tasks, plan.jobs, progress, keep_captures), invariants=plan.invariants, static=static)
 
 
+def suggest_slots(plan: CheckPlan) -> list[Any]:
+    """``capturelint suggest --engine vllm``: the plan's configurations, then the same
+    modes under the runner the plan leaves out (to cross-check a suggestion). Each check
+    builds vLLM's attention afresh, so ``_prepare_and_attn_fn`` binds the functions made
+    breaks at that moment; breaks are made with vLLM's own ``eager_break_during_capture``,
+    the decorator its runtime knows (whose replays discard return values)."""
+    from capturelint.adapters.vllm import cpu_shim, require_vllm
+    from capturelint.suggest import BreakDecorator, Slot
+
+    require_vllm()  # for the CPU target, before anything of vLLM is imported
+    from vllm.compilation.breakable_cudagraph import eager_break_during_capture
+
+    decorator = BreakDecorator(eager_break_during_capture, "eager_break_during_capture",
+                               "from vllm.compilation.breakable_cudagraph import eager_break_during_capture")
+    slots = []
+    for runner in plan.runners + tuple(r for r in ("v1", "v2") if r not in plan.runners):
+        for mode in plan.modes:
+            def check(runner: str = runner, mode: str = mode) -> ConfigReport:
+                with cpu_shim():
+                    try:
+                        return check_configuration(configuration(plan, runner, mode), plan.codes)
+                    except CapturelintError as e:
+                        raise missing_op(e) or e from None
+
+            slots.append(Slot(f"{runner}/{mode}", runner, mode, check, requested=runner in plan.runners,
+                              decorator=decorator))
+    return slots
+
+
 __all__ = ["DEFAULT_LAYERS", "DEFAULT_STEPS", "VLLM_MODES", "configuration", "forward_context_probe", "missing_op",
-           "run_vllm_check",
+           "run_vllm_check", "suggest_slots",
            "vllm_plan"]

@@ -53,9 +53,11 @@ def suggest(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str, output: 
         codes = select_codes(list(select) or list(settings.select or ()), list(ignore) or list(settings.ignore or ()))
         slots = target_slots(target, codes)
     else:
-        from capturelint.adapters.bundled import suggest_slots
-
         plan = resolve_plan(settings, kw, select, ignore)
+        if plan.engine == "vllm":
+            from capturelint.adapters.vllm_plan import suggest_slots
+        else:
+            from capturelint.adapters.bundled import suggest_slots
         if "NONE" in plan.modes:
             raise CapturelintError("mode NONE captures no CUDA graph, so there is nothing to suggest; choose modes that "
                                    "capture, or leave --mode out for all of them")

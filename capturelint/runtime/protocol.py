@@ -448,6 +448,13 @@ def hidden_code(code: Any) -> bool:
     return hidden
 
 
+def installed_path(absolute: str) -> str | None:
+    """``absolute`` relative to the site-packages folder that holds it (its import path,
+    ``vllm/models/deepseek_v4/attention.py``), or None when it is not installed code."""
+    site = next((d for d in _site_dirs() if absolute.startswith(d)), None)
+    return os.path.relpath(absolute, site) if site else None
+
+
 def display_path(filename: str) -> str:
     """``filename`` as shown in findings: relative to the folder that holds the
     ``capturelint`` package or to the working directory when below one, else absolute."""
@@ -462,8 +469,7 @@ def display_path(filename: str) -> str:
             shown = os.path.relpath(absolute, cwd)
         else:
             # an installed package: as its import path shows it (vllm/models/...)
-            site = next((d for d in _site_dirs() if absolute.startswith(d)), None)
-            shown = os.path.relpath(absolute, site) if site else absolute
+            shown = installed_path(absolute) or absolute
         _display_cache[filename] = shown
     return shown
 

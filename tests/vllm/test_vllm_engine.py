@@ -223,3 +223,27 @@ def test_compressor_and_indexer_layers_build_through_vllms_init():
     assert {layer.kv_cache_dtype for layer in layers} == {"fp8_ds_mla"}
     registered = set(vc.compilation_config.static_forward_context)
     assert {"model.layers.1.attn.indexer.k_cache", "model.layers.2.attn.compressor.state_cache"} <= registered
+
+
+# ------------------------------------------------------------------------ suggest
+
+
+def test_suggest_finds_vllms_own_region_with_vllms_decorator(tmp_path, capsys):
+    require_vllm()
+    args = ["suggest", "--engine", "vllm", "--runner", "v1", "--eager-region", "narrow", "--mode", "PIECEWISE",
+            "--layers", "1"]
+    out = tmp_path / "suggest.json"
+    assert main([*args, "--format", "json", "-o", str(out)]) == 0
+    report = json.loads(out.read_text())
+    top = report["suggestions"][0]
+    # the region vLLM chose by hand for V1 (#52401): the whole attention input preparation
+    assert [r["function"] for r in top["region"]] == ["DeepseekV4Attention._prepare_and_attn"]
+    assert top["region"][0]["file"].endswith(ATTENTION)
+    assert all(v["clean"] for v in top["verification"])
+    capsys.readouterr()
+    assert main([*args, "--format", "patch"]) == 0
+    diff = capsys.readouterr().out
+    # against vLLM's own tree, with vLLM's decorator, which attention.py already imports
+    assert diff.startswith(f"--- a/{ATTENTION}\n+++ b/{ATTENTION}\n")
+    assert "+    @eager_break_during_capture\n     def _prepare_and_attn(\n" in diff
+    assert "+from" not in diff and "+import" not in diff
