@@ -14,8 +14,8 @@ twice: on the vLLM that Python imports (the original), and on a copy of it with 
 patch applied, put first on ``PYTHONPATH`` as a pull request's checkout would be. The
 copy is cheap: a tree of symlinks (directories real, every file linked) in which only
 ``models/deepseek_v4/attention.py`` is a real, patched file. vLLM is never imported
-here (``importlib.util.find_spec`` only); each check is a subprocess (~25 s, most of it
-vLLM's import).
+here (``importlib.util.find_spec`` only); each check is a subprocess (~20 s, most of it
+vLLM's import), and the two run side by side.
 
 Exit status 0 when the gate works: the original passes (exit 0) and the patched copy
 fails (exit 1) with a CL101 captured in ``_fused_qnorm_rope_kv_insert`` of the patched
@@ -28,6 +28,7 @@ vLLM, the patch does not apply, a check errs).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import importlib.metadata
 import importlib.util
 import json
@@ -199,9 +200,9 @@ def print_side(side: Side) -> None:
     for f in side.findings:
         cap = f.get("capture_frame") or {}
         step = f.get("shadow_frame") or {}
+        runs = f", the step runs line {step['line']}" if step.get("line") else ""
         print(f"  {f['code']} {cap.get('file')}:{cap.get('line')} in {cap.get('function')} "
-              f"({f.get('scope')}, {f.get('graph')}): captured {f.get('op')}, "
-              f"the step runs line {step.get('line')}")
+              f"({f.get('scope')}, {f.get('graph')}): captured {f.get('op')}{runs}")
 
 
 def patched_file_ok(side: Side, copy_root: Path) -> list[str]:
@@ -286,9 +287,12 @@ def gate(work: Path, timeout: float) -> int:
 
     original_cwd = work / "original"  # not the copy: `python -m` puts the cwd first on sys.path
     original_cwd.mkdir()
-    original = run_check("original", original_cwd, [], timeout=timeout, log=work / "original.log")
+    # the two checks are independent processes: run them side by side
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(run_check, "original", original_cwd, [], timeout, work / "original.log")
+        second = pool.submit(run_check, "patched", copy_root, [copy_root], timeout, work / "patched.log")
+        original, patched = first.result(), second.result()
     print_side(original)
-    patched = run_check("patched", copy_root, [copy_root], timeout=timeout, log=work / "patched.log")
     print_side(patched)
     print()
 
