@@ -109,6 +109,16 @@ class CheckPlan:
         return BreakOutputs.parse(self.copy_break_outputs)
 
 
+def check_counts(layers: int | None, steps: int | None, seed: int | None) -> None:
+    """``--layers``, ``--steps`` and ``--seed`` in range, or a one-line error."""
+    for name, value in (("layers", layers), ("steps", steps)):
+        problem = None if value is None else count_problem(name, value)
+        if problem is not None:
+            raise CapturelintError(f"--{name} {problem}, got {value}")
+    if seed is not None and (problem := seed_problem(seed)) is not None:
+        raise CapturelintError(f"--seed {problem}, got {seed}")
+
+
 def default_runner(platform: str) -> str:
     from capturelint.engine.config import EngineConfig
 
@@ -156,12 +166,7 @@ def make_plan(
     region = merge(eager_region, settings.eager_region, "per-runner")
     if region not in REGIONS:
         raise CapturelintError(f"unknown eager region {region!r}; use narrow, wide or per-runner")
-    for name, value in (("layers", layers), ("steps", steps)):
-        problem = None if value is None else count_problem(name, value)
-        if problem is not None:
-            raise CapturelintError(f"--{name} {problem}, got {value}")
-    if seed is not None and (problem := seed_problem(seed)) is not None:
-        raise CapturelintError(f"--seed {problem}, got {seed}")
+    check_counts(layers, steps, seed)
     if fresh_metadata and "v1" not in runners:
         raise CapturelintError(
             "--fresh-metadata changes Model Runner V1's metadata builders, and no runner here is v1; "

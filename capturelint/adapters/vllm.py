@@ -56,7 +56,6 @@ import functools
 import importlib
 import os
 import re
-import sys
 import threading
 from typing import Any, Callable, Iterator
 

@@ -20,11 +20,10 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Sequence
 
-from capturelint.adapters.bundled import CheckPlan, layer_scope_group, resolve_invariants
+from capturelint.adapters.bundled import CheckPlan, check_counts, layer_scope_group, resolve_invariants
 from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
 from capturelint.harness import TwinResult
-from capturelint.limits import count_problem, seed_problem
 from capturelint.pipeline import Configuration, check_configuration
 from capturelint.report import ConfigReport, Report
 from capturelint.rules import select_codes
@@ -78,12 +77,7 @@ def vllm_plan(settings: Settings, runner: str | None = None, modes: Sequence[str
     region = merge(eager_region, settings.eager_region, "per-runner")
     if region not in ("narrow", "wide", "per-runner"):
         raise CapturelintError(f"unknown eager region {region!r}; use narrow, wide or per-runner (vLLM's own choice)")
-    for name, value in (("layers", layers), ("steps", steps)):
-        problem = None if value is None else count_problem(name, value)
-        if problem is not None:
-            raise CapturelintError(f"--{name} {problem}, got {value}")
-    if seed is not None and (problem := seed_problem(seed)) is not None:
-        raise CapturelintError(f"--seed {problem}, got {seed}")
+    check_counts(layers, steps, seed)
     return CheckPlan(
         runners=tuple(dict.fromkeys(runners)),
         modes=tuple(dict.fromkeys(parsed)),
