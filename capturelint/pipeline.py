@@ -129,9 +129,15 @@ def parallel_map(fns: Sequence[Callable[[], Any]], jobs: int, done: Callable[[in
     this one when ``jobs > 1``; results (pickled back) in order. ``done(i)`` is called
     as result ``i`` arrives. The functions are inherited by the fork, never pickled, so
     closures over engines and plans work. A worker's exception (a ``CapturelintError``,
-    an interrupt) is raised here, and the other workers are stopped."""
+    an interrupt) is raised here, and the other workers are stopped. With more than one
+    intra-op torch thread (``CAPTURELINT_THREADS``) the functions run here, one after
+    another: forking a process whose OpenMP pool has run is not safe."""
     global _JOBS
-    if jobs <= 1 or len(fns) <= 1:
+    import torch
+
+    # A process that has run torch on several intra-op threads (CAPTURELINT_THREADS > 1)
+    # has an OpenMP pool that a forked child can deadlock on: run here instead.
+    if jobs <= 1 or len(fns) <= 1 or torch.get_num_threads() > 1:
         out = []
         for i, fn in enumerate(fns):
             out.append(fn())

@@ -56,3 +56,20 @@ def _fails() -> None:
 def test_a_worker_error_is_raised_here():
     with pytest.raises(CapturelintError, match="configuration 3 cannot run"):
         parallel_map([lambda: 1, lambda: 2, _fails, lambda: 4], 2)
+
+
+def test_several_torch_threads_run_here(monkeypatch):
+    import os
+
+    import torch
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    pids = parallel_map([os.getpid, os.getpid], 2)
+    assert pids == [os.getpid(), os.getpid()]  # no worker was forked
+
+
+def test_jobs_run_in_worker_processes():
+    import os
+
+    pids = parallel_map([os.getpid] * 4, 2)
+    assert os.getpid() not in pids and 1 <= len(set(pids)) <= 2
