@@ -40,7 +40,7 @@ def invariants(invariants_file: str | None, explain_id: str | None, fmt: str, **
         known = ", ".join(by_id) or "none"
         raise CapturelintError(f"--explain {explain_id!r}: no invariant with that id is in force (in force: {known}); "
                                "run capturelint invariants to list them")
-    from capturelint.adapters.bundled import run_check
+    from capturelint.adapters.engines import run_check
 
     with ProgressReporter(len(plan.configurations)) as progress:
         report = run_check(plan, progress, static=True, keep_captures=True)  # --explain reads the captures

@@ -251,3 +251,16 @@ def test_suggest_finds_vllms_own_region_with_vllms_decorator(tmp_path, capsys):
     assert diff.startswith(f"--- a/{ATTENTION}\n+++ b/{ATTENTION}\n")
     assert "+    @eager_break_during_capture\n     def _prepare_and_attn(\n" in diff
     assert "+from" not in diff and "+import" not in diff
+
+
+def test_invariants_explain_selects_vllms_ops(capsys):
+    require_vllm()
+    assert main(["invariants", "--engine", "vllm", "--explain", "dsv4-v1-attention-prep-eager", "--runner", "v1",
+                 "--mode", "PIECEWISE", "--eager-region", "narrow", "--layers", "1", "--format", "json"]) == 0
+    explained = json.loads(capsys.readouterr().out)
+    (config,) = explained["configurations"]
+    (selection,) = config["selections"]
+    assert selection["graphs"] == ["PIECEWISE:2 tokens"]  # vLLM's graph, not the bundled engine's
+    placed = {(o["scope"], o["op"], o["placement"]) for o in selection["ops"]}
+    assert ("model.layers.0.attn", "aten.constant_pad_nd.default", "captured") in placed
+    assert ("model.layers.0.attn.wq_b", "aten.mm.default", "captured") in placed
