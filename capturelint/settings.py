@@ -275,32 +275,24 @@ class _Reader:
                 )
         return tuple(item.upper() for item in value)
 
-    def count(self, key: str) -> int | None:
+    def _checked(self, key: str, problem_of: Callable[[object], str | None], example: str) -> int | None:
+        """An integer setting checked by ``problem_of`` (``capturelint.limits``)."""
         value = self.table.get(key)
         if value is None:
             return None
-        problem = count_problem(key, value)
+        problem = problem_of(value)
         if problem is not None:
-            raise self.fail(key, problem.removeprefix("must be "), value, "4")
+            raise self.fail(key, problem.removeprefix("must be "), value, example)
         return value
+
+    def count(self, key: str) -> int | None:
+        return self._checked(key, lambda v: count_problem(key, v), "4")
 
     def jobs(self, key: str) -> int | None:
-        value = self.table.get(key)
-        if value is None:
-            return None
-        problem = jobs_problem(value)
-        if problem is not None:
-            raise self.fail(key, problem.removeprefix("must be "), value, "2")
-        return value
+        return self._checked(key, jobs_problem, "2")
 
     def seed(self, key: str) -> int | None:
-        value = self.table.get(key)
-        if value is None:
-            return None
-        problem = seed_problem(value)
-        if problem is not None:
-            raise self.fail(key, problem.removeprefix("must be "), value, "0")
-        return value
+        return self._checked(key, seed_problem, "0")
 
     def percent(self, key: str) -> float | None:
         value = self.table.get(key)

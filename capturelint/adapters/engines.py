@@ -25,9 +25,7 @@ def make_plan(settings: Settings, engine: str | None = None, jobs: int | None = 
     name = merge(engine, settings.engine, "bundled")
     if name not in ENGINES:
         raise CapturelintError(f"unknown engine {name!r}; use {' or '.join(ENGINES)}")
-    n = merge(jobs, settings.jobs, None)
-    if n is not None and (problem := jobs_problem(n)) is not None:
-        raise CapturelintError(f"--jobs {problem}, got {n}")
+    n = resolve_jobs(jobs, settings)
     if name == "vllm":
         from capturelint.adapters.vllm_plan import vllm_plan
 
@@ -36,7 +34,15 @@ def make_plan(settings: Settings, engine: str | None = None, jobs: int | None = 
         from capturelint.adapters import bundled
 
         plan = bundled.make_plan(settings, **options)
-    return dataclasses.replace(plan, jobs=n if n is not None else default_jobs(), reuse=reuse)
+    return dataclasses.replace(plan, jobs=n, reuse=reuse)
+
+
+def resolve_jobs(jobs: int | None, settings: Settings) -> int:
+    """``--jobs`` over the setting over the usable cores, or a one-line error."""
+    n = merge(jobs, settings.jobs, None)
+    if n is not None and (problem := jobs_problem(n)) is not None:
+        raise CapturelintError(f"--jobs {problem}, got {n}")
+    return n if n is not None else default_jobs()
 
 
 def run_check(plan: CheckPlan, progress: Callable[[str], None] | None = None, shadow: bool = True,
@@ -65,5 +71,5 @@ def record_regions(plan: CheckPlan, progress: Callable[[str], None] | None = Non
     return region_map(run_check(plan, progress, shadow=False), plan)
 
 
-__all__ = ["make_plan", "record_regions", "run_check"]
+__all__ = ["make_plan", "record_regions", "resolve_jobs", "run_check"]
 

@@ -108,10 +108,6 @@ def require_vllm() -> Any:
     return vllm
 
 
-def vllm_version() -> str:
-    return str(require_vllm().__version__)
-
-
 # ------------------------------------------------------------------ the CPU shim
 
 
@@ -208,17 +204,6 @@ def _sm90_einsum_recipe(block_size: int = 128) -> tuple[tuple[int, int, int], bo
     return (1, 128, 128), False
 
 
-def require_kernel(namespace: str, name: str) -> None:
-    """A ``torch.ops`` kernel vLLM code will call must exist (a reference of ours, or
-    the real one); otherwise a one-line error naming it."""
-    import torch
-
-    from capturelint.adapters.vllm_kernels import missing_kernel_error
-
-    if not hasattr(getattr(torch.ops, namespace), name):
-        raise CapturelintError(missing_kernel_error(name if namespace == "_C" else f"{namespace}.{name}"))
-
-
 # ------------------------------------------------------------- the runtime bridge
 
 _bridge = threading.local()
@@ -240,12 +225,25 @@ def _break_target(fn: Callable[[], Any]) -> tuple[str, tuple, dict, tuple[str, .
     return target.__qualname__, args, kwargs, _params(target)
 
 
-def _forward_mode() -> str:
+def _forward_mode() -> tuple[str, Any]:
+    """The runtime mode and batch descriptor of vLLM's forward context."""
     from vllm.forward_context import get_forward_context, is_forward_context_available
 
     if not is_forward_context_available():
-        return "NONE"
-    return str(get_forward_context().cudagraph_runtime_mode.name)
+        return "NONE", None
+    ctx = get_forward_context()
+    return str(ctx.cudagraph_runtime_mode.name), ctx.batch_descriptor
+
+
+def _run_break(name: str, args: tuple, kwargs: dict, params: tuple[str, ...], frame: Any, phase: Phase, inline: bool,
+               fn: Callable[[], Any]) -> Any:
+    """Run an eager break outside the (would-be) stream capture, announced."""
+    call = BreakCall(name, args, kwargs, phase, inline, 0, params, frame)
+    protocol.announce("on_break_enter", call)
+    with protocol.suspended_capture():
+        result = fn()
+    protocol.announce("on_break_exit", call, result)
+    return result
 
 
 @contextlib.contextmanager
@@ -268,8 +266,8 @@ def observe_vllm_runtime() -> Iterator[None]:
     original_capture, original_replay = Wrapper._capture, Wrapper._replay
 
     def enter(self: Any) -> Any:
-        mode = _forward_mode()
-        label = f"{mode}:{getattr(_current_descriptor(), 'num_tokens', '?')} tokens"
+        mode, descriptor = _forward_mode()
+        label = f"{mode}:{getattr(descriptor, 'num_tokens', '?')} tokens"
         self._capturelint_info = GraphInfo(next(_graph_ids), label, mode, mode != "FULL", BreakOutputs.DISCARD)
         self._capturelint_index = 0
         _bridge.phase = Phase.CAPTURE
@@ -300,48 +298,25 @@ def observe_vllm_runtime() -> Iterator[None]:
             return original["add_eager"](self, fn)
         name, args, kwargs, params = _break_target(fn)
         frame = protocol.user_frame(2)
-        calls = _announced_break(info, name, args, kwargs, params, frame)
-        return original["add_eager"](self, calls(fn))
 
-    def _announced_break(info: GraphInfo, name: str, args: tuple, kwargs: dict, params: tuple, frame: Any) -> Callable:
-        def wrap(fn: Callable[[], Any]) -> Callable[[], Any]:
-            state = {"index": None}
+        def run() -> Any:  # what vLLM records and replays for the break
+            phase = getattr(_bridge, "phase", Phase.EAGER)
+            if phase is not Phase.CAPTURE:
+                return _run_break(name, args, kwargs, params, frame, phase, False, fn)
+            segment = SegmentInfo(info.id, self._capturelint_index, SegmentKind.EAGER, name, phase)
+            protocol.announce("on_segment_begin", segment)
+            result = _run_break(name, args, kwargs, params, frame, phase, False, fn)
+            protocol.announce("on_segment_end", segment)
+            self._capturelint_index += 1
+            return result
 
-            def run() -> Any:
-                phase = getattr(_bridge, "phase", Phase.EAGER)
-                capture = phase is Phase.CAPTURE
-                if capture:
-                    index = state["index"] = _capture_index()
-                    protocol.announce("on_segment_begin", SegmentInfo(info.id, index, SegmentKind.EAGER, name, phase))
-                call = BreakCall(name, args, kwargs, phase, False, 0, params, frame)
-                protocol.announce("on_break_enter", call)
-                with protocol.suspended_capture():
-                    result = fn()
-                protocol.announce("on_break_exit", call, result)
-                if capture:
-                    protocol.announce("on_segment_end", SegmentInfo(info.id, state["index"], SegmentKind.EAGER, name, phase))
-                    _advance_index()
-                return result
-
-            return run
-
-        return wrap
-
-    def _capture_index() -> int:
-        cap = Capture.current()
-        return getattr(cap, "_capturelint_index", 0)
-
-    def _advance_index() -> None:
-        cap = Capture.current()
-        if cap is not None and hasattr(cap, "_capturelint_index"):
-            cap._capturelint_index += 1
+        return original["add_eager"](self, run)
 
     def current(cls: Any) -> Any:
         shadow = getattr(_bridge, "shadow", None)
         return shadow if shadow is not None else original["current"].__func__(cls)
 
     def capture(self: Any, entry: Any, args: tuple, kwargs: dict) -> Any:
-        _current_descriptor_set(entry.batch_descriptor)
         try:
             output = original_capture(self, entry, args, kwargs)
         finally:
@@ -382,14 +357,6 @@ def observe_vllm_runtime() -> Iterator[None]:
         Wrapper._capture, Wrapper._replay = original_capture, original_replay
 
 
-def _current_descriptor() -> Any:
-    return getattr(_bridge, "descriptor", None)
-
-
-def _current_descriptor_set(descriptor: Any) -> None:
-    _bridge.descriptor = descriptor
-
-
 class _ShadowCapture:
     """What vLLM's ``eager_break_during_capture`` sees during a shadow step: an active
     capture whose ``add_eager`` runs the break at once, outside the (would-be) stream
@@ -402,16 +369,11 @@ class _ShadowCapture:
 
     def add_eager(self, fn: Callable[[], Any]) -> Any:
         name, args, kwargs, params = _break_target(fn)
-        call = BreakCall(name, args, kwargs, Phase.EAGER, True, 0, params, protocol.user_frame(2))
-        protocol.announce("on_break_enter", call)
         self._capturing = False
         try:
-            with protocol.suspended_capture():
-                result = fn()
+            return _run_break(name, args, kwargs, params, protocol.user_frame(2), Phase.EAGER, True, fn)
         finally:
             self._capturing = True
-        protocol.announce("on_break_exit", call, result)
-        return result
 
 
 def _shadow(info: GraphInfo, runnable: Callable, args: tuple, kwargs: dict) -> Any:
@@ -428,6 +390,5 @@ def _shadow(info: GraphInfo, runnable: Callable, args: tuple, kwargs: dict) -> A
 
 
 __all__ = [
-    "INSTALL_COMMAND", "SUPPORTED_VERSIONS", "cpu_shim", "observe_vllm_runtime", "require_kernel", "require_vllm",
-    "vllm_version",
+    "INSTALL_COMMAND", "SUPPORTED_VERSIONS", "cpu_shim", "observe_vllm_runtime", "require_vllm",
 ]

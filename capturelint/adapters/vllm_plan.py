@@ -17,6 +17,7 @@ engine and are refused (vLLM 0.33.0's ``add_eager`` discards break outputs).
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Callable, Sequence
 
@@ -137,55 +138,50 @@ def missing_op(e: BaseException) -> CapturelintError | None:
     return None
 
 
-def _naming_kernels(fn: Callable[[], Any]) -> Callable[[], Any]:
-    def call() -> Any:
-        try:
-            return fn()
-        except AttributeError as e:
-            error = missing_op(e)
-            if error is None:
-                raise
-            raise error from None
-
-    return call
-
-
 def configuration(plan: CheckPlan, runner: str, mode: str) -> Configuration:
     """Build the tiny model for one runner and mode (inside ``cpu_shim``)."""
     from capturelint.adapters.vllm_runners import Runner, compare, region_of
 
     spec = _spec(plan, runner, mode)
-    engine = _naming_kernels(lambda: Runner(spec))()
+    engine = Runner(spec)
 
     def twin(output: Any) -> TwinResult:
-        agreement, error = compare(output, _naming_kernels(Runner(spec, graphs=False).generate)())
+        agreement, error = compare(output, Runner(spec, graphs=False).generate())
         return TwinResult(agreement, error)
 
-    return Configuration(RunLabel(runner, mode), _naming_kernels(engine.generate), engine.roots(), region_of(engine.model),
+    return Configuration(RunLabel(runner, mode), engine.generate, engine.roots(), region_of(engine.model),
                          forward_context_probe, layer_scope_group, twin, require_replays=True,
                          eager_region_option=plan.eager_region, invariants=plan.invariants,
-                         capture_only=_naming_kernels(engine.capture))
+                         capture_only=engine.capture)
+
+
+def check_one(plan: CheckPlan, runner: str, mode: str, shadow: bool = True, static: bool = False) -> ConfigReport:
+    """Build and check one configuration under ``cpu_shim``; a ``torch.ops`` kernel vLLM
+    calls without a reference here (while building, running or in the eager twin) is the
+    one-line error that names it."""
+    from capturelint.adapters.vllm import cpu_shim
+
+    with cpu_shim():
+        try:
+            return check_configuration(configuration(plan, runner, mode), plan.codes, shadow=shadow, static=static)
+        except (CapturelintError, AttributeError) as e:
+            error = missing_op(e)
+            if error is None:
+                raise
+            raise error from None
 
 
 def run_vllm_check(plan: CheckPlan, progress: Callable[[str], None] | None = None, shadow: bool = True,
                    static: bool = False, keep_captures: bool = False) -> Report:
     """Run the plan's configurations, each under ``cpu_shim`` (``plan.jobs`` at once: vLLM
     is imported before the workers are forked, and each worker builds its own model)."""
-    from capturelint.adapters.vllm import cpu_shim, require_vllm
+    from capturelint.adapters.vllm import require_vllm
     from capturelint.pipeline import Task, run_all
 
     require_vllm()
 
     def task(runner: str, mode: str) -> Task:
-        def run() -> ConfigReport:
-            with cpu_shim():
-                try:
-                    return check_configuration(configuration(plan, runner, mode), plan.codes, shadow=shadow,
-                                               static=static)
-                except CapturelintError as e:
-                    raise missing_op(e) or e from None
-
-        return Task(f"vLLM · runner {runner} · {mode}", run)
+        return Task(f"vLLM · runner {runner} · {mode}", functools.partial(check_one, plan, runner, mode, shadow, static))
 
     tasks = [task(r, m) for r, m in plan.configurations]
     return Report(run_all(tasks, plan.jobs, progress, keep_captures), invariants=plan.invariants, static=static)
@@ -197,7 +193,7 @@ def suggest_slots(plan: CheckPlan) -> list[Any]:
     builds vLLM's attention afresh, so ``_prepare_and_attn_fn`` binds the functions made
     breaks at that moment; breaks are made with vLLM's own ``eager_break_during_capture``,
     the decorator its runtime knows (whose replays discard return values)."""
-    from capturelint.adapters.vllm import cpu_shim, require_vllm
+    from capturelint.adapters.vllm import require_vllm
     from capturelint.suggest import BreakDecorator, Slot
 
     require_vllm()  # for the CPU target, before anything of vLLM is imported
@@ -208,18 +204,11 @@ def suggest_slots(plan: CheckPlan) -> list[Any]:
     slots = []
     for runner in plan.runners + tuple(r for r in ("v1", "v2") if r not in plan.runners):
         for mode in plan.modes:
-            def check(runner: str = runner, mode: str = mode) -> ConfigReport:
-                with cpu_shim():
-                    try:
-                        return check_configuration(configuration(plan, runner, mode), plan.codes)
-                    except CapturelintError as e:
-                        raise missing_op(e) or e from None
-
+            check = functools.partial(check_one, plan, runner, mode)
             slots.append(Slot(f"{runner}/{mode}", runner, mode, check, requested=runner in plan.runners,
                               decorator=decorator))
     return slots
 
 
-__all__ = ["DEFAULT_LAYERS", "DEFAULT_STEPS", "VLLM_MODES", "configuration", "forward_context_probe", "missing_op",
-           "run_vllm_check", "suggest_slots",
-           "vllm_plan"]
+__all__ = ["DEFAULT_LAYERS", "DEFAULT_STEPS", "VLLM_MODES", "check_one", "configuration", "forward_context_probe",
+           "missing_op", "run_vllm_check", "suggest_slots", "vllm_plan"]

@@ -48,14 +48,17 @@ under V1, ``_prepare_and_attn`` under V2, attention.py:323-328); ``narrow`` and
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import tempfile
 import types
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 
+from capturelint.engine.dsv4.ops import rms_norm
 from capturelint.runtime import protocol
 
 protocol.register_runtime_file(__file__)
@@ -122,27 +125,31 @@ def _ensure_distributed(vc: Any) -> None:
     _distributed_ready = True
 
 
-@dataclasses.dataclass
-class _Env:
+@contextlib.contextmanager
+def _runner_env(runner: str) -> Iterator[None]:
     """``VLLM_USE_V2_MODEL_RUNNER`` for the block: what selects the runner in
     ``VllmConfig.use_v2_model_runner`` (config/vllm.py:731-750); without Triton vLLM
     would otherwise choose V1."""
-
-    runner: str
-
-    def __enter__(self) -> None:
-        import os
-
-        self._saved = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if self.runner == "v2" else "0"
-
-    def __exit__(self, *exc: object) -> None:
-        import os
-
-        if self._saved is None:
+    saved = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner == "v2" else "0"
+    try:
+        yield
+    finally:
+        if saved is None:
             os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
         else:
-            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = self._saved
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = saved
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Parameters made in the block have ``dtype`` (vLLM's loader builds models so)."""
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
 
 
 def build_attention(vc: Any, index: int, topk_buffer: torch.Tensor) -> nn.Module:
@@ -159,9 +166,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (h * self.weight.float()).to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class DecoderLayer(nn.Module):
@@ -249,7 +254,7 @@ def build_model(spec: RunSpec) -> tuple[TinyDeepseekV4, Any]:
     from vllm.config import set_current_vllm_config
 
     vc = vllm_config(spec.layers, spec.runner)
-    with _Env(spec.runner), set_current_vllm_config(vc), _default_dtype(torch.bfloat16):
+    with _runner_env(spec.runner), set_current_vllm_config(vc), _default_dtype(torch.bfloat16):
         _ensure_distributed(vc)
         topk = torch.zeros(64, 16, dtype=torch.int32)
         attns = [build_attention(vc, i, topk) for i in range(spec.layers)]
@@ -263,18 +268,6 @@ def build_model(spec: RunSpec) -> tuple[TinyDeepseekV4, Any]:
         elif spec.eager_region == "wide":
             attn._prepare_and_attn_fn = attn._prepare_and_attn_eager
     return model, vc
-
-
-class _default_dtype:
-    def __init__(self, dtype: torch.dtype):
-        self.dtype = dtype
-
-    def __enter__(self) -> None:
-        self.saved = torch.get_default_dtype()
-        torch.set_default_dtype(self.dtype)
-
-    def __exit__(self, *exc: object) -> None:
-        torch.set_default_dtype(self.saved)
 
 
 def region_of(model: TinyDeepseekV4) -> str:
@@ -395,15 +388,12 @@ class Runner:
 
     def generate(self) -> torch.Tensor:
         """Capture, then ``steps`` decode steps; the logits of every step."""
-        from vllm.config import CUDAGraphMode
-
         self.capture()
-        mode = self.mode
         logits = []
         tokens = self.prompts[0]
         for step in range(self.spec.steps):
             self.buffers.fill(tokens, step)
-            out = self._forward(self.metadata(), mode if mode is not CUDAGraphMode.NONE else CUDAGraphMode.NONE)
+            out = self._forward(self.metadata(), self.mode)
             out = out.detach().clone()
             logits.append(out)
             tokens = self.prompts[step + 1] if step + 1 < self.spec.prompt else out.argmax(-1)

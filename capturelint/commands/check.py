@@ -104,6 +104,7 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
 
         gate = load_snapshot(baseline_path)  # fail on a bad baseline before running anything
     if target is not None:
+        from capturelint.adapters.engines import resolve_jobs
         from capturelint.target import load_targets, run_targets
 
         targets = load_targets(target)
@@ -113,7 +114,7 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
             targets = shard_select(targets, shard)
         with ProgressReporter(len(targets)) as progress:
             report = run_targets(targets, codes, progress, invariants=invariants, static=static,
-                                 jobs=target_jobs(kw.get("jobs"), settings))
+                                 jobs=resolve_jobs(kw.get("jobs"), settings))
     else:
         from capturelint.adapters.engines import run_check
 
@@ -147,17 +148,6 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
     if exit_zero:
         return EXIT_CLEAN
     return EXIT_FINDINGS if report.failed else EXIT_CLEAN
-
-
-def target_jobs(jobs: int | None, settings: Any) -> int:
-    """``--jobs`` for ``--target`` (engine options do not apply to a target; this one does)."""
-    from capturelint.limits import default_jobs, jobs_problem
-    from capturelint.settings import merge
-
-    n = merge(jobs, settings.jobs, None)
-    if n is not None and (problem := jobs_problem(n)) is not None:
-        raise CapturelintError(f"--jobs {problem}, got {n}")
-    return n if n is not None else default_jobs()
 
 
 def suggest_hint(kw: dict[str, Any], select: tuple[str, ...], ignore: tuple[str, ...], target: str | None) -> str:

@@ -434,7 +434,10 @@ def register_runtime_file(path: str) -> None:
     """Treat ``path`` (a file or a folder) as runtime machinery: frames skip it."""
     global _skip_prefixes
     path = os.path.abspath(path)
-    _skip_prefixes = _skip_dirs() + ((path + os.sep) if os.path.isdir(path) else path,)
+    prefix = (path + os.sep) if os.path.isdir(path) else path
+    if prefix in _skip_dirs():
+        return  # registered already: the frame cache stays valid
+    _skip_prefixes = _skip_dirs() + (prefix,)
     _frame_cache.clear()
 
 
