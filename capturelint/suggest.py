@@ -181,7 +181,7 @@ def eager_breaks(region: Sequence[FunctionRef], decorator: BreakDecorator | None
     module attribute that holds it (and every module attribute holding the same
     function object) is replaced by the function wrapped with ``decorator`` (default:
     capturelint's ``@eager_break_during_capture``), then restored. Files are never edited."""
-    eager_break_during_capture = (decorator or CAPTURELINT_BREAK).wrap
+    wrap = (decorator or CAPTURELINT_BREAK).wrap
     saved: list[tuple[Any, str, Any]] = []
     try:
         for ref in region:
@@ -191,11 +191,11 @@ def eager_breaks(region: Sequence[FunctionRef], decorator: BreakDecorator | None
                 raise LookupError(f"{ref}: {found}")
             owner, name, raw = found
             if isinstance(raw, staticmethod):
-                wrapped: Any = staticmethod(eager_break_during_capture(raw.__func__))
+                wrapped: Any = staticmethod(wrap(raw.__func__))
             elif isinstance(raw, classmethod):
-                wrapped = classmethod(eager_break_during_capture(raw.__func__))
+                wrapped = classmethod(wrap(raw.__func__))
             else:
-                wrapped = eager_break_during_capture(raw)
+                wrapped = wrap(raw)
             holders = [(owner, name)]
             if not isinstance(owner, type):  # a module function: also where it was imported by name
                 for module in list(sys.modules.values()):
