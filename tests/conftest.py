@@ -2,6 +2,11 @@
 
 The engine's tensors are tiny: one intra-op thread is fastest, and on a loaded two-core
 machine OpenMP threads contending for cores make each op ~100x slower.
+
+The suite already runs one pytest worker per core (pytest-xdist), so in-process checks
+default to one job: forked workers would only contend with the other pytest worker, and
+their runs would bypass the session memo of configurations below. Tests of ``--jobs``
+pass it explicitly.
 """
 
 import torch
@@ -9,6 +14,13 @@ import torch
 torch.set_num_threads(1)
 
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def _one_job_by_default(monkeypatch):
+    import capturelint.adapters.engines as engines
+
+    monkeypatch.setattr(engines, "default_jobs", lambda: 1)
 
 
 @pytest.fixture(scope="session")
