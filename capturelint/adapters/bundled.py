@@ -22,6 +22,7 @@ import dataclasses
 import re
 from typing import Any, Callable, Sequence
 
+from capturelint.adapters.bundled_invariants import default_invariants as bundled_defaults
 from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
 from capturelint.limits import count_problem, seed_problem
@@ -194,18 +195,18 @@ def make_plan(
         platform=platform,
         codes=select_codes(sel, ign),
         copy_break_outputs=copy,
-        invariants=resolve_invariants(settings, invariants_file, default_invariants),
+        invariants=resolve_invariants(settings, invariants_file, bundled_defaults() if default_invariants else ()),
     )
 
 
-def resolve_invariants(settings: Settings, invariants_file: str | None = None, defaults: bool = True) -> tuple[Any, ...]:
-    """The invariants in force: the bundled engine's defaults (``defaults``), the
-    settings file's, then ``--invariants FILE``'s; by id, later replacing earlier."""
-    from capturelint.adapters.bundled_invariants import default_invariants
+def resolve_invariants(settings: Settings, invariants_file: str | None = None,
+                       defaults: Sequence[Any] = ()) -> tuple[Any, ...]:
+    """The invariants in force: the engine's ``defaults``, the settings file's, then
+    ``--invariants FILE``'s; by id, later replacing earlier."""
     from capturelint.invariants import in_force, read_invariants_file
 
     cli = read_invariants_file(invariants_file) if invariants_file is not None else ()
-    return in_force(default_invariants() if defaults else (), settings.invariants or (), cli)
+    return in_force(tuple(defaults), settings.invariants or (), cli)
 
 
 # ------------------------------------------------------------ configurations

@@ -54,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import logging
 import os
 import re
 import threading
@@ -83,10 +84,10 @@ def require_vllm() -> Any:
 
     A source checkout first on ``PYTHONPATH`` is what gets imported and checked; its
     ``vllm/_version.py`` must say a supported release (local and dev suffixes of it are
-    accepted: a pull request against that release)."""
+    accepted: a pull request against that release). vLLM's logging is kept off stderr
+    (``_quiet_vllm_logging``)."""
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    # vLLM logs at import that a CPU lacks its GPU pieces; the check says what matters
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    _quiet_vllm_logging()
     try:
         vllm = importlib.import_module("vllm")
     except ModuleNotFoundError as e:
@@ -106,6 +107,21 @@ def require_vllm() -> Any:
             f"{', '.join(SUPPORTED_VERSIONS)}: install it with `{INSTALL_COMMAND}`"
         )
     return vllm
+
+
+def _quiet_vllm_logging() -> None:
+    """Keep vLLM's logging off stderr: the report says what matters.
+
+    Imported as a library, vLLM 0.33.0 installs no handler (its ``configure_logging``
+    runs in its own entry points, so ``VLLM_LOGGING_LEVEL`` does nothing here), and
+    its warnings about what a CPU lacks (``vllm._C``, Triton, Model Runner V2) reach
+    Python's last-resort handler on stderr. A null handler on the ``vllm`` logger is a
+    handler found, so the last resort is not used; the records still propagate to the
+    root logger's handlers, where a program that configured logging wants them. Only
+    vLLM's logger is touched."""
+    logger = logging.getLogger("vllm")
+    if not any(isinstance(h, logging.NullHandler) for h in logger.handlers):
+        logger.addHandler(logging.NullHandler())
 
 
 # ------------------------------------------------------------------ the CPU shim

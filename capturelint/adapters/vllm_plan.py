@@ -22,6 +22,7 @@ import re
 from typing import Any, Callable, Sequence
 
 from capturelint.adapters.bundled import CheckPlan, check_counts, layer_scope_group, resolve_invariants
+from capturelint.adapters.vllm_invariants import default_invariants as vllm_defaults
 from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
 from capturelint.harness import TwinResult
@@ -43,9 +44,8 @@ def vllm_plan(settings: Settings, runner: str | None = None, modes: Sequence[str
               select: Sequence[str] = (), ignore: Sequence[str] = (), invariants_file: str | None = None,
               default_invariants: bool = True) -> CheckPlan:
     """The plan of a vLLM check; options that describe the bundled engine are refused.
-    The default invariants are the bundled engine's: they are vLLM's DeepSeek V4 region
-    decisions, and the tiny model's module scopes are vLLM's layer prefixes
-    (``model.layers.N.attn``), so the same selectors select vLLM's ops."""
+    The default invariants are vLLM's (``vllm_invariants``): the bundled engine's region
+    decisions, selecting vLLM's functions."""
     if platform != "cuda":
         raise CapturelintError(f"--platform {platform} picks the bundled engine's default runner; --engine vllm checks "
                                "the CUDA path of vLLM's DeepSeek V4 attention, drop --platform")
@@ -92,7 +92,7 @@ def vllm_plan(settings: Settings, runner: str | None = None, modes: Sequence[str
         codes=select_codes(list(select) or list(settings.select or ()), list(ignore) or list(settings.ignore or ())),
         copy_break_outputs=False,
         engine="vllm",
-        invariants=resolve_invariants(settings, invariants_file, default_invariants),
+        invariants=resolve_invariants(settings, invariants_file, vllm_defaults() if default_invariants else ()),
     )
 
 

@@ -51,7 +51,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import tempfile
 import types
 from typing import Any, Iterator
 
@@ -114,8 +113,13 @@ def _ensure_distributed(vc: Any) -> None:
     from vllm.distributed import parallel_state as ps
 
     if not ps.model_parallel_is_initialized():
-        path = tempfile.NamedTemporaryFile(prefix="capturelint-vllm-", delete=False).name
-        ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, distributed_init_method=f"file://{path}",
+        if not torch.distributed.is_initialized():
+            # A world of one needs no rendezvous: an in-memory store, no file left behind
+            # (vLLM's own init would make a FileStore of a ``file://`` method). vLLM
+            # then takes the initialized world as it is.
+            torch.distributed.init_process_group(backend="gloo", store=torch.distributed.HashStore(), world_size=1,
+                                                 rank=0)
+        ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, distributed_init_method="env://",
                                         backend="gloo")
         ps.initialize_model_parallel(1, 1)
     from vllm.v1.worker import workspace

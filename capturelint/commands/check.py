@@ -159,7 +159,7 @@ def suggest_hint(kw: dict[str, Any], select: tuple[str, ...], ignore: tuple[str,
     if target is not None:
         args += ["--target", target]
     else:
-        for name in ("runner", "eager_region", "layers", "steps", "seed", "kernels", "break_outputs"):
+        for name in ("engine", "runner", "eager_region", "layers", "steps", "seed", "kernels", "break_outputs"):
             if kw.get(name) is not None:
                 args += [f"--{name.replace('_', '-')}", str(kw[name])]
         if kw.get("modes"):

@@ -1,0 +1,70 @@
+"""vLLM's declared region invariants: the defaults of ``--engine vllm``.
+
+The same two region decisions as the bundled engine's (``bundled_invariants``), with
+the same ids (a settings file that replaces or drops one does so under both engines),
+but selecting vLLM 0.33.0's ops: the scopes are vLLM's module prefixes
+(``model.layers.N.attn``) and the functions are those of
+``vllm/models/deepseek_v4/attention.py`` and ``nvidia/flashmla.py``, which are not the
+bundled engine's.
+
+- ``dsv4-v1-attention-prep-eager``: under Model Runner V1, in PIECEWISE graphs, what
+  ``_prepare_and_attn`` runs before the sparse attention stays eager (V1's
+  ``_prepare_and_attn_eager``, attention.py:323-328): the q projection (``wq_b``, in
+  ``project_query_and_cache_kv``), the fused q-norm / RoPE / KV insert
+  (``_fused_qnorm_rope_kv_insert``), the compressor, and the indexer's query path
+  (its own ops, ``wq_b`` and compressor). Not the input projections of ``forward``
+  (``fused_wqa_wkv``, the indexer's ``weights_proj``) nor ``fused_q_kv_rmsnorm``:
+  vLLM captures those under every runner.
+- ``dsv4-sparse-attention-eager``: in PIECEWISE graphs, nothing of the break
+  ``_sparse_indexer_and_attn`` is captured: ``forward_mqa`` and the FlashMLA calls
+  under it (``_forward_decode``, ``_forward_prefill``, ``flash_mla_*``), and the
+  indexer's top-k (``indexer.indexer_op``).
+
+The tiny model's layers are sliding-window only (``vllm_runners``), so the compressor
+and indexer selectors select nothing there yet; they are written from vLLM's module
+tree (the compressed layers' ``named_modules``) for when those layers run.
+"""
+
+from __future__ import annotations
+
+import tomllib
+
+from capturelint.invariants import Invariant, parse_invariants
+
+DEFAULTS_TOML = '''
+[tool.capturelint.invariants.dsv4-v1-attention-prep-eager]
+require = "eager"
+runners = ["v1"]
+modes = ["PIECEWISE"]
+why = """Model Runner V1 captures its PIECEWISE graphs without attention metadata (a dummy run), \\
+so attention input preparation captured there records the profile-run branch (F.pad instead of \\
+the q-norm, RoPE and KV-cache insert) and replays it on every step (vLLM #51430); V1 runs \\
+_prepare_and_attn in the eager break _prepare_and_attn_eager (vLLM #52401)"""
+select = [
+    { scope = "model.layers.*.attn.wq_b" },
+    { scope = "model.layers.*.attn", function = ["project_query_and_cache_kv", "_fused_qnorm_rope_kv_insert"] },
+    { scope = "model.layers.*.attn.compressor*" },
+    { scope = ["model.layers.*.attn.indexer", "model.layers.*.attn.indexer.wq_b", "model.layers.*.attn.indexer.compressor*"] },
+]
+
+[tool.capturelint.invariants.dsv4-sparse-attention-eager]
+require = "eager"
+modes = ["PIECEWISE"]
+why = """the indexer top-k and the sparse attention read each step's block tables and positions; \\
+vLLM's DeepSeek V4 attention runs them in the eager break _sparse_indexer_and_attn under every \\
+runner and region"""
+select = [
+    { scope = "model.layers.*.attn", function = ["_sparse_indexer_and_attn", "forward_mqa", "_forward_decode",
+                                                 "_forward_prefill", "flash_mla_*"] },
+    { scope = "model.layers.*.attn.indexer.indexer_op*" },
+]
+'''
+
+
+def default_invariants() -> tuple[Invariant, ...]:
+    """vLLM's invariants, with source ``default``."""
+    table = tomllib.loads(DEFAULTS_TOML)["tool"]["capturelint"]["invariants"]
+    return parse_invariants("capturelint/adapters/vllm_invariants.py", "tool.capturelint.invariants", table, "default")
+
+
+__all__ = ["DEFAULTS_TOML", "default_invariants"]
