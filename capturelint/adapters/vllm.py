@@ -65,7 +65,8 @@ from capturelint.runtime import protocol
 from capturelint.runtime.protocol import BreakCall, BreakOutputs, GraphInfo, Phase, SegmentInfo, SegmentKind
 
 SUPPORTED_VERSIONS = ("0.33.0",)
-INSTALL_COMMAND = "pip install --no-deps -r requirements/vllm.txt"
+INSTALL_COMMAND = ("pip install -c constraints.txt -r requirements/vllm-deps.txt && "
+                   "pip install --no-deps -r requirements/vllm.txt")
 
 protocol.register_runtime_file(__file__)
 protocol.register_transparent_op("_C::weak_ref_tensor")  # vLLM's runtime aliases break arguments while capturing

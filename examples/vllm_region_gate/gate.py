@@ -116,7 +116,7 @@ def find_vllm() -> Path:
     """The folder of the vllm package Python would import, found without importing it."""
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
-        raise GateError("vLLM is not installed: pip install -r requirements/vllm.txt")
+        raise GateError("vLLM is not installed: pip install -c constraints.txt -r requirements/vllm-deps.txt && pip install --no-deps -r requirements/vllm.txt")
     return Path(list(spec.submodule_search_locations)[0])
 
 

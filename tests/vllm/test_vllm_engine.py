@@ -144,7 +144,7 @@ def test_unsupported_version_is_refused(monkeypatch, capsys):
     assert main(["check", "--engine", "vllm", "--runner", "v1", "--mode", "PIECEWISE"]) == 2
     line = _one_line(capsys)
     assert "vLLM 0.34.1" in line and "not supported" in line and "0.33.0" in line
-    assert "pip install --no-deps -r requirements/vllm.txt" in line
+    assert "pip install -c constraints.txt -r requirements/vllm-deps.txt && pip install --no-deps -r requirements/vllm.txt" in line
 
 
 def test_missing_vllm_says_how_to_install(monkeypatch, capsys):
@@ -152,7 +152,7 @@ def test_missing_vllm_says_how_to_install(monkeypatch, capsys):
     assert main(["check", "--engine", "vllm"]) == 2
     line = _one_line(capsys)
     assert "--engine vllm needs vLLM 0.33.0" in line
-    assert "pip install --no-deps -r requirements/vllm.txt" in line
+    assert "pip install -c constraints.txt -r requirements/vllm-deps.txt && pip install --no-deps -r requirements/vllm.txt" in line
 
 
 def test_a_kernel_without_reference_is_named(monkeypatch, capsys):

@@ -2,7 +2,7 @@
 
 ``require_vllm()`` imports vLLM for the CPU target. Without it a test skips on a
 developer's machine, and fails under ``CI=true``: the README's test command installs
-``requirements/vllm.txt``, so a missing vLLM in CI is a broken install, not a reason to
+``requirements/vllm-deps.txt`` and ``requirements/vllm.txt``, so a missing vLLM in CI is a broken install, not a reason to
 check less.
 """
 
