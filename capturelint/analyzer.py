@@ -10,10 +10,23 @@ stream of the step (see ``capturelint.tracer``). The analyzer
    its extent rather than a cascade of mismatches;
 3. builds ``StepView``: the aligned op pairs (up to the first divergence of a segment;
    what follows a divergence is a consequence of it), a map from capture op to shadow
-   op, and the location verdict helper shared by R4 and R6;
-4. hands the view to every selected rule and merges their findings across steps,
-   graphs and configurations: one finding per (rule, scope, op, tensor, source lines),
-   with the steps it was seen at.
+   op, and every aligned op or tensor argument that fails R2, R3 or R4, each marked
+   when it only follows from an earlier failure (below);
+4. hands the view to every rule that checks steps and merges their findings across
+   steps, graphs and configurations: one finding per (rule, scope, op, tensor, source
+   lines), with the steps it was seen at.
+
+**Follow-ons.** A tensor whose producer already fails a condition mismatches because of
+that failure; it is marked ``followon`` and not reported again. The producers that
+count are decided once, here, in the order of the model's conditions: the ops after a
+segment's divergence (R1), the ops with a differing host value (R2), then, in op order,
+the ops with a differing tensor geometry (R3); for R4 also the earlier ops that read a
+stale location (an escaped eager output never counts: it lies outside every captured
+condition). The views are frozen, so the rules are pure: each reads a view and returns
+findings, and the rule set finds the same in any order.
+
+Which rules run at which point is read off the rules themselves (``Rule.hooks``: the
+check methods a rule implements); the analyzer imports no rule.
 
 The analyzer needs neither a GPU nor a dispatch mode: it reads records, so rules are
 tested with hand-built streams as well as with real traces.
@@ -23,7 +36,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Any, Iterable, Iterator, Sequence
+from types import MappingProxyType
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from capturelint.findings import Condition, Finding
 from capturelint.runtime.protocol import HostSyncEvent, SegmentKind, StaleInputEvent
@@ -50,40 +64,45 @@ class Divergence:
     extra_ops: tuple[str, ...] = ()
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class SegmentAlignment:
     index: int
-    capture_ops: list[OpRecord]
-    shadow_ops: list[OpRecord]
-    pairs: list[tuple[OpRecord, OpRecord]]
+    capture_ops: tuple[OpRecord, ...]
+    shadow_ops: tuple[OpRecord, ...]
+    pairs: tuple[tuple[OpRecord, OpRecord], ...]  # up to the first divergence
     divergence: Divergence | None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
+class Mismatch:
+    """An aligned captured op that fails R2 (a host value), or one of its tensor
+    arguments that fails R3 (``capture_use``/``shadow_use``: the geometry) or R4
+    (``problem``: the location). ``followon``: the tensor's producer already fails a
+    condition (the module's doc), so the mismatch is a consequence, not a cause."""
+
+    alignment: SegmentAlignment
+    capture_op: OpRecord
+    shadow_op: OpRecord
+    capture_use: TensorUse | None = None
+    shadow_use: TensorUse | None = None
+    problem: LocationProblem | None = None
+    followon: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class StepView:
-    """A replay step prepared for the rules."""
+    """A replay step prepared for the rules; frozen, so that no rule can change what
+    another reads. ``build_view`` makes it."""
 
     label: RunLabel
     capture: Stream
     shadow: Stream
     structure_differs: bool
-    alignments: list[SegmentAlignment]
-    op_map: dict[int, int]  # capture op index -> aligned shadow op index
-    tainted: set[int] = dataclasses.field(default_factory=set)  # capture ops already reported
-    _locations: list | None = None
-
-    def location_problems(self) -> list[tuple["SegmentAlignment", OpRecord, OpRecord, TensorUse, TensorUse, "LocationProblem"]]:
-        """Every aligned tensor argument that fails R4's location condition, computed
-        once per step for the rules that read it (CL104, CL105)."""
-        if self._locations is None:
-            found = []
-            for al, c, s in iter_pairs(self):
-                for cu, su in zip(c.inputs, s.inputs):
-                    problem = location_problem(self, cu, su, s.scope)
-                    if problem is not None:
-                        found.append((al, c, s, cu, su, problem))
-            self._locations = found
-        return self._locations
+    alignments: tuple[SegmentAlignment, ...]
+    op_map: Mapping[int, int]  # capture op index -> aligned shadow op index (read-only)
+    host_values: tuple[Mismatch, ...] = ()  # R2: aligned ops whose non-tensor arguments differ
+    geometries: tuple[Mismatch, ...] = ()  # R3: the first tensor argument of an op whose geometry differs
+    locations: tuple[Mismatch, ...] = ()  # R4: every tensor argument that resolves to another location
 
     def segment_label(self, index: int) -> str:
         seg = self.capture.segments[index] if index < len(self.capture.segments) else None
@@ -102,29 +121,22 @@ class StepView:
             return f"a tensor allocated inside an eager break ({use.arg})"
         return f"tensor {use.arg} (storage not named by the engine)"
 
-    def is_followon(self, stream: Stream, use: TensorUse) -> bool:
-        """True when ``use`` was produced by a capture op that already has a finding."""
-        origin = stream.origins.get(use.storage)
-        return origin is not None and origin.producer is not None and origin.producer in self.tainted
 
-
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class RegionView:
     """One capture as a region graph (``capturelint.graph``), with the declared
     invariants that apply to it (its runner, mode and forward context), for the rules
-    that check invariants (CL2xx). ``selected(inv)`` runs an invariant's graph query
-    once per capture for every rule that reads it."""
+    that check invariants (CL2xx). ``selected(inv)``: the ops an invariant's graph query
+    selects, run once per capture by the analyzer."""
 
     label: RunLabel
     capture: Stream
     graph: Any  # networkx.MultiDiGraph, built by capturelint.graph.build_region_graph
     invariants: tuple[Any, ...]  # capturelint.invariants.Invariant
-    _selected: dict[str, list] = dataclasses.field(default_factory=dict)
+    selections: Mapping[str, tuple]  # invariant id -> the op nodes it selects (read-only)
 
-    def selected(self, inv: Any) -> list:
-        if inv.id not in self._selected:
-            self._selected[inv.id] = inv.select_ops(self.graph)
-        return self._selected[inv.id]
+    def selected(self, inv: Any) -> tuple:
+        return self.selections[inv.id]
 
     def segment_label(self, index: int) -> str:
         seg = self.capture.segments[index] if 0 <= index < len(self.capture.segments) else None
@@ -178,18 +190,18 @@ def _problem(view: StepView, c_use: TensorUse, s_use: TensorUse, scope: str, esc
     return LocationProblem(escaped, view.tensor_name(view.capture, c_use, scope), view.tensor_name(view.shadow, s_use, scope), reason)
 
 
-def _segment_ops(stream: Stream, seg: Segment) -> list[OpRecord]:
-    return stream.ops[seg.first_op : seg.end_op]
+def _segment_ops(stream: Stream, seg: Segment) -> tuple[OpRecord, ...]:
+    return tuple(stream.ops[seg.first_op : seg.end_op])
 
 
-def _align(index: int, c_ops: list[OpRecord], s_ops: list[OpRecord]) -> tuple[SegmentAlignment, list[tuple[OpRecord, OpRecord]]]:
+def _align(index: int, c_ops: tuple[OpRecord, ...], s_ops: tuple[OpRecord, ...]) -> tuple[SegmentAlignment, list[tuple[OpRecord, OpRecord]]]:
     """Align two op lists; returns the alignment (pairs cut at the first divergence)
     and every matched pair (for the capture-to-shadow op map)."""
     a = [op.key for op in c_ops]
     b = [op.key for op in s_ops]
     if a == b:
         pairs = list(zip(c_ops, s_ops))
-        return SegmentAlignment(index, c_ops, s_ops, pairs, None), pairs
+        return SegmentAlignment(index, c_ops, s_ops, tuple(pairs), None), pairs
     matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
     all_pairs: list[tuple[OpRecord, OpRecord]] = []
     before: list[tuple[OpRecord, OpRecord]] = []
@@ -216,10 +228,11 @@ def _align(index: int, c_ops: list[OpRecord], s_ops: list[OpRecord]) -> tuple[Se
     divergence = dataclasses.replace(
         divergence, missing=missing, extra=extra, missing_ops=tuple(missing_ops), extra_ops=tuple(extra_ops)
     )
-    return SegmentAlignment(index, c_ops, s_ops, before, divergence), all_pairs
+    return SegmentAlignment(index, c_ops, s_ops, tuple(before), divergence), all_pairs
 
 
 def build_view(label: RunLabel, capture: Stream, shadow: Stream) -> StepView:
+    """Align ``capture`` with ``shadow`` and derive, once, every fact the rules read."""
     c_struct = [(s.kind, s.name) for s in capture.segments]
     s_struct = [(s.kind, s.name) for s in shadow.segments]
     alignments: list[SegmentAlignment] = []
@@ -232,7 +245,42 @@ def build_view(label: RunLabel, capture: Stream, shadow: Stream) -> StepView:
             op_map[c.index] = s.index
         if cs.kind is SegmentKind.CAPTURED:
             alignments.append(alignment)
-    return StepView(label, capture, shadow, c_struct != s_struct, alignments, op_map)
+    view = StepView(label, capture, shadow, c_struct != s_struct, tuple(alignments), MappingProxyType(op_map))
+    return _with_mismatches(view)
+
+
+def _with_mismatches(view: StepView) -> StepView:
+    """The view with its R2, R3 and R4 mismatches, follow-ons marked (the module's doc)."""
+    failed: set[int] = set()  # capture ops that fail a condition judged so far
+    for al in view.alignments:
+        d = al.divergence
+        if d is not None and d.capture_op is not None:
+            failed.update(op.index for op in al.capture_ops if op.index >= d.capture_op.index)
+    origins = view.capture.origins
+
+    def followon(use: TensorUse) -> bool:
+        origin = origins.get(use.storage)
+        return origin is not None and origin.producer is not None and origin.producer in failed
+
+    host_values = tuple(Mismatch(al, c, s) for al, c, s in iter_pairs(view) if c.scalars != s.scalars)
+    failed.update(m.capture_op.index for m in host_values)
+    geometries = []
+    for al, c, s in iter_pairs(view):
+        for cu, su in zip(c.inputs, s.inputs):
+            if cu[2:6] != su[2:6]:  # shape, stride, offset, dtype
+                geometries.append(Mismatch(al, c, s, cu, su, followon=followon(cu)))
+                failed.add(c.index)
+                break
+    locations = []
+    for al, c, s in iter_pairs(view):
+        for cu, su in zip(c.inputs, s.inputs):
+            problem = location_problem(view, cu, su, s.scope)
+            if problem is None:
+                continue
+            if not problem.escaped:
+                failed.add(c.index)
+            locations.append(Mismatch(al, c, s, cu, su, problem, followon=followon(cu)))
+    return dataclasses.replace(view, host_values=host_values, geometries=tuple(geometries), locations=tuple(locations))
 
 
 class FindingSet:
@@ -299,22 +347,24 @@ class Analyzer:
         self.steps = 0
         self._capture_checked: set[int] = set()
         self.invariant_selected: dict[str, int] = {}  # invariants that applied to a capture: ops selected in all
+        self._hooked: dict[str, list] = {}  # check method -> the rules that implement it (``Rule.hooks``)
+        for rule in self.rules:
+            for hook in rule.hooks:
+                self._hooked.setdefault(hook, []).append(rule)
 
-    def _region_rules(self) -> list:
-        from capturelint.rules.base import Rule
-
-        return [r for r in self.rules if type(r).check_region is not Rule.check_region]
+    def _rules(self, hook: str) -> list:
+        return self._hooked.get(hook, [])
 
     def on_step(self, capture: Stream, shadow: Stream, error: float) -> None:
         self.steps += 1
         self.max_step_error = max(self.max_step_error, error)
         view = build_view(self.label, capture, shadow)
-        for rule in self.rules:
+        for rule in self._rules("check"):
             self.findings.extend(rule.check(view))
 
     def on_stale(self, capture: Stream, event: StaleInputEvent) -> None:
         """A graph without a shadow found a storage it reads freed by the engine."""
-        for rule in self.rules:
+        for rule in self._rules("check_stale"):
             self.findings.extend(rule.check_stale(self.label, capture, event))
 
     def check_capture(self, capture: Stream) -> None:
@@ -322,7 +372,7 @@ class Analyzer:
         if capture.graph_id in self._capture_checked:
             return
         self._capture_checked.add(capture.graph_id)
-        for rule in self.rules:
+        for rule in self._rules("check_capture"):
             self.findings.extend(rule.check_capture(self.label, capture))
         self.check_invariants(capture)
 
@@ -333,23 +383,24 @@ class Analyzer:
             inv for inv in self.invariants
             if inv.applies(self.label.runner, self.label.mode, capture.runtime_mode, capture.context.key)
         )
-        rules = self._region_rules()
+        rules = self._rules("check_region")
         if not applicable or not rules:
             return
         from capturelint.graph import build_region_graph, check_graph
 
         G = build_region_graph(capture)
         check_graph(G)
-        view = RegionView(self.label, capture, G, applicable)
+        selections = {inv.id: tuple(inv.select_ops(G)) for inv in applicable}
         for inv in applicable:
-            self.invariant_selected[inv.id] = self.invariant_selected.get(inv.id, 0) + len(view.selected(inv))
+            self.invariant_selected[inv.id] = self.invariant_selected.get(inv.id, 0) + len(selections[inv.id])
+        view = RegionView(self.label, capture, G, applicable, MappingProxyType(selections))
         for rule in rules:
             self.findings.extend(rule.check_region(view))
 
     def finish(self, outcome: RunOutcome) -> list[Finding]:
         """Rules over the whole run (a failed capture, the numerical oracle); returns
         every finding, merged and sorted."""
-        for rule in self.rules:
+        for rule in self._rules("check_run"):
             self.findings.extend(rule.check_run(outcome))
         return self.findings.sorted()
 
@@ -366,6 +417,7 @@ __all__ = [
     "Divergence",
     "FindingSet",
     "LocationProblem",
+    "Mismatch",
     "RunLabel",
     "RegionView",
     "RunOutcome",

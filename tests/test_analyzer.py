@@ -1,9 +1,16 @@
-"""The analyzer on hand-built streams: alignment, extent, messages. No dispatch mode."""
+"""The analyzer on hand-built streams: alignment, extent, follow-ons, messages. No dispatch mode."""
 
-from capturelint.analyzer import RunLabel, build_view, location_problem
+import dataclasses
+from types import MappingProxyType
+
+import pytest
+
+from capturelint.analyzer import RegionView, RunLabel, build_view, location_problem
 from capturelint.runtime.protocol import SegmentKind
 from capturelint.findings import Frame
 from capturelint.rules.cl101_baked_control_flow import BakedControlFlow
+from capturelint.rules.cl102_baked_host_value import BakedHostValue
+from capturelint.rules.cl103_baked_shape import BakedShape
 from capturelint.tracer import ContextSummary, OpRecord, Origin, Segment, Stream, StreamKind, TensorUse
 
 LABEL = RunLabel("v1", "PIECEWISE")
@@ -13,8 +20,9 @@ def use(storage: int, arg: str = "self", shape=(4,)) -> TensorUse:
     return TensorUse(arg, storage, shape, (1,), 0, "float32", False)
 
 
-def op(i: int, name: str, line: int, inputs=(), outputs=(), scope: str = "layers.0.attn", segment: int = 0) -> OpRecord:
-    return OpRecord(i, name, segment, scope, Frame("model.py", line, "forward"), (), tuple(inputs), tuple(outputs))
+def op(i: int, name: str, line: int, inputs=(), outputs=(), scope: str = "layers.0.attn", segment: int = 0,
+       scalars=()) -> OpRecord:
+    return OpRecord(i, name, segment, scope, Frame("model.py", line, "forward"), tuple(scalars), tuple(inputs), tuple(outputs))
 
 
 def stream(kind: StreamKind, ops: list[OpRecord], has_md: bool, origins=None, step: int = 0) -> Stream:
@@ -66,3 +74,36 @@ def test_location_compares_storage_identity_and_producers():
     problem = location_problem(build_view(LABEL, cap, moved), use(7), use(8), "")
     assert problem is not None and not problem.escaped and problem.capture_name == "runner.positions"
     assert "re-allocated" in problem.reason
+
+
+def test_a_mismatch_that_follows_from_a_failed_op_is_marked_in_the_view():
+    # aten.zeros is recorded with size 4 and runs with size 3 (R2); the add that reads its
+    # output sees another shape (R3) only because of that: a follow-on, decided while
+    # building the view, so CL103 skips it whether or not CL102 runs, and before or after
+    cap = stream(StreamKind.CAPTURE, [op(0, "aten.zeros", 1, outputs=[use(500)], scalars=[("size", (4,))]),
+                                      op(1, "aten.add", 2, [use(500)])], True, origins={500: Origin(False, 0)})
+    sh = stream(StreamKind.SHADOW, [op(0, "aten.zeros", 1, outputs=[use(900, shape=(3,))], scalars=[("size", (3,))]),
+                                    op(1, "aten.add", 2, [use(900, shape=(3,))])], True, origins={900: Origin(False, 0)})
+    view = build_view(LABEL, cap, sh)
+    assert [m.capture_op.op for m in view.host_values] == ["aten.zeros"]
+    (shape,) = view.geometries
+    assert shape.capture_op.op == "aten.add" and shape.capture_use.shape == (4,) and shape.followon
+    assert view.locations == ()  # the add reads the output of the aligned producer
+    assert list(BakedShape().check(view)) == []
+    (f,) = BakedHostValue().check(view)
+    assert f.code == "CL102" and f.op == "aten.zeros" and "with size=[4], but replay step 0 passes size=[3]:" in f.message
+
+
+def test_the_views_are_frozen():
+    # a rule reads a view and returns findings: nothing it could write reaches another rule
+    ops = [op(0, "aten.mm", 10), op(1, "aten.add", 11)]
+    view = build_view(LABEL, stream(StreamKind.CAPTURE, ops, True), stream(StreamKind.SHADOW, list(ops), True))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        view.geometries = ()
+    with pytest.raises(TypeError):
+        view.op_map[7] = 7
+    with pytest.raises(AttributeError):
+        view.alignments[0].pairs.append(view.alignments[0].pairs[0])
+    region = RegionView(LABEL, view.capture, None, (), MappingProxyType({"inv": ()}))
+    with pytest.raises(TypeError):
+        region.selections["inv"] = (("op", 0),)

@@ -7,7 +7,7 @@ bug; ``fixed=True`` builds the negative twin that must pass.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -67,6 +67,11 @@ class Toy(nn.Module):
             h = h * float(len(h.tolist()))
         elif hz == "bool_mask":
             h = h[h[:, 0] > -1e9]
+        elif hz == "host_shape":
+            # zero padding sized by a Python int that changes per step: the size is a baked
+            # host value (CL102), and the concatenation's other shape only follows from it
+            pad = h.new_zeros(SIZE + (0 if self.fixed else self.calls), DIM)
+            h = torch.cat([h, pad])[:SIZE]
         return self.out(h)
 
     @eager_break_during_capture
@@ -157,12 +162,12 @@ class ToyRunner:
 
 
 def check_toy(hazard: str, fixed: bool = False, mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE, steps: int = 4,
-              copy_break_outputs: bool = True) -> tuple[TraceResult, ToyRunner]:
+              copy_break_outputs: bool = True, rules: Sequence[type] | None = None) -> tuple[TraceResult, ToyRunner]:
     from capturelint.adapters.bundled import forward_context_probe, layer_scope_group
 
     runner = ToyRunner(hazard, fixed, mode, steps, copy_break_outputs)
     result = trace_run(runner.run, {"model": runner.model, "runner": runner}, RunLabel("toy", str(mode)),
-                       probe=forward_context_probe, scope_group=layer_scope_group)
+                       probe=forward_context_probe, scope_group=layer_scope_group, rules=rules)
     return result, runner
 
 

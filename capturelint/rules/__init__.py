@@ -16,16 +16,14 @@ from capturelint.rules.cl202_declared_captured_eager import DeclaredCapturedEage
 from capturelint.rules.cl203_eager_budget_exceeded import EagerBudgetExceeded
 from capturelint.rules.cl901_unexplained_divergence import UnexplainedDivergence
 
-# Order matters: CL101 marks the ops after a divergence so later rules skip follow-ons.
-STEP_RULES: tuple[type[Rule], ...] = (BakedControlFlow, BakedHostValue, BakedShape, StaleInput, EscapedEagerOutput, StaleBreakArgument)
-CAPTURE_RULES: tuple[type[Rule], ...] = (HostSyncInCapture,)
-REGION_RULES: tuple[type[Rule], ...] = (DeclaredEagerCaptured, DeclaredCapturedEager, EagerBudgetExceeded)
+# In code order; the order is not significant (the rules are pure: ``Rule``), and the
+# analyzer calls each rule where it has a check method (``Rule.hooks``).
 RULES: tuple[type[Rule], ...] = (
     BakedControlFlow, BakedHostValue, BakedShape, StaleInput, EscapedEagerOutput, HostSyncInCapture,
     StaleBreakArgument, DeclaredEagerCaptured, DeclaredCapturedEager, EagerBudgetExceeded, UnexplainedDivergence,
 )
-# What ``check --static`` runs: the rules that need only a capture (no shadow, no twin).
-STATIC_CODES: frozenset[str] = frozenset(r.code for r in CAPTURE_RULES + REGION_RULES)
+# What ``check --static`` runs: the rules that judge a capture alone (no shadow, no twin).
+STATIC_CODES: frozenset[str] = frozenset(r.code for r in RULES if r.hooks & {"check_capture", "check_region"})
 BY_CODE = {r.code: r for r in RULES}
 
 
@@ -57,4 +55,4 @@ def select_codes(select: list[str] | None, ignore: list[str] | None) -> frozense
     return frozenset(chosen - (expand(ignore, "--ignore") if ignore else set()))
 
 
-__all__ = ["RULES", "STEP_RULES", "CAPTURE_RULES", "REGION_RULES", "STATIC_CODES", "BY_CODE", "Rule", "rule", "select_codes"]
+__all__ = ["RULES", "STATIC_CODES", "BY_CODE", "Rule", "rule", "select_codes"]

@@ -9,11 +9,14 @@ from capturelint.findings import Condition, Finding, Frame, RuleInfo
 
 if TYPE_CHECKING:  # the rule registry imports without torch (``capturelint rules``)
     from capturelint.analyzer import RegionView, RunLabel, RunOutcome, StepView
-    from capturelint.invariants import Violation
     from capturelint.runtime.protocol import StaleInputEvent
     from capturelint.tracer import OpRecord, Stream
 
 DOC_SECTIONS = ("What it does", "Why is this bad?", "Example", "Use instead", "Limitations")
+
+# The check methods a rule may implement, one per point of a run where the analyzer
+# calls rules (``Rule.hooks``).
+HOOKS = ("check", "check_capture", "check_region", "check_stale", "check_run")
 
 
 class Rule:
@@ -21,11 +24,19 @@ class Rule:
 
     Subclasses set ``code`` (``CL`` + 3 digits, never reused), ``name`` (kebab case),
     ``condition`` (which condition of the replay model it checks), ``summary`` (one
-    sentence) and ``doc`` (Markdown with the sections of ``DOC_SECTIONS``), and
-    implement one or more of ``check`` (a replay step), ``check_capture`` (a capture),
-    ``check_region`` (a capture's region graph against the declared invariants that
-    apply to it), ``check_stale`` (a freed input of a graph without a shadow) and
-    ``check_run`` (the whole run of a configuration).
+    sentence), ``doc`` (Markdown with the sections of ``DOC_SECTIONS``) and ``message``
+    (the finding's message: a ``str.format`` template with named fields, naming cause,
+    consequence and fix; a rule with more than one kind of finding has more templates),
+    and implement one or more of ``check`` (a replay step), ``check_capture`` (a
+    capture), ``check_region`` (a capture's region graph against the declared
+    invariants that apply to it), ``check_stale`` (a freed input of a graph without a
+    shadow) and ``check_run`` (the whole run of a configuration). ``hooks`` names the
+    ones a rule implements: the analyzer calls a rule only there.
+
+    A rule is pure: it reads the (frozen) view it is handed and returns findings, so
+    the rules find the same in any order. What several rules need (the aligned pairs,
+    the mismatches, which of them are follow-ons) the analyzer derives once while
+    building the view.
 
     A rule module imports the analyzer and the tracer (and so torch) only for type
     checking or inside its methods: ``capturelint rules`` reads the registry's codes and
@@ -37,6 +48,12 @@ class Rule:
     condition: ClassVar[Condition]
     summary: ClassVar[str]
     doc: ClassVar[str]
+    message: ClassVar[str]
+    hooks: ClassVar[frozenset[str]] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.hooks = frozenset(h for h in HOOKS if getattr(cls, h) is not getattr(Rule, h))
 
     def check(self, view: StepView) -> Iterator[Finding]:
         return iter(())
@@ -89,54 +106,6 @@ class Rule:
             message=message,
             steps=(view.shadow.step,),
         )
-
-
-def violation_finding(rule: Rule, view: RegionView, v: Violation, message: str) -> Finding:
-    """The finding of a violated invariant: located at the first violating op, its scope
-    the common module scope of the violating ops."""
-    G = view.graph
-    first = G.nodes[("op", v.first)]
-    scopes = [G.nodes[("op", i)]["scope"] for i in v.ops]
-    segment = v.segment if v.segment is not None else first["segment"]
-    return Finding(
-        code=rule.code, name=rule.name, condition=rule.condition, runner=view.label.runner, mode=view.label.mode,
-        graph=view.capture.graph, runtime_mode=view.capture.runtime_mode,
-        segment=view.segment_label(segment) if v.segment is not None else f"{view.capture.graph} step",
-        segment_index=segment, op=first["op"],
-        scope=(v.group or "<step>") if v.segment is None else (common_scope(scopes) or "<top>"), tensor=None,
-        capture_frame=Frame(first["file"], first["line"], first["function"]), shadow_frame=None, message=message,
-        invariant=v.invariant.id,
-    )
-
-
-def common_scope(scopes: list[str]) -> str:
-    """The longest dotted prefix shared by every scope."""
-    if not scopes:
-        return ""
-    parts = scopes[0].split(".")
-    for s in scopes[1:]:
-        other = s.split(".")
-        n = 0
-        while n < min(len(parts), len(other)) and parts[n] == other[n]:
-            n += 1
-        parts = parts[:n]
-    return ".".join(parts)
-
-
-def op_list(view: RegionView, ops: tuple[int, ...], limit: int = 5) -> str:
-    """``aten.mm.default (model.layers.0.attn.wq_b) at attention.py:281, ...``: cut at five."""
-    G = view.graph
-    items = []
-    for i in ops:
-        d = G.nodes[("op", i)]
-        items.append(f"{d['op']} ({d['scope'] or '<top>'}) at {d['file']}:{d['line']}")
-    return cut(items, limit)
-
-
-def explanation(v: Violation) -> str:
-    """The invariant's own ``why``, as a sentence of the message."""
-    why = v.invariant.why.strip()
-    return f" Why: {why}" + ("" if why.endswith(".") else ".") if why else ""
 
 
 def where(frame: Frame | None) -> str:

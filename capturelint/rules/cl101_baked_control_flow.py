@@ -16,6 +16,24 @@ class BakedControlFlow(Rule):
     name = "baked-control-flow"
     condition = Condition.R1
     summary = "A captured segment recorded other ops than the step runs: the capture took another code path."
+    message = (
+        "captured segment {segment} {recorded} where replay step {step} {runs}: the capture recorded another branch "
+        "than the step runs ({missing} ops of the step missing from the graph{missing_ops}; {extra} "
+        "extra{extra_ops}). {context}Replay re-issues the recorded ops, so the step's ops never run. Move the "
+        "branching code into an eager break, or make the capture take the path real steps take."
+    )
+    recorded = "recorded {op} at {at}"  # {recorded}, or "ended"
+    runs = "runs {op} at {at}"  # {runs}, or "has no more ops"
+    structure_message = (
+        "the capture of graph {graph} has eager breaks [{capture_breaks}] but replay step {step} hits "
+        "[{step_breaks}]; they part at segment #{segment}. {context}Replay runs the capture's segments, so the "
+        "step's code path never runs. Make the capture take the path real steps take, or move the branch into an "
+        "eager break."
+    )
+    context_note = (  # {context} of both, when the forward context differed at capture
+        "The forward context differed at capture: {capture}, while at the step {step}; code that branches on it "
+        "took another path at capture. "
+    )
     doc = """
     ## What it does
     Aligns the ops each captured segment recorded with the ops an eager execution of the
@@ -57,8 +75,6 @@ class BakedControlFlow(Rule):
     def check(self, view: StepView) -> Iterator[Finding]:
         cap, sh = view.capture, view.shadow
         if view.structure_differs:
-            c_breaks = [s.name for s in cap.segments if s.name]
-            s_breaks = [s.name for s in sh.segments if s.name]
             first = next(
                 (i for i, (a, b) in enumerate(zip(cap.segments, sh.segments)) if (a.kind, a.name) != (b.kind, b.name)),
                 min(len(cap.segments), len(sh.segments)),
@@ -67,42 +83,30 @@ class BakedControlFlow(Rule):
             s_seg = sh.segments[first] if first < len(sh.segments) else None
             c_op = cap.ops[c_seg.first_op] if c_seg and c_seg.first_op < len(cap.ops) else None
             s_op = sh.ops[s_seg.first_op] if s_seg and s_seg.first_op < len(sh.ops) else None
-            message = (
-                f"the capture of graph {cap.graph} has eager breaks [{cut(c_breaks)}] but replay step {sh.step} "
-                f"hits [{cut(s_breaks)}]; they part at segment #{first}. "
-                f"{_context_note(view)}Replay runs the capture's segments, so the step's code path never runs. "
-                "Make the capture take the path real steps take, or move the branch into an eager break."
+            message = self.structure_message.format(
+                graph=cap.graph, step=sh.step, segment=first, context=self._context_note(view),
+                capture_breaks=cut([s.name for s in cap.segments if s.name]),
+                step_breaks=cut([s.name for s in sh.segments if s.name]),
             )
             yield self.finding(view, first, c_op, s_op, None, message)
         for al in view.alignments:
             d = al.divergence
             if d is None:
                 continue
-            if d.capture_op is not None:
-                view.tainted.update(op.index for op in al.capture_ops if op.index >= d.capture_op.index)
-            recorded = f"recorded {d.capture_op.op} at {where(d.capture_op.frame)}" if d.capture_op else "ended"
-            runs = f"runs {d.shadow_op.op} at {where(d.shadow_op.frame)}" if d.shadow_op else "has no more ops"
-            message = (
-                f"captured segment {view.segment_label(al.index)} {recorded} where replay step {sh.step} {runs}: "
-                f"the capture recorded another branch than the step runs "
-                f"({d.missing} ops of the step missing from the graph{_names(d.missing_ops)}; "
-                f"{d.extra} extra{_names(d.extra_ops)}). "
-                f"{_context_note(view)}"
-                "Replay re-issues the recorded ops, so the step's ops never run. "
-                "Move the branching code into an eager break, or make the capture take the path real steps take."
+            c, s = d.capture_op, d.shadow_op
+            message = self.message.format(
+                segment=view.segment_label(al.index), step=sh.step,
+                recorded=self.recorded.format(op=c.op, at=where(c.frame)) if c else "ended",
+                runs=self.runs.format(op=s.op, at=where(s.frame)) if s else "has no more ops",
+                missing=d.missing, missing_ops=_names(d.missing_ops), extra=d.extra, extra_ops=_names(d.extra_ops),
+                context=self._context_note(view),
             )
-            yield self.finding(view, al.index, d.capture_op, d.shadow_op, None, message)
+            yield self.finding(view, al.index, c, s, None, message)
+
+    def _context_note(self, view: StepView) -> str:
+        c, s = view.capture.context, view.shadow.context
+        return "" if c.key == s.key else self.context_note.format(capture=c.describe(), step=s.describe())
 
 
 def _names(ops: tuple[str, ...]) -> str:
     return f": {cut(list(ops))}" if ops else ""
-
-
-def _context_note(view: StepView) -> str:
-    c, s = view.capture.context, view.shadow.context
-    if c.key == s.key:
-        return ""
-    return (
-        f"The forward context differed at capture: {c.describe()}, while at the step {s.describe()}; "
-        "code that branches on it took another path at capture. "
-    )

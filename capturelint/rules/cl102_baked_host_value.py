@@ -16,6 +16,11 @@ class BakedHostValue(Rule):
     name = "baked-host-value"
     condition = Condition.R2
     summary = "A captured op was recorded with a non-tensor argument that differs in the step."
+    message = (
+        "{op} in captured segment {segment} at {at} was recorded with {name}={captured}, but replay step {step} "
+        "passes {name}={passed}: replay computes with the capture's value. Keep the value in a persistent tensor "
+        "refreshed in place each step, or compute it inside an eager break."
+    )
     doc = """
     ## What it does
     For every captured op aligned with the step's op, compares the non-tensor arguments
@@ -45,22 +50,16 @@ class BakedHostValue(Rule):
     """
 
     def check(self, view: StepView) -> Iterator[Finding]:
-        from capturelint.analyzer import iter_pairs
         from capturelint.tracer import scalar_repr
 
-        for al, c, s in iter_pairs(view):
-            if c.scalars == s.scalars:
-                continue
+        for m in view.host_values:
+            al, c, s = m.alignment, m.capture_op, m.shadow_op
             diffs = [(a, b) for a, b in zip(c.scalars, s.scalars) if a != b]
             if not diffs:
                 diffs = [(("arguments", str(len(c.scalars))), ("arguments", str(len(s.scalars))))]
             (name, cv), (_, sv) = diffs[0]
-            cv, sv = scalar_repr(cv), scalar_repr(sv)
-            view.tainted.add(c.index)
-            message = (
-                f"{c.op} in captured segment {view.segment_label(al.index)} at {where(c.frame)} was recorded with "
-                f"{name}={cv}, but replay step {view.shadow.step} passes {name}={sv}: replay computes with the capture's "
-                f"value. Keep the value in a persistent tensor refreshed in place each step, or compute it inside "
-                f"an eager break."
+            message = self.message.format(
+                op=c.op, segment=view.segment_label(al.index), at=where(c.frame), name=name, captured=scalar_repr(cv),
+                step=view.shadow.step, passed=scalar_repr(sv),
             )
             yield self.finding(view, al.index, c, s, f"argument {name}", message)

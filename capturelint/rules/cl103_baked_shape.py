@@ -16,6 +16,11 @@ class BakedShape(Rule):
     name = "baked-shape"
     condition = Condition.R3
     summary = "A captured op reads a tensor whose shape, stride, offset or dtype differs in the step."
+    message = (
+        "{op} in captured segment {segment} at {at} reads {tensor} ({arg}) as {captured} at capture, but replay "
+        "step {step} passes {passed}: replay computes over the capture's extent. Pad the tensor to the captured "
+        "size, or move the op into an eager break."
+    )
     doc = """
     ## What it does
     For every captured op aligned with the step's op, compares the view geometry (shape,
@@ -43,22 +48,13 @@ class BakedShape(Rule):
     """
 
     def check(self, view: StepView) -> Iterator[Finding]:
-        from capturelint.analyzer import iter_pairs
-
-        for al, c, s in iter_pairs(view):
-            for cu, su in zip(c.inputs, s.inputs):
-                if cu[2:6] == su[2:6]:  # shape, stride, offset, dtype
-                    continue
-                if view.is_followon(view.capture, cu):
-                    view.tainted.add(c.index)
-                    break
-                view.tainted.add(c.index)
-                tensor = view.tensor_name(view.shadow, su, s.scope)
-                message = (
-                    f"{c.op} in captured segment {view.segment_label(al.index)} at {where(c.frame)} reads "
-                    f"{tensor} ({cu.arg}) as {cu.describe_geometry()} at capture, but replay step {view.shadow.step} "
-                    f"passes {su.describe_geometry()}: replay computes over the capture's extent. Pad the tensor "
-                    f"to the captured size, or move the op into an eager break."
-                )
-                yield self.finding(view, al.index, c, s, tensor, message)
-                break
+        for m in view.geometries:
+            if m.followon:
+                continue
+            al, c, cu, su = m.alignment, m.capture_op, m.capture_use, m.shadow_use
+            tensor = view.tensor_name(view.shadow, su, m.shadow_op.scope)
+            message = self.message.format(
+                op=c.op, segment=view.segment_label(al.index), at=where(c.frame), tensor=tensor, arg=cu.arg,
+                captured=cu.describe_geometry(), step=view.shadow.step, passed=su.describe_geometry(),
+            )
+            yield self.finding(view, al.index, c, m.shadow_op, tensor, message)

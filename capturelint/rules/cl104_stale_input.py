@@ -9,7 +9,7 @@ from capturelint.findings import Condition, Finding
 from capturelint.rules.base import Rule, where
 
 if TYPE_CHECKING:
-    from capturelint.analyzer import RunLabel, StepView
+    from capturelint.analyzer import Mismatch, RunLabel, StepView
     from capturelint.runtime.protocol import StaleInputEvent
     from capturelint.tracer import Stream
 
@@ -19,6 +19,20 @@ class StaleInput(Rule):
     name = "stale-input"
     condition = Condition.R4
     summary = "A captured op reads a storage that the step no longer uses: the tensor was re-allocated after capture."
+    message = (
+        "{op} in captured segment {segment} at {at} {access} {captured} ({arg}) as captured{also}, but replay step "
+        "{step} uses {used}: {reason}. Replay {access} the stale tensor. Allocate it once and refresh it in place "
+        "each step.{allocated}"
+    )
+    freed_message = (  # a graph without a shadow (a bare CUDA graph)
+        "{op} in graph {graph} at {at} reads {name} ({arg}) as captured{also}, but the program dropped that tensor "
+        "before a replay{moved}: the graph reads freed memory, which a GPU's allocator hands to other tensors. "
+        "Allocate the input once and refresh it in place (static.copy_(new)) before each replay."
+    )
+    readers_note = " (and {others} more captured op{s} read it)"
+    allocated_note = " The step's tensor is allocated at {at} ({function})."
+    moved_note = "; {name} now holds a new tensor{allocated}"
+    freed_allocated_note = ", allocated at {at} ({function})"
     doc = """
     ## What it does
     For every captured op aligned with the step's op, checks that each tensor argument
@@ -58,30 +72,24 @@ class StaleInput(Rule):
     def check(self, view: StepView) -> Iterator[Finding]:
         # One finding per stale storage (its first reader), however many ops read it:
         # a re-allocated metadata tensor is one cause, not one per kernel and layer.
-        first: dict[int, tuple] = {}
+        first: dict[int, Mismatch] = {}
         readers: dict[int, int] = {}
-        for al, c, s, cu, su, problem in view.location_problems():
-            if problem.escaped:
+        for m in view.locations:
+            if m.problem.escaped or m.followon:
                 continue
-            view.tainted.add(c.index)
-            if view.is_followon(view.capture, cu):
-                continue
-            readers[cu.storage] = readers.get(cu.storage, 0) + 1
-            first.setdefault(cu.storage, (al, c, s, cu, su, problem))
-        for storage, (al, c, s, cu, su, problem) in first.items():
+            readers[m.capture_use.storage] = readers.get(m.capture_use.storage, 0) + 1
+            first.setdefault(m.capture_use.storage, m)
+        for storage, m in first.items():
+            c, cu, problem = m.capture_op, m.capture_use, m.problem
             access = "writes" if cu.write else "reads"
-            others = readers[storage] - 1
-            also = f" (and {others} more captured op{'s' * (others != 1)} read it)" if others else ""
-            message = (
-                f"{c.op} in captured segment {view.segment_label(al.index)} at {where(c.frame)} {access} "
-                f"{problem.capture_name} ({cu.arg}) as captured{also}, but replay step {view.shadow.step} uses "
-                f"{problem.shadow_name}: {problem.reason}. Replay {access} the stale tensor. Allocate it once "
-                f"and refresh it in place each step."
+            allocated = view.shadow.allocated_at(m.shadow_use.storage)
+            note = "" if allocated is None else self.allocated_note.format(at=where(allocated), function=allocated.function)
+            message = self.message.format(
+                op=c.op, segment=view.segment_label(m.alignment.index), at=where(c.frame), access=access,
+                captured=problem.capture_name, arg=cu.arg, also=self._also(readers[storage] - 1), step=view.shadow.step,
+                used=problem.shadow_name, reason=problem.reason, allocated=note,
             )
-            allocated = view.shadow.allocated_at(su.storage)
-            if allocated is not None:
-                message += f" The step's tensor is allocated at {where(allocated)} ({allocated.function})."
-            yield dataclasses.replace(self.finding(view, al.index, c, s, problem.shadow_name, message),
+            yield dataclasses.replace(self.finding(view, m.alignment.index, c, m.shadow_op, problem.shadow_name, message),
                                       allocation_frame=allocated)
 
     def check_stale(self, label: RunLabel, capture: Stream, event: StaleInputEvent) -> Iterator[Finding]:
@@ -95,17 +103,15 @@ class StaleInput(Rule):
         holder = name if name in capture.names_now else None
         replacement = capture.names_now.get(holder) if holder else None
         allocated = capture.allocated_at(replacement) if replacement is not None else None
-        others = len(readers) - 1
-        also = f" (and {others} more captured op{'s' * (others != 1)} read it)" if others else ""
-        moved = f"; {name} now holds a new tensor" + (f", allocated at {where(allocated)} ({allocated.function})" if allocated else "")
-        message = (
-            f"{first.op} in graph {capture.graph} at {where(first.frame)} reads {name} ({use.arg}) as captured{also}, "
-            f"but the program dropped that tensor before a replay{moved}: the graph reads freed "
-            f"memory, which a GPU's allocator hands to other tensors. Allocate the input once and refresh it in "
-            f"place (static.copy_(new)) before each replay."
+        at = self.freed_allocated_note.format(at=where(allocated), function=allocated.function) if allocated else ""
+        message = self.freed_message.format(
+            op=first.op, graph=capture.graph, at=where(first.frame), name=name, arg=use.arg,
+            also=self._also(len(readers) - 1), moved=self.moved_note.format(name=name, allocated=at),
         )
         seg = f"{capture.graph} #{event.segment} captured"
         yield Finding(self.code, self.name, self.condition, label.runner, label.mode, capture.graph, capture.runtime_mode,
                       seg, event.segment, first.op, first.scope or "<top>", name, first.frame, None, message,
                       allocation_frame=allocated)
 
+    def _also(self, others: int) -> str:
+        return self.readers_note.format(others=others, s="s" * (others != 1)) if others else ""

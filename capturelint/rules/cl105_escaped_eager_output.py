@@ -16,6 +16,11 @@ class EscapedEagerOutput(Rule):
     name = "escaped-eager-output"
     condition = Condition.R4
     summary = "A captured op reads a tensor that an eager break allocated and the runtime does not copy back."
+    message = (
+        "{op} in captured segment {segment} at {at} reads {tensor}: {reason}. On replay the break allocates a new "
+        "tensor and the graph reads the capture's. Return it from the break, or write it in place into a "
+        "pre-existing buffer."
+    )
     doc = """
     ## What it does
     Finds captured ops that read a storage allocated inside an eager break, where that
@@ -48,13 +53,9 @@ class EscapedEagerOutput(Rule):
     """
 
     def check(self, view: StepView) -> Iterator[Finding]:
-        for al, c, s, cu, su, problem in view.location_problems():
-            if problem.escaped:
-                view.tainted.add(c.index)
-                message = (
-                    f"{c.op} in captured segment {view.segment_label(al.index)} at {where(c.frame)} reads "
-                    f"{problem.capture_name}: {problem.reason}. On replay the break allocates a new tensor and "
-                    f"the graph reads the capture's. Return it from the break, or write it in place into a "
-                    f"pre-existing buffer."
-                )
-                yield self.finding(view, al.index, c, s, problem.capture_name, message)
+        for m in view.locations:
+            if m.problem.escaped:
+                c, problem = m.capture_op, m.problem
+                message = self.message.format(op=c.op, segment=view.segment_label(m.alignment.index), at=where(c.frame),
+                                              tensor=problem.capture_name, reason=problem.reason)
+                yield self.finding(view, m.alignment.index, c, m.shadow_op, problem.capture_name, message)

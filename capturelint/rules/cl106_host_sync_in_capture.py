@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterator
 
 from capturelint.findings import Condition, Finding, Frame
-from capturelint.rules.base import Rule
+from capturelint.rules.base import Rule, where
 from capturelint.runtime.protocol import SegmentKind, is_host_sync_op
 
 if TYPE_CHECKING:
@@ -18,6 +18,10 @@ class HostSyncInCapture(Rule):
     name = "host-sync-in-capture"
     condition = Condition.R5
     summary = "A captured segment reads a value on the host (.item(), .tolist(), nonzero, a boolean mask)."
+    message = (
+        "host synchronisation {op} inside captured segment {segment} at {at}: a CUDA-graph capture fails here (or "
+        "bakes the value). Compute with fixed-shape tensors, or move the code into an eager break."
+    )
     doc = """
     ## What it does
     Reports a host synchronisation inside a captured segment: `aten._local_scalar_dense`
@@ -64,10 +68,6 @@ class HostSyncInCapture(Rule):
 
     def make(self, label: RunLabel, graph: str, runtime_mode: str, segment: str, index: int, op: str, scope: str, frame: Frame | None,
              stack: tuple[Frame, ...] = ()) -> Finding:
-        where = f"{frame.file}:{frame.line}" if frame else "<unknown>"
-        message = (
-            f"host synchronisation {op} inside captured segment {segment} at {where}: a CUDA-graph capture fails "
-            f"here (or bakes the value). Compute with fixed-shape tensors, or move the code into an eager break."
-        )
+        message = self.message.format(op=op, segment=segment, at=where(frame))
         return Finding(self.code, self.name, self.condition, label.runner, label.mode, graph, runtime_mode, segment,
                        index, op, scope or "<top>", None, frame, None, message, capture_stack=stack)

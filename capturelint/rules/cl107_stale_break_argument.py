@@ -17,6 +17,15 @@ class StaleBreakArgument(Rule):
     name = "stale-break-argument"
     condition = Condition.R6
     summary = "An eager break is replayed with a capture-time argument that differs from the step's."
+    message = (
+        "eager break {name} (segment {segment}, called at {at}) is replayed with its capture-time {path}, but replay "
+        "step {step} passes {passed}: the break re-runs on the frozen argument. Read per-step data inside the break "
+        "(forward context or a persistent buffer) instead of passing it in."
+    )
+    kind_passed = "a different kind of value"  # {passed}: a tensor for a scalar, or the reverse
+    value_passed = "{passed} (captured {captured})"
+    geometry_passed = "{name} as {passed} (captured {captured})"
+    location_passed = "{name}, while the capture passed {captured}: {reason}"
     doc = """
     ## What it does
     Compares the arguments the capture handed to each eager break with the arguments the
@@ -55,33 +64,33 @@ class StaleBreakArgument(Rule):
                 if problem is None:
                     continue
                 tensor, detail = problem
-                message = (
-                    f"eager break {cs.name} (segment {view.segment_label(cs.index)}, called at {where(cs.break_frame)}) "
-                    f"is replayed with its capture-time {ca.path}, but replay step {sh.step} passes {detail}: the break "
-                    f"re-runs on the frozen argument. Read per-step data inside the break (forward context or a "
-                    f"persistent buffer) instead of passing it in."
+                message = self.message.format(
+                    name=cs.name, segment=view.segment_label(cs.index), at=where(cs.break_frame), path=ca.path,
+                    step=sh.step, passed=detail,
                 )
                 f = self.finding(view, cs.index, None, None, tensor, message)
                 yield _at(f, cs, ss)
 
-    @staticmethod
-    def _problem(view: StepView, ca, sa) -> tuple[str, str] | None:
+    def _problem(self, view: StepView, ca, sa) -> tuple[str, str] | None:
+        """The argument's name and what the step passes (``{passed}``), or None."""
         if (ca.tensor is None) != (sa.tensor is None):
-            return ca.path, "a different kind of value"
+            return ca.path, self.kind_passed
         if ca.tensor is None:
             if ca.scalar != sa.scalar:
-                return f"argument {ca.path}", f"{sa.scalar} (captured {ca.scalar})"
+                return f"argument {ca.path}", self.value_passed.format(passed=sa.scalar, captured=ca.scalar)
             return None
         from capturelint.analyzer import location_problem
 
         cu, su = ca.tensor, sa.tensor
         if cu.geometry != su.geometry:
             name = _name(view, su, sa.path)
-            return name, f"{name} as {su.describe_geometry()} (captured {cu.describe_geometry()})"
+            return name, self.geometry_passed.format(name=name, passed=su.describe_geometry(),
+                                                     captured=cu.describe_geometry())
         problem = location_problem(view, cu, su, "")
         if problem is not None:
             name = _name(view, su, sa.path)
-            return name, f"{name}, while the capture passed {_name(view, cu, ca.path, view.capture)}: {problem.reason}"
+            return name, self.location_passed.format(name=name, captured=_name(view, cu, ca.path, view.capture),
+                                                     reason=problem.reason)
         return None
 
 

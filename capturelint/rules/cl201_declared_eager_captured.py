@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-import dataclasses
-from typing import TYPE_CHECKING, Iterator
-
-from capturelint.findings import Condition, Finding
-from capturelint.rules.base import Rule, explanation, op_list, violation_finding
-
-if TYPE_CHECKING:
-    from capturelint.analyzer import RegionView
+from capturelint.findings import Condition
+from capturelint.invariants import Requirement
+from capturelint.rules.declared import DeclaredInvariantRule
 
 
-class DeclaredEagerCaptured(Rule):
+class DeclaredEagerCaptured(DeclaredInvariantRule):
     code = "CL201"
     name = "declared-eager-captured"
     condition = Condition.DECLARED
     summary = "An op that a declared invariant requires to run in an eager break was captured."
+    requirement = Requirement.EAGER
+    message = (
+        "invariant {id} ({source}) requires these ops to run in an eager break under {runner} {runtime_mode}, but "
+        "{count} of {scope} ran in {segment}: {ops}. A captured op replays what it did at capture instead of "
+        "re-running every step.{why} Move them into an eager break (a wider eager region), or change the invariant "
+        "if the region decision changed."
+    )
     doc = """
     ## What it does
     Checks every invariant with `require = "eager"` (`[tool.capturelint.invariants]`,
@@ -55,20 +57,3 @@ class DeclaredEagerCaptured(Rule):
     by the caller's module scope. Code that issues no torch op is invisible. Only the
     ops a capture ran are checked: a branch the capture did not take selects nothing.
     """
-
-    def check_region(self, view: RegionView) -> Iterator[Finding]:
-        from capturelint.invariants import Requirement, violations
-
-        for inv in view.invariants:
-            if inv.requirement is not Requirement.EAGER:
-                continue
-            for v in violations(inv, view.graph, view.selected(inv)):
-                f = violation_finding(self, view, v, "")
-                message = (
-                    f"invariant {inv.id} ({inv.source}) requires these ops to run in an eager break under "
-                    f"{view.label.runner} {view.capture.runtime_mode}, but {len(v.ops)} of {f.scope} ran in "
-                    f"{f.segment}: {op_list(view, v.ops)}. A captured op replays what it did at capture instead of "
-                    f"re-running every step.{explanation(v)} Move them into an eager break (a wider eager region), "
-                    f"or change the invariant if the region decision changed."
-                )
-                yield dataclasses.replace(f, message=message)

@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-import dataclasses
-from typing import TYPE_CHECKING, Iterator
-
-from capturelint.findings import Condition, Finding
-from capturelint.rules.base import Rule, explanation, op_list, violation_finding
-
-if TYPE_CHECKING:
-    from capturelint.analyzer import RegionView
+from capturelint.findings import Condition
+from capturelint.invariants import Requirement
+from capturelint.rules.declared import DeclaredInvariantRule
 
 
-class DeclaredCapturedEager(Rule):
+class DeclaredCapturedEager(DeclaredInvariantRule):
     code = "CL202"
     name = "declared-captured-eager"
     condition = Condition.DECLARED
     summary = "An op that a declared invariant requires to be captured ran in an eager break."
+    requirement = Requirement.CAPTURED
+    message = (
+        "invariant {id} ({source}) requires these ops to be captured under {runner} {runtime_mode}, but {count} of "
+        "{scope} ran in {segment}: {ops}. They re-run live on every replayed step.{why} Keep them out of eager "
+        "breaks, or change the invariant if the region decision changed."
+    )
     doc = """
     ## What it does
     Checks every invariant with `require = "captured"` on each captured graph of the
@@ -48,19 +49,3 @@ class DeclaredCapturedEager(Rule):
     Graphs captured whole (FULL modes) have no eager segments: the invariant holds
     there trivially. Scope it with `modes` to the modes where it means something.
     """
-
-    def check_region(self, view: RegionView) -> Iterator[Finding]:
-        from capturelint.invariants import Requirement, violations
-
-        for inv in view.invariants:
-            if inv.requirement is not Requirement.CAPTURED:
-                continue
-            for v in violations(inv, view.graph, view.selected(inv)):
-                f = violation_finding(self, view, v, "")
-                message = (
-                    f"invariant {inv.id} ({inv.source}) requires these ops to be captured under "
-                    f"{view.label.runner} {view.capture.runtime_mode}, but {len(v.ops)} of {f.scope} ran in "
-                    f"{f.segment}: {op_list(view, v.ops)}. They re-run live on every replayed step.{explanation(v)} "
-                    f"Keep them out of eager breaks, or change the invariant if the region decision changed."
-                )
-                yield dataclasses.replace(f, message=message)

@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
-import dataclasses
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any
 
 from capturelint.findings import Condition, Finding
-from capturelint.rules.base import Rule, explanation, violation_finding, where
+from capturelint.invariants import Requirement
+from capturelint.rules.base import where
+from capturelint.rules.declared import DeclaredInvariantRule
 
 if TYPE_CHECKING:
     from capturelint.analyzer import RegionView
+    from capturelint.invariants import Invariant, Violation
 
 
-class EagerBudgetExceeded(Rule):
+class EagerBudgetExceeded(DeclaredInvariantRule):
     code = "CL203"
     name = "eager-budget-exceeded"
     condition = Condition.DECLARED
     summary = "More ops run in eager breaks per replayed step than a declared invariant allows."
+    requirement = Requirement.BUDGET
+    message = (
+        "invariant {id} ({source}) allows at most {budget} eager ops per replayed step {group} under {runner} "
+        "{runtime_mode}, but graph {graph} runs {eager}; the first over the budget is {op} at {at}. Each re-runs "
+        "live on every step.{why} Narrow the eager region, or raise the budget as a reviewed decision."
+    )
     doc = """
     ## What it does
     Checks every invariant with `max-eager-ops = N` on each captured graph of the
@@ -51,20 +59,8 @@ class EagerBudgetExceeded(Rule):
     snapshot instead of an absolute budget.
     """
 
-    def check_region(self, view: RegionView) -> Iterator[Finding]:
-        from capturelint.invariants import Requirement, violations
-
-        for inv in view.invariants:
-            if inv.requirement is not Requirement.BUDGET:
-                continue
-            for v in violations(inv, view.graph, view.selected(inv)):
-                f = violation_finding(self, view, v, "")
-                group = f"in {v.group}" if v.group else "in the step"
-                message = (
-                    f"invariant {inv.id} ({inv.source}) allows at most {inv.max_eager_ops} eager ops per replayed "
-                    f"step {group} under {view.label.runner} {view.capture.runtime_mode}, but graph "
-                    f"{view.capture.graph} runs {v.count}; the first over the budget is {f.op} at "
-                    f"{where(f.capture_frame)}. Each re-runs live on every step.{explanation(v)} Narrow the eager "
-                    f"region, or raise the budget as a reviewed decision."
-                )
-                yield dataclasses.replace(f, message=message)
+    def fields(self, view: RegionView, inv: Invariant, v: Violation, f: Finding) -> dict[str, Any]:
+        return super().fields(view, inv, v, f) | dict(
+            budget=inv.max_eager_ops, group=f"in {v.group}" if v.group else "in the step", eager=v.count, op=f.op,
+            at=where(f.capture_frame),
+        )

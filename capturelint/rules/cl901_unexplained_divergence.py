@@ -18,6 +18,13 @@ class UnexplainedDivergence(Rule):
     name = "unexplained-divergence"
     condition = Condition.NUMERICAL
     summary = "Replay output differs from eager output, and no structural rule explains why."
+    message = (
+        "replay diverges from eager execution (max per-step error {max_step_error:.3g}{tokens}) but no structural "
+        "rule found a cause: a coverage gap of capturelint. Bisect the eager region with `capturelint diff` and "
+        "report the case."
+    )
+    tokens_note = ", token agreement {agreement:.2f}"
+    twin_note = ", eager-twin error {error:.3g}"
     doc = """
     ## What it does
     Compares each replay's output with its shadow's (max abs difference) and the
@@ -61,13 +68,9 @@ class UnexplainedDivergence(Rule):
 
     def make(self, label: RunLabel, token_agreement: float | None, max_step_error: float,
              twin_error: float | None = None) -> Finding:
-        tokens = "" if token_agreement is None else f", token agreement {token_agreement:.2f}"
+        tokens = "" if token_agreement is None else self.tokens_note.format(agreement=token_agreement)
         if twin_error is not None:
-            tokens += f", eager-twin error {twin_error:.3g}"
-        message = (
-            f"replay diverges from eager execution (max per-step error {max_step_error:.3g}{tokens}) "
-            f"but no structural rule found a cause: a coverage gap of capturelint. "
-            f"Bisect the eager region with `capturelint diff` and report the case."
-        )
+            tokens += self.twin_note.format(error=twin_error)
+        message = self.message.format(max_step_error=max_step_error, tokens=tokens)
         return Finding(self.code, self.name, self.condition, label.runner, label.mode, "", "", "", -1, "", "<top>", None,
                        None, None, message)

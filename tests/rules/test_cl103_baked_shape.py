@@ -23,3 +23,12 @@ def test_follow_on_mismatches_are_not_repeated():
     result, _ = check_toy("shape", mode=CUDAGraphMode.FULL)
     assert [f.code for f in result.findings] == ["CL103"]
     assert result.findings[0].scope == "inp"
+
+
+def test_a_shape_that_follows_from_a_baked_host_value_is_not_a_baked_shape():
+    # zero padding sized by a Python int per step: the size is the cause (CL102), the
+    # concatenation's other shape its consequence
+    result, _ = check_toy("host_shape")
+    assert [(f.code, f.op, f.tensor) for f in result.findings] == [("CL102", "aten.new_zeros.default", "argument size")]
+    fixed, _ = check_toy("host_shape", fixed=True)
+    assert fixed.findings == []
