@@ -9,9 +9,17 @@ twin. ``check_configuration`` traces it, runs the rules, and returns its
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from typing import Any, Callable, Iterable, Sequence
+import multiprocessing
+import multiprocessing.context
+import os
+import pickle
+import signal
+import sys
+import traceback
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
@@ -100,8 +108,8 @@ def check_all(configs: Iterable[Configuration], codes: frozenset[str], shadow: b
               progress: Callable[[str], None] | None = None, static: bool = False,
               invariants: tuple[Any, ...] = (), jobs: int = 1) -> Report:
     configs = list(configs)
-    tasks = [Task(f"{c.label.runner} · {c.label.mode}", functools.partial(check_configuration, c, codes, shadow, static))
-             for c in configs]
+    tasks = [Task(f"runner {c.label.runner} · {c.label.mode}",
+                  functools.partial(check_configuration, c, codes, shadow, static)) for c in configs]
     return Report(run_all(tasks, jobs, progress), invariants=invariants, static=static)
 
 
@@ -118,21 +126,117 @@ class Task:
 
 
 _JOBS: list[Callable[[], Any]] = []  # what forked workers run, by index (inherited, never pickled)
+_RUNNING: Any = None  # shared with the workers: the pid of the worker running job i, 0 when none
+_ENDING_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+_PR_SET_PDEATHSIG = 1  # Linux prctl option: the signal a process gets when its parent dies
 
 
-def _run_job(index: int) -> Any:
-    return _JOBS[index]()
+@dataclasses.dataclass(frozen=True)
+class WorkerError:
+    """What a worker sends back when its function raised: plain data, never the exception
+    (an exception whose class cannot be rebuilt from its pickle would break the pool).
+    A ``CapturelintError`` is raised here again with the same message; anything else is
+    a bug of capturelint's, raised here as ``WorkerCrash`` with the worker's
+    ``traceback`` (text) as its cause, which ``--debug`` prints."""
+
+    kind: str
+    message: str
+    capturelint_error: bool
+    traceback: str
+
+    def raised_here(self, name: str) -> Exception:
+        if self.capturelint_error:
+            return CapturelintError(self.message)
+        crash = WorkerCrash(f"{self.kind} in the worker process checking {name}: {self.message}")
+        crash.__cause__ = WorkerCrash(self.traceback)
+        return crash
 
 
-def parallel_map(fns: Sequence[Callable[[], Any]], jobs: int, done: Callable[[int], None] | None = None) -> list[Any]:
+class WorkerCrash(Exception):
+    """A worker's function raised something other than a ``CapturelintError``."""
+
+
+class _Worker(multiprocessing.context.ForkProcess):
+    """A pool worker that never prints: whatever escapes the pool's worker loop (its
+    parent gone mid-write, say) ends it silently, and the parent, which sees every dead
+    worker, reports it."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except BaseException:
+            os._exit(1)
+
+
+class _WorkerContext(multiprocessing.context.ForkContext):
+    """The fork context of ``parallel_map``'s pool: it keeps the workers it makes, to
+    kill them and to tell how a dead one ended."""
+
+    def __init__(self) -> None:
+        self.workers: list[_Worker] = []
+
+    def Process(self, *args: Any, **kwargs: Any) -> _Worker:  # type: ignore[override]  # noqa: N802
+        worker = _Worker(*args, **kwargs)
+        self.workers.append(worker)
+        return worker
+
+
+def _start_worker(parent: int) -> None:
+    """A worker ignores Ctrl-C (the parent takes it and stops the pool), ends on SIGTERM
+    and SIGHUP whatever the parent does with them, and dies with its parent. It was
+    forked with those signals blocked, so none arrives before its disposition is set."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _ENDING_SIGNALS)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the death signal was armed
+        os._exit(0)
+
+
+def _run_job(index: int) -> bytes | WorkerError:
+    """Run job ``index`` in a worker; its result is pickled here, so that one that
+    cannot be is an error of this job, not a broken pool."""
+    _RUNNING[index] = os.getpid()
+    try:
+        return pickle.dumps(_JOBS[index](), protocol=pickle.HIGHEST_PROTOCOL)
+    except BaseException as e:
+        return WorkerError(type(e).__name__, str(e), isinstance(e, CapturelintError), traceback.format_exc())
+    finally:
+        _RUNNING[index] = 0
+
+
+@contextlib.contextmanager
+def _signals_blocked() -> Iterator[None]:
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _ENDING_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a signal that came meanwhile is delivered here
+
+
+def parallel_map(fns: Sequence[Callable[[], Any]], jobs: int, done: Callable[[int], None] | None = None,
+                 names: Sequence[str] | None = None) -> list[Any]:
     """``[fn() for fn in fns]``, in ``min(jobs, len(fns))`` worker processes forked from
     this one when ``jobs > 1``; results (pickled back) in order. ``done(i)`` is called
     as result ``i`` arrives. The functions are inherited by the fork, never pickled, so
-    closures over engines and plans work. A worker's exception (a ``CapturelintError``,
-    an interrupt) is raised here, and the other workers are stopped. With more than one
-    intra-op torch thread (``CAPTURELINT_THREADS``) the functions run here, one after
-    another: forking a process whose OpenMP pool has run is not safe."""
-    global _JOBS
+    closures over engines and plans work. With more than one intra-op torch thread
+    (``CAPTURELINT_THREADS``) the functions run here, one after another: forking a
+    process whose OpenMP pool has run is not safe.
+
+    **Every fault ends the run, promptly and in one place.** The first error in order
+    (what a serial run would raise) is raised here: a ``CapturelintError`` with its
+    message (errors come back as ``WorkerError`` data), anything else as ``WorkerCrash``.
+    A worker that dies (``os._exit``, a crash, the OOM killer) is a ``CapturelintError``
+    naming ``names[i]``, the job it was running. Whatever ends the wait early (an error,
+    Ctrl-C, an exception from a signal handler) kills the workers before it propagates.
+    Workers ignore Ctrl-C, die with this process (``PR_SET_PDEATHSIG``) and print
+    nothing of their own.
+    """
+    global _JOBS, _RUNNING
     import torch
 
     # A process that has run torch on several intra-op threads (CAPTURELINT_THREADS > 1)
@@ -144,22 +248,63 @@ def parallel_map(fns: Sequence[Callable[[], Any]], jobs: int, done: Callable[[in
             if done is not None:
                 done(i)
         return out
-    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
-    _JOBS = list(fns)
-    pool = multiprocessing.get_context("fork").Pool(min(jobs, len(fns)))
+    names = list(names) if names is not None else [f"job {i + 1}" for i in range(len(fns))]
+    _JOBS, _RUNNING = list(fns), multiprocessing.RawArray("i", len(fns))
+    context = _WorkerContext()
+    pool = ProcessPoolExecutor(min(jobs, len(fns)), mp_context=context, initializer=_start_worker,
+                               initargs=(os.getpid(),))
+    out = []
     try:
-        out = []
-        for i, result in enumerate(pool.imap(_run_job, range(len(fns)))):
-            out.append(result)
+        with _signals_blocked():  # the workers are forked here
+            futures = [pool.submit(_run_job, i) for i in range(len(fns))]
+        for i, future in enumerate(futures):
+            result = future.result()
+            if isinstance(result, WorkerError):
+                raise result.raised_here(names[i])
+            out.append(pickle.loads(result))
             if done is not None:
                 done(i)
-        pool.close()
-        return out
+    except BrokenProcessPool:
+        pass  # named below, once the pool has reaped its workers
     finally:
-        pool.terminate()
-        pool.join()
-        _JOBS = []
+        if len(out) < len(fns):
+            for worker in context.workers:
+                if worker.pid is not None:
+                    worker.kill()
+        pool.shutdown(wait=True, cancel_futures=True)
+        running, _JOBS, _RUNNING = list(_RUNNING), [], None
+    if len(out) < len(fns):
+        raise CapturelintError(_dead_worker(context.workers, running, names))
+    return out
+
+
+def _dead_worker(workers: list[_Worker], running: list[int], names: Sequence[str]) -> str:
+    """Which job a dead worker was running, how it ended, and what to do."""
+    # Once a worker died the pool sends SIGTERM to the others: the dead one ended
+    # otherwise, unless a SIGTERM killed it too.
+    ended = {w.pid: w.exitcode for w in workers}
+    jobs = [(f"the worker process checking {names[i]}", ended.get(pid)) for i, pid in enumerate(running) if pid]
+    jobs = jobs or [("a worker process", w.exitcode) for w in workers]  # it died between jobs
+    dead = [(who, code) for who, code in jobs if code != -signal.SIGTERM] or jobs
+    hint = ("the system kills a process when memory runs out: run fewer --jobs"
+            if any(code == -signal.SIGKILL for _, code in dead) else
+            "something the check ran ended its process (os._exit, a crash in native code)")
+    what = "; ".join(f"{who} {_ended(code)}" for who, code in dead)
+    return f"{what} before returning its result, so the check has no verdict; {hint}"
+
+
+def _ended(code: int | None) -> str:
+    if code is None:
+        return "died"
+    if code >= 0:
+        return f"exited with status {code}"
+    try:
+        return f"was killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"was killed by signal {-code}"
 
 
 def _without_captures(task: Task) -> Callable[[], ConfigReport]:
@@ -189,7 +334,8 @@ def run_all(tasks: Sequence[Task], jobs: int = 1, progress: Callable[[str], None
         if progress is not None and i + 1 < len(tasks):
             progress(tasks[i + 1].label)
 
-    return parallel_map(fns, jobs, done)
+    return parallel_map(fns, jobs, done, [t.label for t in tasks])
 
 
-__all__ = ["Configuration", "Task", "check_all", "check_configuration", "parallel_map", "run_all"]
+__all__ = ["Configuration", "Task", "WorkerCrash", "WorkerError", "check_all", "check_configuration", "parallel_map",
+           "run_all"]

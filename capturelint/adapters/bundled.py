@@ -277,7 +277,8 @@ def _prepare_twins(plan: CheckPlan) -> None:
         return
     from capturelint.engine.llm import Engine
 
-    results = parallel_map([lambda c=c: Engine(c).generate() for c in missing], plan.jobs)
+    results = parallel_map([lambda c=c: Engine(c).generate() for c in missing], plan.jobs,
+                           names=[f"the eager twin of runner {c.runner}" for c in missing])
     _eager_runs.update(zip(missing, results))
 
 

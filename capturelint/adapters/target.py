@@ -19,7 +19,9 @@ device is usable, so code written for a GPU's ``torch.cuda`` graph API runs as i
 
 **Exits are errors.** Code of the target that calls ``sys.exit`` (at import, in the
 factory, in ``run()`` or ``eager()``) ends the check with a one-line error naming the
-target (exit status 2): a check that did not finish has no verdict.
+target (exit status 2): a check that did not finish has no verdict. So does an
+exception from ``eager()`` and, with ``eager()`` given, an output of ``run()`` or
+``eager()`` that holds no tensors (``None``, a string): there is nothing to compare.
 
 Each target is traced like a configuration of the bundled engine: every replay step of a
 breakable graph is shadowed and checked; a bare ``torch.cuda.CUDAGraph`` has no shadow
@@ -61,7 +63,8 @@ class Target:
       ``(name, tensor)`` lists); walked again at each step, so a tensor re-allocated
       later is named by the attribute that holds it;
     - ``eager()``, optional, runs the same workload without graphs and returns the
-      output ``run()`` must equal (tensors are compared, flattened, max abs error);
+      output ``run()`` must equal (tensors are compared, flattened, max abs error;
+      both must return tensors, or lists, tuples or dicts of them);
     - ``probe`` reads the forward context (default: capturelint's own forward context,
       ``attn_metadata`` dict-or-None); ``scope_group`` maps a module scope to the name
       prefix of its tensors (default: ``layers.N``).
@@ -105,8 +108,7 @@ def target_factory(spec: str) -> Callable[[], list[Target]]:
         targets = list(made) if isinstance(made, (list, tuple)) else [made]
         if not targets or not all(isinstance(t, Target) for t in targets):
             raise CapturelintError(f"--target {spec!r}: {name}() must return a Target or a non-empty list of Targets (capturelint.target.Target)")
-        return [dataclasses.replace(t, run=_guarded(spec, "run()", t.run),
-                                    eager=None if t.eager is None else _guarded(spec, "eager()", t.eager)) for t in targets]
+        return [_guarded_target(spec, t) for t in targets]
 
     return make
 
@@ -118,14 +120,41 @@ def _exited(spec: str, where: str, e: SystemExit) -> CapturelintError:
     )
 
 
-def _guarded(spec: str, where: str, fn: Callable[[], Any]) -> Callable[[], Any]:
-    """``fn`` with ``sys.exit`` turned into an error naming the target."""
+def _guarded_target(spec: str, t: Target) -> Target:
+    """``t`` with ``run()`` and ``eager()`` guarded (``_guarded``), each named by its
+    runner and mode in errors; with an eager twin, the outputs of both are compared, so
+    both must hold tensors."""
+    compared = t.eager is not None
+    where = f"of runner {t.runner}, mode {t.mode}"
+    return dataclasses.replace(
+        t, run=_guarded(spec, f"run() {where}", t.run, compared),
+        eager=_guarded(spec, f"eager() {where}", t.eager, compared, raises=True) if t.eager is not None else None)
+
+
+def _guarded(spec: str, where: str, fn: Callable[[], Any], compared: bool = False,
+             raises: bool = False) -> Callable[[], Any]:
+    """``fn`` with ``sys.exit`` turned into an error naming the target; with ``raises``,
+    its exceptions too (``eager()`` runs after the traced run, which names ``run()``'s);
+    with ``compared``, an output without tensors (``None``, a string) is an error: there
+    is nothing to compare, and comparing nothing proves nothing."""
 
     def call() -> Any:
         try:
-            return fn()
+            output = fn()
         except SystemExit as e:
             raise _exited(spec, where, e) from None
+        except Exception as e:
+            if not raises:
+                raise
+            raise CapturelintError(
+                f"--target {spec!r}: {where} raised {type(e).__name__}: {e}; fix it, then run again") from e
+        if compared and next(iter(flatten_tensors(output)), None) is None:
+            got = "None" if output is None else f"a {type(output).__name__} with no tensors"
+            raise CapturelintError(
+                f"--target {spec!r}: {where} returned {got}, so there is nothing to compare; with eager() given, run() "
+                "and eager() must each return the output to compare: tensors, or lists, tuples or dicts of them"
+            )
+        return output
 
     return call
 
