@@ -1,10 +1,10 @@
 """The analyzer on hand-built streams: alignment, extent, messages. No dispatch mode."""
 
 from capturelint.analyzer import RunLabel, build_view, location_problem
-from capturelint.runtime.protocol import SegmentKind
 from capturelint.findings import Frame
+from capturelint.records import ContextSummary, OpRecord, Origin, Segment, Stream, StreamKind, TensorUse
 from capturelint.rules.cl101_baked_control_flow import BakedControlFlow
-from capturelint.tracer import ContextSummary, OpRecord, Origin, Segment, Stream, StreamKind, TensorUse
+from capturelint.runtime.protocol import SegmentKind
 
 LABEL = RunLabel("v1", "PIECEWISE")
 
