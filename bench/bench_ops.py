@@ -62,13 +62,13 @@ def main() -> None:
         traced = statistics.median(
             timed(lambda: trace_run(lambda: capture(n), {}, label, frozenset())) for _ in range(args.repeat))
         fixed = Frame("bench.py", 1, "chain")
-        real = tracer_module._frame
-        tracer_module._frame = lambda: fixed
+        real = tracer_module.user_frame
+        tracer_module.user_frame = lambda skip: fixed
         try:
             no_walk = statistics.median(
                 timed(lambda: trace_run(lambda: capture(n), {}, label, frozenset())) for _ in range(args.repeat))
         finally:
-            tracer_module._frame = real
+            tracer_module.user_frame = real
     ops = 2 * n
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, 1 thread; "
           f"{ops} ops captured, medians of {args.repeat}")

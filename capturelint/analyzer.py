@@ -1,7 +1,7 @@
 """The analyzer: aligns a replay step with its shadow and runs the rules over them.
 
 Input per replay step: the capture stream of the graph being replayed and the shadow
-stream of the step (see ``capturelint.tracer``). The analyzer
+stream of the step (see ``capturelint.records``). The analyzer
 
 1. compares the segment structure (captured / eager, and which break) of capture and
    shadow;
@@ -41,7 +41,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from capturelint.findings import Condition, Finding
 from capturelint.runtime.protocol import HostSyncEvent, SegmentKind, StaleInputEvent
-from capturelint.tracer import OpRecord, Segment, Stream, TensorUse
+from capturelint.records import OpRecord, Segment, Stream, TensorUse
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,7 @@ in each segment, grouped by module scope; which tensors cross from one segment i
 another; what an op depends on. ``capturelint show`` draws it, ``capturelint snapshot``
 summarises it.
 
-The graph is built from records only (``capturelint.tracer.Stream``): no engine, no
+The graph is built from records only (``capturelint.records.Stream``): no engine, no
 dispatch mode, no GPU. Storage identities never appear in it; storages are numbered in
 order of first appearance, so the same capture gives the same graph on every run.
 """
@@ -25,7 +25,7 @@ import networkx as nx
 
 from capturelint.runtime.protocol import SegmentKind
 from capturelint.errors import CapturelintError
-from capturelint.tracer import Stream
+from capturelint.records import Stream
 
 OpNode = tuple[str, int]  # ("op", op index in the stream)
 StorageNode = tuple[str, int]  # ("storage", n): n-th storage by first appearance

@@ -20,12 +20,13 @@ import torch
 from capturelint.analyzer import Analyzer, RunLabel, RunOutcome
 from capturelint.errors import CapturelintError
 from capturelint.findings import Finding
+from capturelint.records import ContextProbe, ScopeGroup, Stream
 from capturelint.rules import RULES
-from capturelint.runtime import protocol
+from capturelint.runtime import frames
 from capturelint.runtime.protocol import HostSyncEvent, HostSyncInCaptureError
-from capturelint.tracer import ContextProbe, ScopeGroup, Stream, Tracer, capture_stack
+from capturelint.tracer import Tracer
 
-protocol.register_runtime_file(__file__)
+frames.register_runtime_file(__file__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +105,7 @@ def trace_run(
         e = raised if isinstance(raised, HostSyncInCaptureError) else raised.__cause__
         if not isinstance(e, HostSyncInCaptureError):
             raise
-        host_sync = dataclasses.replace(e.event, stack=capture_stack(e.event.stack, tracer.entry_stack))
+        host_sync = dataclasses.replace(e.event, stack=frames.capture_stack(e.event.stack, tracer.entry_stack))
     except SystemExit as e:  # a check that did not finish has no verdict, whatever the code
         raise CapturelintError(
             f"the engine called sys.exit({e.code!r}) under runner {label.runner}, mode {label.mode}, so the check could "
@@ -113,7 +114,7 @@ def trace_run(
     except Exception as e:  # an engine bug: say which configuration and what, no traceback
         raise CapturelintError(
             f"the engine raised {type(e).__name__} under runner {label.runner}, mode {label.mode} at "
-            f"{protocol.traceback_frame(e)}: {e}; this is a bug of the engine, not a replay hazard: fix it and run again"
+            f"{frames.traceback_frame(e)}: {e}; this is a bug of the engine, not a replay hazard: fix it and run again"
         ) from e
     if tracer.unseen:
         labels = ", ".join(sorted(set(tracer.unseen.values())))

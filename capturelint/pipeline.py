@@ -28,7 +28,7 @@ from capturelint.harness import TwinResult, trace_run
 from capturelint.regions import graph_map
 from capturelint.report import ConfigReport, Report
 from capturelint.runtime.emulated import emulate_cuda
-from capturelint.tracer import ContextProbe, ScopeGroup
+from capturelint.records import ContextProbe, ScopeGroup
 
 
 @dataclasses.dataclass(frozen=True)

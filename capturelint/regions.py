@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from capturelint.runtime.protocol import SegmentKind
 
 if TYPE_CHECKING:  # reading a report (capturelint merge) needs no tracer, nor torch
-    from capturelint.tracer import Stream
+    from capturelint.records import Stream
 
 ScopeOps = tuple[tuple[str, tuple[tuple[str, int], ...]], ...]  # ((scope, ((op, count), ...)), ...)
 

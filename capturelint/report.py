@@ -25,7 +25,7 @@ from capturelint.regions import GraphMap
 from capturelint.shard import ShardInfo
 
 if TYPE_CHECKING:
-    from capturelint.tracer import Stream
+    from capturelint.records import Stream
 
 JSON_VERSION = 1
 

@@ -626,7 +626,7 @@ def _shown_path(source: str) -> str:
     """The patch's path of ``source``: relative to the working directory when below it;
     for an installed package, its import path (``vllm/models/...``: the path in the
     package's own checkout); else absolute."""
-    from capturelint.runtime.protocol import installed_path
+    from capturelint.runtime.frames import installed_path
 
     absolute = os.path.abspath(source)
     cwd = os.getcwd()

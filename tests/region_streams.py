@@ -15,8 +15,8 @@ captured FFN matmul (segment #2)::
 from __future__ import annotations
 
 from capturelint.analyzer import Analyzer, RunLabel
+from capturelint.records import ContextSummary, OpRecord, Origin, Segment, Stream, StreamKind, TensorUse
 from capturelint.runtime.protocol import Frame, SegmentKind
-from capturelint.tracer import ContextSummary, OpRecord, Origin, Segment, Stream, StreamKind, TensorUse
 
 KV, SLOTS, WEIGHT = 100, 101, 102
 NAMES = {KV: ("kv_cache.layers.0.swa",), SLOTS: ("attn_metadata['layers.0.swa'].slot_mapping",),

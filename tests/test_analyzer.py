@@ -8,10 +8,10 @@ import pytest
 from capturelint.analyzer import RegionView, RunLabel, build_view, location_problem
 from capturelint.runtime.protocol import SegmentKind
 from capturelint.findings import Frame
+from capturelint.records import ContextSummary, OpRecord, Origin, Segment, Stream, StreamKind, TensorUse
 from capturelint.rules.cl101_baked_control_flow import BakedControlFlow
 from capturelint.rules.cl102_baked_host_value import BakedHostValue
 from capturelint.rules.cl103_baked_shape import BakedShape
-from capturelint.tracer import ContextSummary, OpRecord, Origin, Segment, Stream, StreamKind, TensorUse
 
 LABEL = RunLabel("v1", "PIECEWISE")
 

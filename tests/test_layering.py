@@ -9,6 +9,8 @@ networkx ``DiGraph`` objects of module names.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import networkx as nx
@@ -21,8 +23,16 @@ CHECKER = (
     "capturelint.tracer", "capturelint.analyzer", "capturelint.rules", "capturelint.graph", "capturelint.regions",
     "capturelint.report", "capturelint.formats", "capturelint.findings", "capturelint.harness", "capturelint.pipeline",
     "capturelint.region_changes", "capturelint.render", "capturelint.snapshot", "capturelint.baseline",
-    "capturelint.reporters", "capturelint.output", "capturelint.invariants",
+    "capturelint.reporters", "capturelint.output", "capturelint.invariants", "capturelint.records",
+    "capturelint.objects",
 )
+
+# What the checker may import of runtime/: the vocabulary, and the one op-schema reader and
+# one frame walker that the tracer shares with the emulated primitive.
+RUNTIME_FOR_CHECKER = {
+    "capturelint.runtime.protocol", "capturelint.runtime", "capturelint.runtime.emulated",
+    "capturelint.runtime.schema", "capturelint.runtime.frames",
+}
 
 
 def module_name(path: Path) -> str:
@@ -119,8 +129,7 @@ def test_checker_modules_reach_a_runtime_only_through_the_protocol():
         if not _in(module, CHECKER):
             continue
         runtime = sorted(m for m in GRAPH.successors(module) if _in(m, ("capturelint.runtime",)))
-        allowed = {"capturelint.runtime.protocol", "capturelint.runtime", "capturelint.runtime.emulated"}
-        extra = [m for m in runtime if m not in allowed]
+        extra = [m for m in runtime if m not in RUNTIME_FOR_CHECKER]
         assert extra == [], f"{module} imports {extra}; the checker knows a runtime only through runtime.protocol"
 
 
@@ -135,3 +144,36 @@ def test_the_comparison_and_the_file_format_are_apart():
     assert not nx.has_path(GRAPH, "capturelint.snapshot", "capturelint.region_changes")
     assert not nx.has_path(GRAPH, "capturelint.region_changes", "capturelint.baseline")
     assert not any(_in(m, ("capturelint.render",)) for m in nx.descendants(GRAPH, "capturelint.report"))
+
+
+def test_the_records_import_no_torch():
+    # the capture record is read without an engine: importing it with torch unimportable works
+    code = "import sys; sys.modules['torch'] = None; import capturelint.records as r; print(r.Stream.__name__)"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=PACKAGE.parent)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "Stream"
+    assert sorted(nx.descendants(GRAPH, "capturelint.records")) == ["capturelint.runtime.protocol"]
+
+
+def test_every_record_type_is_documented_where_defined():
+    import enum
+
+    import capturelint.records as records
+
+    types = [v for v in vars(records).values() if isinstance(v, type) and v.__module__ == records.__name__]
+    assert {"Stream", "OpRecord", "TensorUse", "Segment", "BreakArg", "Origin", "StreamKind"} <= {t.__name__ for t in types}
+    for t in types:
+        doc = t.__dict__.get("__doc__") or ""
+        generated = doc.startswith(t.__name__ + "(") or (issubclass(t, enum.Enum) and doc == enum.Enum.__doc__)
+        assert doc and not generated, f"records.{t.__name__} has no docstring of its own"
+
+
+@pytest.mark.parametrize("needle, home", [
+    ("alias_info", "runtime/schema.py"),  # the one op-schema reader
+    ("_getframe", "runtime/frames.py"),  # the one frame walker
+    (".f_back", "runtime/frames.py"),
+    (".tb_next", "runtime/frames.py"),
+])
+def test_one_op_schema_reader_and_one_frame_walker(needle, home):
+    users = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if needle in p.read_text(encoding="utf-8"))
+    assert users == [home]

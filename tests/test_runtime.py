@@ -25,7 +25,7 @@ from capturelint.runtime.breakable import (
 )
 from capturelint.engine.dispatcher import CudagraphDispatcher
 from capturelint.runtime import protocol
-from capturelint.runtime.emulated import ReplayKind
+from capturelint.runtime.schema import ReplayKind
 from capturelint.runtime.forward_context import BatchDescriptor, CUDAGraphMode, get_forward_context, set_forward_context
 
 PIECEWISE, FULL, NONE = CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL, CUDAGraphMode.NONE

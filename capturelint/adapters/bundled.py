@@ -25,15 +25,16 @@ from typing import Any, Callable, Sequence
 from capturelint.adapters.bundled_invariants import default_invariants as bundled_defaults
 from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
-from capturelint.limits import count_problem, seed_problem
 from capturelint.harness import TwinResult
+from capturelint.limits import count_problem, seed_problem
+from capturelint.objects import named_tensors
 from capturelint.pipeline import Configuration, check_configuration
+from capturelint.records import ContextSnapshot, ContextSummary
 from capturelint.report import ConfigReport, Report
 from capturelint.rules import select_codes
 from capturelint.runtime.forward_context import CUDAGraphMode, get_forward_context, has_forward_context
 from capturelint.runtime.protocol import BreakOutputs
 from capturelint.settings import Settings, merge
-from capturelint.tracer import ContextSnapshot, ContextSummary, named_tensors
 
 RUNNERS = ("v1", "v2")
 CHECK_MODES = ("PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")

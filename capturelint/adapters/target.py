@@ -45,13 +45,13 @@ from capturelint.errors import CapturelintError
 from capturelint.harness import TwinResult
 from capturelint.pipeline import Configuration, check_all, check_configuration
 from capturelint.report import Report
-from capturelint.runtime import protocol
+from capturelint.runtime import frames
 from capturelint.runtime.emulated import emulate_cuda
 from capturelint.runtime.protocol import flatten_tensors
-from capturelint.tracer import ContextProbe, ScopeGroup
+from capturelint.records import ContextProbe, ScopeGroup
 
 
-protocol.register_runtime_file(__file__)  # findings point at the target's code, not at its wrappers here
+frames.register_runtime_file(__file__)  # findings point at the target's code, not at its wrappers here
 
 
 @dataclasses.dataclass(frozen=True)

@@ -61,14 +61,14 @@ import threading
 from typing import Any, Callable, Iterator
 
 from capturelint.errors import CapturelintError
-from capturelint.runtime import protocol
+from capturelint.runtime import frames, protocol
 from capturelint.runtime.protocol import BreakCall, BreakOutputs, GraphInfo, Phase, SegmentInfo, SegmentKind
 
 SUPPORTED_VERSIONS = ("0.33.0",)
 INSTALL_COMMAND = ("pip install -c constraints.txt -r requirements/vllm-deps.txt && "
                    "pip install --no-deps -r requirements/vllm.txt")
 
-protocol.register_runtime_file(__file__)
+frames.register_runtime_file(__file__)
 protocol.register_transparent_op("_C::weak_ref_tensor")  # vLLM's runtime aliases break arguments while capturing
 
 
@@ -186,7 +186,7 @@ def _hide_plumbing() -> None:
     vLLM's parameter and linear-layer plumbing every GEMM passes through."""
     for name in _PLUMBING:
         module = importlib.import_module(name)
-        protocol.register_runtime_file(module.__file__)
+        frames.register_runtime_file(module.__file__)
 
 
 def _install(patches: _Patches, graph_pool_handle: Callable[[], Any], kernels: Any) -> None:
@@ -277,7 +277,7 @@ def observe_vllm_runtime() -> Iterator[None]:
 
     from capturelint.runtime.emulated import owned_by
 
-    protocol.register_runtime_file(bc.__file__)
+    frames.register_runtime_file(bc.__file__)
     Capture, Wrapper = bc.BreakableCUDAGraphCapture, bc.BreakableCUDAGraphWrapper
     original = {name: getattr(Capture, name) for name in ("__enter__", "_begin_segment", "_end_segment", "add_eager", "current")}
     original_capture, original_replay = Wrapper._capture, Wrapper._replay
@@ -314,7 +314,7 @@ def observe_vllm_runtime() -> Iterator[None]:
         if info is None:
             return original["add_eager"](self, fn)
         name, args, kwargs, params = _break_target(fn)
-        frame = protocol.user_frame(2)
+        frame = frames.user_frame(2)
 
         def run() -> Any:  # what vLLM records and replays for the break
             phase = getattr(_bridge, "phase", Phase.EAGER)
@@ -388,7 +388,7 @@ class _ShadowCapture:
         name, args, kwargs, params = _break_target(fn)
         self._capturing = False
         try:
-            return _run_break(name, args, kwargs, params, protocol.user_frame(2), Phase.EAGER, True, fn)
+            return _run_break(name, args, kwargs, params, frames.user_frame(2), Phase.EAGER, True, fn)
         finally:
             self._capturing = True
 

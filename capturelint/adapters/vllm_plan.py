@@ -26,12 +26,13 @@ from capturelint.adapters.vllm_invariants import default_invariants as vllm_defa
 from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
 from capturelint.harness import TwinResult
+from capturelint.objects import named_tensors
 from capturelint.pipeline import Configuration, check_configuration
+from capturelint.records import ContextSnapshot, ContextSummary
 from capturelint.report import ConfigReport, Report
 from capturelint.rules import select_codes
 from capturelint.runtime.forward_context import CUDAGraphMode
 from capturelint.settings import Settings, merge
-from capturelint.tracer import ContextSnapshot, ContextSummary, named_tensors
 
 VLLM_MODES = ("PIECEWISE", "FULL")
 DEFAULT_LAYERS = 2

@@ -58,9 +58,9 @@ import torch
 from torch import nn
 
 from capturelint.engine.dsv4.ops import rms_norm
-from capturelint.runtime import protocol
+from capturelint.runtime import frames
 
-protocol.register_runtime_file(__file__)
+frames.register_runtime_file(__file__)
 
 VOCAB = 96
 HIDDEN = 256

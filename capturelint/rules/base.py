@@ -10,7 +10,7 @@ from capturelint.findings import Condition, Finding, Frame, RuleInfo
 if TYPE_CHECKING:  # the rule registry imports without torch (``capturelint rules``)
     from capturelint.analyzer import RegionView, RunLabel, RunOutcome, StepView
     from capturelint.runtime.protocol import StaleInputEvent
-    from capturelint.tracer import OpRecord, Stream
+    from capturelint.records import OpRecord, Stream
 
 DOC_SECTIONS = ("What it does", "Why is this bad?", "Example", "Use instead", "Limitations")
 

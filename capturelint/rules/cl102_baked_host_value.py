@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
+from capturelint.records import scalar_repr
 from capturelint.findings import Condition, Finding
 from capturelint.rules.base import Rule, where
 
@@ -50,8 +51,6 @@ class BakedHostValue(Rule):
     """
 
     def check(self, view: StepView) -> Iterator[Finding]:
-        from capturelint.tracer import scalar_repr
-
         for m in view.host_values:
             al, c, s = m.alignment, m.capture_op, m.shadow_op
             diffs = [(a, b) for a, b in zip(c.scalars, s.scalars) if a != b]

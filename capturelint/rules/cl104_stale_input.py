@@ -11,7 +11,7 @@ from capturelint.rules.base import Rule, where
 if TYPE_CHECKING:
     from capturelint.analyzer import Mismatch, RunLabel, StepView
     from capturelint.runtime.protocol import StaleInputEvent
-    from capturelint.tracer import Stream
+    from capturelint.records import Stream
 
 
 class StaleInput(Rule):

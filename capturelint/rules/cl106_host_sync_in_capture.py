@@ -10,7 +10,7 @@ from capturelint.runtime.protocol import SegmentKind, is_host_sync_op
 
 if TYPE_CHECKING:
     from capturelint.analyzer import RunLabel, RunOutcome
-    from capturelint.tracer import Stream
+    from capturelint.records import Stream
 
 
 class HostSyncInCapture(Rule):

@@ -2,6 +2,9 @@
 
 - ``protocol``: the vocabulary (segments, phases, break calls, graph descriptions,
   observers, host-sync events, frames); all the checker may know of a runtime.
+- ``schema``: the one op-schema reader (writes, fresh allocations, replay kind), and
+  ``frames``: the one frame walker (engine and model lines, not machinery); shared by
+  the tracer and the emulated primitive.
 - ``emulated``: ``torch.cuda.CUDAGraph`` and friends on a CPU, with a GPU's capture
   semantics; ``emulate_cuda()`` installs them in ``torch.cuda``.
 - ``breakable``: capturelint's breakable runtime (eager breaks between captured

@@ -52,7 +52,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_map
 
-from capturelint.runtime import protocol
+from capturelint.runtime import frames, protocol
 from capturelint.runtime.emulated import BorrowedTensors, EmulatedCUDAGraph, graph_pool_handle, poison_freed
 from capturelint.runtime.forward_context import (
     BatchDescriptor,
@@ -131,7 +131,7 @@ def eager_break_during_capture(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         cap = _active_capture()
-        frame = protocol.user_frame(2) if protocol.has_observers() else protocol.UNKNOWN_FRAME
+        frame = frames.user_frame(2) if protocol.has_observers() else protocol.UNKNOWN_FRAME
         if cap is None or not cap.info.breaks_eager or not cap.capturing:
             return _run_inline(name, params, frame, fn, args, kwargs)
         return cap.add_eager(name, fn, args, kwargs, params, frame)

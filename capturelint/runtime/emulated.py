@@ -43,7 +43,9 @@ boolean masks and device-to-host copies raise ``HostSyncInCaptureError``.
 
 **Replay** re-issues the recorded calls: in-place and ``out=`` ops on the recorded
 tensors, functional ops with their results copied into the capture-time outputs; views
-and allocations are not re-issued (their outputs alias recorded storages).
+and allocations are not re-issued (their outputs alias recorded storages). Which calls
+write, allocate or alias, and so how each replays, comes from the op schema
+(``runtime.schema``, shared with the tracer).
 
 ``torch.cuda.is_current_stream_capturing()`` answers True between ``capture_begin``
 and ``capture_end`` (see ``protocol.stream_capturing``).
@@ -56,7 +58,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
 import gc
 import itertools
 import threading
@@ -67,8 +68,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_map
 
-from capturelint.runtime import protocol
+from capturelint.runtime import frames, protocol
 from capturelint.runtime.protocol import HostSyncEvent, HostSyncInCaptureError
+from capturelint.runtime.schema import ReplayKind, op_info
 
 StorageId = int
 
@@ -187,12 +189,6 @@ class BorrowedTensors:
 # ---------------------------------------------------------------- recorded calls
 
 
-class ReplayKind(enum.Enum):
-    SKIP = "skip"  # views and allocations: their outputs alias recorded storages
-    REISSUE = "reissue"  # in-place and out= ops: re-run on the recorded tensors
-    COPY_OUT = "copy_out"  # functional ops: re-run, copy results into recorded outputs
-
-
 @dataclasses.dataclass
 class RecordedCall:
     func: Any
@@ -202,61 +198,14 @@ class RecordedCall:
     kind: ReplayKind
 
 
-_ALLOC_OPS = {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty", "aten::new_empty_strided"}
-_replay_kind_cache: dict[Any, tuple[ReplayKind, tuple[bool, ...], tuple[tuple[int, str, bool], ...]]] = {}
-
-
-def _replay_kind(func: Any) -> tuple[ReplayKind, tuple[bool, ...], tuple[tuple[int, str, bool], ...]]:
-    """How to replay ``func``, which of its returns are fresh allocations, and which
-    arguments it writes ``(position, name, kwarg_only)``."""
-    cached = _replay_kind_cache.get(func)
-    if cached is not None:
-        return cached
-    schema = func._schema
-    writes = tuple(
-        (i, a.name, a.kwarg_only) for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write
-    )
-    fresh = tuple(r.alias_info is None for r in schema.returns)
-    if schema.name in _ALLOC_OPS:
-        kind = ReplayKind.SKIP
-    elif writes:
-        kind = ReplayKind.COPY_OUT if any(fresh) else ReplayKind.REISSUE
-    elif schema.returns and not any(fresh):
-        kind = ReplayKind.SKIP
-    else:
-        kind = ReplayKind.COPY_OUT
-    _replay_kind_cache[func] = (kind, fresh, writes)
-    return kind, fresh, writes
-
-
-def _fresh_outputs(out: Any, fresh: tuple[bool, ...]) -> list[torch.Tensor]:
-    """The freshly allocated tensors among an op's returns, in order. A ``Tensor[]``
-    return is one schema return whose elements are all fresh or all not."""
-    returns = out if len(fresh) > 1 else (out,)
-    tensors: list[torch.Tensor] = []
-    for value, is_fresh in zip(returns, fresh):
-        if is_fresh:
-            items = value if isinstance(value, (tuple, list)) else (value,)
-            tensors.extend(t for t in items if isinstance(t, torch.Tensor))
-    return tensors
-
-
-def _written(writes: tuple[tuple[int, str, bool], ...], args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
-    for pos, name, kwarg_only in writes:
-        value = kwargs.get(name) if kwarg_only or pos >= len(args) else args[pos]
-        for t in value if isinstance(value, (list, tuple)) else (value,):
-            if isinstance(t, torch.Tensor):
-                yield t
-
-
 class _HostReadGuard(TorchFunctionMode):
     """Catches host reads that never reach the dispatcher (``tolist``, ``numpy``)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
         if name in protocol.HOST_READ_METHODS:
-            raise HostSyncInCaptureError(HostSyncEvent(f"Tensor.{name}()", protocol.user_frame(2),
-                                                        stack=protocol.user_stack(2)))
+            raise HostSyncInCaptureError(HostSyncEvent(f"Tensor.{name}()", frames.user_frame(2),
+                                                        stack=frames.user_stack(2)))
         return func(*args, **(kwargs or {}))
 
 
@@ -277,10 +226,10 @@ class _RecordingMode(TorchDispatchMode):
         kwargs = kwargs or {}
         reason = protocol.host_sync_reason(func, args, kwargs)
         if reason is not None:
-            raise HostSyncInCaptureError(HostSyncEvent(reason, protocol.user_frame(2), stack=protocol.user_stack(2)))
+            raise HostSyncInCaptureError(HostSyncEvent(reason, frames.user_frame(2), stack=frames.user_stack(2)))
         g = self.graph
-        kind, fresh, writes = _replay_kind(func)
-        for t in _written(writes, args, kwargs):
+        info = op_info(func)
+        for t in info.written(args, kwargs):
             g._before_write(t)
         for value in itertools.chain(args, kwargs.values()):
             if isinstance(value, torch.Tensor):
@@ -293,9 +242,9 @@ class _RecordingMode(TorchDispatchMode):
         for o in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(o, torch.Tensor):
                 g._produced(o)
-        if kind is not ReplayKind.SKIP:
-            refresh = _fresh_outputs(out, fresh) if kind is ReplayKind.COPY_OUT else []
-            g._calls.append(RecordedCall(func, args, kwargs, refresh, kind))
+        if info.replay is not ReplayKind.SKIP:
+            refresh = info.fresh_outputs(out) if info.replay is ReplayKind.COPY_OUT else []
+            g._calls.append(RecordedCall(func, args, kwargs, refresh, info.replay))
         return out
 
 
@@ -369,7 +318,7 @@ class EmulatedCUDAGraph:
             raise RuntimeError("this graph was already captured; call reset() first")
         self._pool = _PoolHandle(pool) if pool is not None else graph_pool_handle()
         if self.owner is None:
-            self._where = protocol.user_frame(2)
+            self._where = frames.user_frame(2)
         modes = [_HostReadGuard(), _RecordingMode(self)]
         for m in modes:
             m.__enter__()
@@ -449,8 +398,7 @@ class EmulatedCUDAGraph:
             for c in self._calls:
                 out = c.func(*c.args, **c.kwargs)
                 if c.outputs:
-                    fresh = _fresh_outputs(out, _replay_kind(c.func)[1])
-                    for dst, src in zip(c.outputs, fresh):
+                    for dst, src in zip(c.outputs, op_info(c.func).fresh_outputs(out)):
                         dst.copy_(src)
         if bare:
             protocol.announce("on_graph_end", self.info, protocol.Phase.REPLAY, None)

@@ -32,18 +32,14 @@ of ops that need a value on the host; the emulated primitive refuses them at cap
 (raising ``HostSyncInCaptureError`` with a ``HostSyncEvent``) and rule CL106 reports
 them from traces.
 
-**Frames.** ``Frame`` is a source location in engine or model code. ``user_frame``
-finds the innermost frame that is not runtime machinery (torch, the standard library,
-this package, and files registered with ``register_runtime_file``: the tracer, the
-harness, an adapter's shims).
+**Frames.** ``Frame`` is a source location in engine or model code; the one frame
+walker (``runtime.frames``) finds them, skipping runtime machinery.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import os
-import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -193,7 +189,7 @@ class HostSyncEvent:
     frame: Frame
     graph: GraphInfo | None = None
     segment: int = 0
-    stack: tuple[Frame, ...] = ()  # engine frames, innermost first (``user_stack``)
+    stack: tuple[Frame, ...] = ()  # engine frames, innermost first (``frames.user_stack``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -390,130 +386,7 @@ def is_host_sync_op(op: str) -> bool:
     return packet.replace(".", "::", 1) in HOST_SYNC_OPS
 
 
-# ----------------------------------------------------------------------- frames
-
-_skip_prefixes: tuple[str, ...] = ()
-_frame_cache: dict[Any, bool] = {}
-_display_cache: dict[str, str] = {}
-
-
-def _skip_dirs() -> tuple[str, ...]:
-    global _skip_prefixes
-    if not _skip_prefixes:
-        import torch
-
-        torch_dir = os.path.dirname(torch.__file__)
-        runtime_dir = os.path.dirname(os.path.abspath(__file__))
-        _skip_prefixes = (torch_dir + os.sep, runtime_dir + os.sep)
-    return _skip_prefixes
-
-
-_STDLIB = os.path.dirname(os.__file__) + os.sep
-
-
-def _site_dirs() -> tuple[str, ...]:
-    """Folders of installed packages: below the standard library's folder, but engine
-    or model code (an installed vLLM is what ``--engine vllm`` checks)."""
-    global _site_prefixes
-    if _site_prefixes is None:
-        found = [os.path.abspath(p) for p in sys.path if p and ("site-packages" in p or "dist-packages" in p)]
-        _site_prefixes = tuple(dict.fromkeys(p + os.sep for p in found))
-    return _site_prefixes
-
-
-_site_prefixes: tuple[str, ...] | None = None
-
-
-def _hidden_path(path: str) -> bool:
-    if path.startswith(_skip_dirs()):
-        return True
-    return path.startswith(_STDLIB) and not path.startswith(_site_dirs())
-
-
-def register_runtime_file(path: str) -> None:
-    """Treat ``path`` (a file or a folder) as runtime machinery: frames skip it."""
-    global _skip_prefixes
-    path = os.path.abspath(path)
-    prefix = (path + os.sep) if os.path.isdir(path) else path
-    if prefix in _skip_dirs():
-        return  # registered already: the frame cache stays valid
-    _skip_prefixes = _skip_dirs() + (prefix,)
-    _frame_cache.clear()
-
-
-def hidden_code(code: Any) -> bool:
-    """Whether frames of ``code`` are runtime machinery rather than engine or model code."""
-    hidden = _frame_cache.get(code)
-    if hidden is None:
-        name = code.co_filename
-        hidden = name.startswith("<") or _hidden_path(os.path.abspath(name))
-        _frame_cache[code] = hidden
-    return hidden
-
-
-def installed_path(absolute: str) -> str | None:
-    """``absolute`` relative to the site-packages folder that holds it (its import path,
-    ``vllm/models/deepseek_v4/attention.py``), or None when it is not installed code."""
-    site = next((d for d in _site_dirs() if absolute.startswith(d)), None)
-    return os.path.relpath(absolute, site) if site else None
-
-
-def display_path(filename: str) -> str:
-    """``filename`` as shown in findings: relative to the folder that holds the
-    ``capturelint`` package or to the working directory when below one, else absolute."""
-    shown = _display_cache.get(filename)
-    if shown is None:
-        absolute = os.path.abspath(filename)
-        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        cwd = os.getcwd()
-        if absolute.startswith(package_root + os.sep):
-            shown = os.path.relpath(absolute, package_root)
-        elif absolute.startswith(cwd + os.sep):
-            shown = os.path.relpath(absolute, cwd)
-        else:
-            # an installed package: as its import path shows it (vllm/models/...)
-            shown = installed_path(absolute) or absolute
-        _display_cache[filename] = shown
-    return shown
-
-
-def user_frame(skip: int = 1) -> Frame:
-    """The innermost frame of engine or model code, ``skip`` frames above the caller."""
-    f = sys._getframe(skip)
-    while f is not None:
-        if not hidden_code(f.f_code):
-            return Frame(display_path(f.f_code.co_filename), f.f_lineno, f.f_code.co_name)
-        f = f.f_back
-    return UNKNOWN_FRAME
-
-
-def user_stack(skip: int = 1) -> tuple[Frame, ...]:
-    """Every frame of engine or model code, innermost first, ``skip`` frames above the caller."""
-    f, out = sys._getframe(skip), []
-    while f is not None:
-        if not hidden_code(f.f_code):
-            out.append(code_frame(f.f_code, f.f_lineno))
-        f = f.f_back
-    return tuple(out)
-
-
-def code_frame(code: Any, line: int) -> Frame:
-    """The ``Frame`` of ``code`` running ``line``, with where its function is defined."""
-    return Frame(display_path(code.co_filename), line, code.co_name,
-                 getattr(code, "co_qualname", code.co_name), os.path.abspath(code.co_filename), code.co_firstlineno)
-
-
-def traceback_frame(e: BaseException) -> Frame:
-    """The innermost engine or model frame of an exception's traceback."""
-    tb = e.__traceback__
-    best = UNKNOWN_FRAME
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        if not hidden_code(code):
-            best = Frame(display_path(code.co_filename), tb.tb_lineno, code.co_name)
-        tb = tb.tb_next
-    return best
-
+# ---------------------------------------------------------------------- tensors
 
 def flatten_tensors(obj: Any) -> Iterable[torch.Tensor]:
     """The tensors of a (possibly nested) output, in order."""
