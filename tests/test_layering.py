@@ -1,149 +1,440 @@
-"""The import layering of docs/architecture.md, checked on the source (no import runs).
+"""The rooms of capturelint and their one-way doors, checked on the source (no import runs).
 
-Every ``import`` and ``from ... import`` of capturelint's modules counts, at module level
-or inside a function (a lazy import is still a dependency); those under ``if
-TYPE_CHECKING:`` count for cycles and for the analyzer (``TYPED``). The graphs are
-networkx ``DiGraph`` objects of module names.
+The design's architecture page ("Rooms and one-way doors", "Checks on the picture")
+draws the picture; this module is that picture as data. Every module of the package sits
+in exactly one room (``ROOMS``, lowest first; a name covers its submodules), and a module
+in no room fails until it is placed:
+
+- **runtime** (``runtime/``: protocol, op-schema reader, frame walker, the emulated
+  primitive, the breakable runtime);
+- **base**: the package root, ``errors``, ``limits``, ``output``, ``options``: values and
+  plumbing that every room above the runtime may import;
+- **engine** (``engine/``): the bundled DeepSeek V4 server, with its own CLI group
+  ``engine.cli`` (``commands.COMMANDS`` names it by a string; no command imports it);
+- **model**, the report model: the capture record ``records``, ``findings``, the region
+  graph ``graph``, ``regions``, ``report``, ``shard``, the region map file ``snapshot``
+  and ``region_changes``: what reporters render;
+- **reporters**: ``reporters``, ``formats/``, ``render/``;
+- the check pipeline, lowest first: **tracer** (``tracer``, ``objects``), **analyzer**,
+  **rules** (``rules/``, ``invariants``), **check** (``harness``, ``pipeline``,
+  ``settings``, ``suggest``, ``baseline``, ``merge``);
+- **adapters** (``adapters/``, and ``target``, the public face of the target adapter);
+- **commands** (``commands/``) and **cli**.
+
+The doors (each a function from an import graph to the edges that break it, in
+``DOORS``): no import goes up to a higher room; the runtime imports only the runtime,
+base only base and ``runtime.protocol``, the engine only the runtime and base; the
+checker (model, reporters, check pipeline) imports no engine and no adapter, and of the
+runtime only ``runtime.protocol`` save the modules ``RUNTIME_USERS`` names; reporters
+import only the report model, and only commands import reporters; an adapter imports no
+other adapter's modules (``adapters.common`` is what they share, ``adapters.registry``
+may import every adapter), only the bundled adapter imports the engine and only the vLLM
+adapter imports vllm; commands and the CLI import no engine and no runtime, and of the
+adapters only the registry; no import cycle. Nothing outside ``adapters/registry.py``
+compares an engine's name (``test_nothing_outside_the_registry_switches_on_the_engine``).
+
+Every ``import`` and ``from ... import`` of the package counts, at module level or in a
+function (a lazy import is still a dependency), and so does one under ``if
+TYPE_CHECKING:`` (a module typed against another knows it): the doors run on ``TYPED``;
+``GRAPH`` leaves those out (what runs). The tests of the test run the same doors on a
+scratch copy of the package with one line added, and a breach must show.
 """
 
 from __future__ import annotations
 
 import ast
+import collections
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import networkx as nx
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "capturelint"
+ROOT = "capturelint"
 
-# The check pipeline and the reporters: they know capture, not an engine.
-CHECKER = (
-    "capturelint.tracer", "capturelint.analyzer", "capturelint.rules", "capturelint.graph", "capturelint.regions",
-    "capturelint.report", "capturelint.formats", "capturelint.findings", "capturelint.harness", "capturelint.pipeline",
-    "capturelint.region_changes", "capturelint.render", "capturelint.snapshot", "capturelint.baseline",
-    "capturelint.reporters", "capturelint.output", "capturelint.invariants", "capturelint.records",
-    "capturelint.objects",
-)
-
-# What the checker may import of runtime/: the vocabulary, and the one op-schema reader and
-# one frame walker that the tracer shares with the emulated primitive.
-RUNTIME_FOR_CHECKER = {
-    "capturelint.runtime.protocol", "capturelint.runtime", "capturelint.runtime.emulated",
-    "capturelint.runtime.schema", "capturelint.runtime.frames",
+# Today's breaches, as (importer, imported) edges. The adapter registry and options work
+# empties this list; the comment on each group says what removes it (commands.invariants'
+# SegmentKind and the two reporter entries need a change of their own). A breach not
+# listed fails its door; an entry that no longer occurs fails
+# test_every_known_violation_still_occurs: the list only shrinks.
+KNOWN_VIOLATIONS = {
+    # one adapter imports another: what they share moves to adapters.common, the switch
+    # on engine names in adapters.engines becomes adapters.registry
+    ("capturelint.adapters.engines", "capturelint.adapters.bundled"),
+    ("capturelint.adapters.engines", "capturelint.adapters.vllm_plan"),
+    ("capturelint.adapters.target", "capturelint.adapters.bundled"),
+    ("capturelint.adapters.vllm_plan", "capturelint.adapters.bundled"),
+    # the vLLM adapter borrows the bundled engine's kernels
+    ("capturelint.adapters.vllm_runners", "capturelint.engine.dsv4.ops"),
+    # commands reach adapters other than through the registry
+    ("capturelint.commands.check", "capturelint.adapters.engines"),
+    ("capturelint.commands.check", "capturelint.target"),
+    ("capturelint.commands.common", "capturelint.adapters.bundled"),
+    ("capturelint.commands.common", "capturelint.adapters.engines"),
+    ("capturelint.commands.invariants", "capturelint.adapters.engines"),
+    ("capturelint.commands.regions", "capturelint.adapters.engines"),
+    ("capturelint.commands.suggest", "capturelint.adapters.bundled"),
+    ("capturelint.commands.suggest", "capturelint.adapters.target"),
+    ("capturelint.commands.suggest", "capturelint.adapters.vllm_plan"),
+    # a command reads SegmentKind of the runtime (the graph's records could say it)
+    ("capturelint.commands.invariants", "capturelint.runtime.protocol"),
+    # the report model reads the MODES of the settings: options.py holds them
+    ("capturelint.snapshot", "capturelint.settings"),
+    # suggest wraps functions with the bundled runtime's eager break: the adapter's
+    # suggest slots name the break decorator of their runtime
+    ("capturelint.suggest", "capturelint.runtime.breakable"),
+    # reporters beyond the report model: the SARIF rule table comes from the rules, and
+    # SuggestReport is defined next to the search that runs the engine
+    ("capturelint.reporters", "capturelint.rules"),
+    ("capturelint.render.suggest", "capturelint.suggest"),
 }
 
+# Comparisons of an engine's name outside adapters/registry.py, as (file in the package,
+# the comparison); listed once per occurrence. The registry work empties it too.
+KNOWN_ENGINE_SWITCHES = (
+    ("adapters/engines.py", "name == 'vllm'"),
+    ("adapters/engines.py", "plan.engine == 'vllm'"),
+    ("adapters/engines.py", "plan.engine != 'vllm'"),
+    ("commands/suggest.py", "plan.engine == 'vllm'"),
+    ("snapshot.py", "self.name == 'bundled'"),
+)
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+ROOMS: dict[str, tuple[str, ...]] = {
+    "runtime": ("capturelint.runtime",),
+    "base": (ROOT, "capturelint.errors", "capturelint.limits", "capturelint.output", "capturelint.options"),
+    "engine": ("capturelint.engine",),
+    "model": ("capturelint.records", "capturelint.findings", "capturelint.graph", "capturelint.regions",
+              "capturelint.report", "capturelint.shard", "capturelint.snapshot", "capturelint.region_changes"),
+    "reporters": ("capturelint.reporters", "capturelint.formats", "capturelint.render"),
+    "tracer": ("capturelint.tracer", "capturelint.objects"),
+    "analyzer": ("capturelint.analyzer",),
+    "rules": ("capturelint.rules", "capturelint.invariants"),
+    "check": ("capturelint.harness", "capturelint.pipeline", "capturelint.settings", "capturelint.suggest",
+              "capturelint.baseline", "capturelint.merge"),
+    "adapters": ("capturelint.adapters", "capturelint.target"),
+    "commands": ("capturelint.commands",),
+    "cli": ("capturelint.cli",),
+}
+CHECKER = ("model", "reporters", "tracer", "analyzer", "rules", "check")
+FRONT = ("commands", "cli")
+
+# runtime.protocol is the vocabulary every checker module may know; of the rest of the
+# runtime, the one op-schema reader serves the tracer, the one frame walker the modules
+# that walk frames, and the emulated primitive the pipeline, which installs it for every
+# adapter. A checker module imports nothing else of a runtime.
+PROTOCOL = "capturelint.runtime.protocol"
+RUNTIME_USERS = {
+    "capturelint.runtime.schema": {"capturelint.tracer"},
+    "capturelint.runtime.frames": {"capturelint.tracer", "capturelint.harness", "capturelint.suggest"},
+    "capturelint.runtime.emulated": {"capturelint.pipeline"},
+}
+
+# What adapters share, and the registry keyed by engine name (which may import them all).
+REGISTRY = "capturelint.adapters.registry"
+ADAPTERS_SHARED = {"capturelint.adapters", "capturelint.adapters.common", REGISTRY}
+
+# The engine families (--engine); an adapter's family is its module name up to the first "_".
+ENGINE_NAMES = ("bundled", "vllm")
+
+
+# ------------------------------------------------------------------ the graph
+
+
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _type_checking_lines(tree: ast.AST) -> set[int]:
-    lines: set[int] = set()
+def _under_type_checking(tree: ast.AST) -> set[int]:
+    """ids of the nodes under ``if TYPE_CHECKING:``."""
+    ids: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for child in node.body:
-                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
-    return lines
+            ids.update(id(n) for child in node.body for n in ast.walk(child))
+    return ids
 
 
-def import_graph(type_checking: bool = False) -> nx.DiGraph:
-    """The import graph; with ``type_checking``, imports for type checking count too."""
-    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+def import_graph(package: Path = PACKAGE, type_checking: bool = True) -> nx.DiGraph:
+    """The import graph of the package's modules; without ``type_checking``, imports under
+    ``if TYPE_CHECKING:`` are left out. ``from a import b`` is an edge to ``a.b`` when that
+    is a module, else to ``a``. Each node's ``third_party`` holds the top-level names of
+    what it imports from outside the package."""
+    modules = {module_name(p, package): p for p in package.rglob("*.py")}
     graph = nx.DiGraph()
-    graph.add_nodes_from(modules)
+    graph.add_nodes_from((m, {"third_party": set()}) for m in modules)
+
+    def resolve(target: str) -> str:
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        return target
+
     for name, path in modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        skip = set() if type_checking else _type_checking_lines(tree)
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        skip = set() if type_checking else _under_type_checking(tree)
+        package_name = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(tree):
-            if getattr(node, "lineno", None) in skip:
+            if id(node) in skip:
                 continue
-            targets: list[str] = []
             if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
+                bases, targets = [a.name for a in node.names], [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
-                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+                    kept = package_name.split(".")[: len(package_name.split(".")) - node.level + 1]
+                    base = ".".join(kept + ([base] if base else []))
+                bases = [base]
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            else:
+                continue
+            for base in bases:
+                if base.split(".")[0] != ROOT:
+                    graph.nodes[name]["third_party"].add(base.split(".")[0])
             for target in targets:
-                while target and target not in modules:
-                    target = target.rpartition(".")[0]
+                target = resolve(target)
                 if target and target != name:
                     graph.add_edge(name, target)
     return graph
 
 
-def _in(module: str, prefixes: tuple[str, ...]) -> bool:
-    return any(module == p or module.startswith(p + ".") for p in prefixes)
+GRAPH = import_graph(type_checking=False)
+TYPED = import_graph()
 
 
-GRAPH = import_graph()
-TYPED = import_graph(type_checking=True)
+def _in(module: str, names: tuple[str, ...]) -> bool:
+    return any(module == n or (n != ROOT and module.startswith(n + ".")) for n in names)
+
+
+def rooms_of(module: str) -> list[str]:
+    return [room for room, names in ROOMS.items() if _in(module, names)]
+
+
+def room_of(module: str) -> str | None:
+    rooms = rooms_of(module)
+    return rooms[0] if len(rooms) == 1 else None
+
+
+def family(module: str) -> str:
+    """An adapter's engine family: ``adapters.vllm_plan`` -> ``vllm``."""
+    return module.rpartition(".")[2].split("_")[0]
+
+
+Edge = tuple[str, str]
+
+
+def _edges(graph: nx.DiGraph) -> Iterator[tuple[str, str | None, str, str | None]]:
+    for a, b in graph.edges:
+        yield a, room_of(a), b, room_of(b)
+
+
+# ------------------------------------------------------------------ the doors
+
+
+def unplaced_modules(graph: nx.DiGraph) -> list[str]:
+    """Modules in no room, or in more than one."""
+    return sorted(m for m in graph if len(rooms_of(m)) != 1)
+
+
+def upward_arrows(graph: nx.DiGraph) -> list[Edge]:
+    """A module imports nothing of a room above its own (ROOMS, lowest first)."""
+    order = list(ROOMS)
+    return sorted((a, b) for a, ra, b, rb in _edges(graph) if ra and rb and order.index(ra) < order.index(rb))
+
+
+def import_cycles(graph: nx.DiGraph) -> list[Edge]:
+    """No two modules import each other, however far round: the edges on a cycle."""
+    component = {m: i for i, c in enumerate(nx.strongly_connected_components(graph)) for m in c if len(c) > 1}
+    return sorted((a, b) for a, b in graph.edges if a in component and component[a] == component.get(b))
+
+
+def runtime_imports_beyond_runtime(graph: nx.DiGraph) -> list[Edge]:
+    """runtime/ -> torch only."""
+    return sorted((a, b) for a, ra, b, rb in _edges(graph) if ra == "runtime" and rb not in (None, "runtime"))
+
+
+def base_imports_beyond_base(graph: nx.DiGraph) -> list[Edge]:
+    """What every room may import imports only its own kind and the runtime's vocabulary."""
+    return sorted((a, b) for a, ra, b, rb in _edges(graph)
+                  if ra == "base" and rb not in (None, "base") and b != PROTOCOL)
+
+
+def engine_imports_beyond_runtime(graph: nx.DiGraph) -> list[Edge]:
+    """engine/ -> runtime/ (and base)."""
+    allowed = (None, "engine", "runtime", "base")
+    return sorted((a, b) for a, ra, b, rb in _edges(graph) if ra == "engine" and rb not in allowed)
+
+
+def checker_imports_engine_or_adapter(graph: nx.DiGraph) -> list[Edge]:
+    """The checker knows capture, not an engine."""
+    return sorted((a, b) for a, ra, b, rb in _edges(graph) if ra in CHECKER and rb in ("engine", "adapters"))
+
+
+def checker_imports_runtime(graph: nx.DiGraph) -> list[Edge]:
+    """Check pipeline -> runtime/protocol ONLY (and RUNTIME_USERS)."""
+    return sorted((a, b) for a, ra, b, rb in _edges(graph)
+                  if ra in CHECKER and rb == "runtime" and b != PROTOCOL and a not in RUNTIME_USERS.get(b, ()))
+
+
+def reporter_imports_beyond_model(graph: nx.DiGraph) -> list[Edge]:
+    """Reporters -> report model only."""
+    allowed = (None, "reporters", "model", "base")
+    return sorted((a, b) for a, ra, b, rb in _edges(graph) if ra == "reporters" and rb not in allowed and b != PROTOCOL)
+
+
+def reporter_importers(graph: nx.DiGraph) -> list[Edge]:
+    """Commands render through the reporters; nothing below them does."""
+    return sorted((a, b) for a, ra, b, rb in _edges(graph)
+                  if rb == "reporters" and ra not in (None, "reporters", "commands"))
+
+
+def adapter_imports_other_adapter(graph: nx.DiGraph) -> list[Edge]:
+    """An adapter imports no other adapter: only its own family's modules and what they
+    share; the shared modules import no adapter, except the registry, which keys them all."""
+    bad = []
+    for a, ra, b, rb in _edges(graph):
+        if ra != "adapters" or rb != "adapters" or b in ADAPTERS_SHARED or a == REGISTRY:
+            continue
+        if a in ADAPTERS_SHARED or family(a) != family(b):
+            bad.append((a, b))
+    return sorted(bad)
+
+
+def adapter_imports_engine(graph: nx.DiGraph) -> list[Edge]:
+    """adapters/ -> engine/ (bundled only)."""
+    return sorted((a, b) for a, ra, b, rb in _edges(graph)
+                  if ra == "adapters" and rb == "engine" and family(a) != "bundled")
+
+
+def vllm_outside_the_vllm_adapter(graph: nx.DiGraph) -> list[Edge]:
+    """adapters/ -> vllm (vllm only)."""
+    return sorted((m, "vllm") for m in graph if "vllm" in graph.nodes[m]["third_party"]
+                  and not (room_of(m) == "adapters" and family(m) == "vllm"))
+
+
+def command_imports_engine_or_runtime(graph: nx.DiGraph) -> list[Edge]:
+    """Commands reach engines through the adapter registry, never directly."""
+    return sorted((a, b) for a, ra, b, rb in _edges(graph) if ra in FRONT and rb in ("engine", "runtime"))
+
+
+def command_imports_adapter_beyond_registry(graph: nx.DiGraph) -> list[Edge]:
+    """Commands know adapters through the registry only."""
+    return sorted((a, b) for a, ra, b, rb in _edges(graph) if ra in FRONT and rb == "adapters" and b != REGISTRY)
+
+
+DOORS: dict[str, Callable[[nx.DiGraph], list[Edge]]] = {f.__name__: f for f in (
+    upward_arrows, import_cycles, runtime_imports_beyond_runtime, base_imports_beyond_base,
+    engine_imports_beyond_runtime, checker_imports_engine_or_adapter, checker_imports_runtime,
+    reporter_imports_beyond_model, reporter_importers, adapter_imports_other_adapter, adapter_imports_engine,
+    vllm_outside_the_vllm_adapter, command_imports_engine_or_runtime, command_imports_adapter_beyond_registry,
+)}
+
+
+def new_violations(door: str, graph: nx.DiGraph) -> list[Edge]:
+    return [e for e in DOORS[door](graph) if e not in KNOWN_VIOLATIONS]
+
+
+# ---------------------------------------------------------- switches on engines
+
+
+def _names_engine(node: ast.AST) -> bool:
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return name.lower() in ("engine", "engine_name")
+
+
+def _is_engine_name(node: ast.AST, own: str) -> bool:
+    values = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return any(isinstance(v, ast.Constant) and v.value in ENGINE_NAMES and v.value != own for v in values)
+
+
+def engine_switches(package: Path = PACKAGE) -> list[tuple[str, str]]:
+    """Comparisons (``==``, ``!=``, ``in``, ``not in``) that ask which engine this is: of an
+    engine (``engine``, ``plan.engine``) with anything but another engine, or of anything
+    with an engine's name. An adapter may say its own family's name (``"vllm" in
+    sys.modules`` in the vLLM adapter); adapters/registry.py may ask."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        where = path.relative_to(package).as_posix()
+        if where == "adapters/registry.py":
+            continue
+        own = family(module_name(path, package)) if where.startswith("adapters/") else ""
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Compare) or not all(
+                    isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops):
+                continue
+            sides = [node.left, *node.comparators]
+            engines = [_names_engine(s) for s in sides]
+            if (any(engines) and not all(engines)) or any(_is_engine_name(s, own) for s in sides):
+                found.append((where, ast.unparse(node)))
+    return found
+
+
+def new_engine_switches(package: Path = PACKAGE) -> list[tuple[str, str]]:
+    new = collections.Counter(engine_switches(package)) - collections.Counter(KNOWN_ENGINE_SWITCHES)
+    return sorted(new.elements())
+
+
+# ------------------------------------------------------------ the real package
 
 
 def test_the_graph_sees_the_package():
     assert {"capturelint.tracer", "capturelint.runtime.protocol", "capturelint.adapters.bundled"} <= set(GRAPH)
     assert GRAPH.has_edge("capturelint.tracer", "capturelint.runtime.protocol")
-
-
-def test_no_import_cycles():
-    # counted with the imports for type checking: a cycle hidden under TYPE_CHECKING is
-    # still two modules that cannot be understood apart
+    # from capturelint.runtime import frames: an edge to the module, not to the package
+    assert GRAPH.has_edge("capturelint.harness", "capturelint.runtime.frames")
+    assert not GRAPH.has_edge("capturelint.harness", "capturelint.runtime")
+    # imports for type checking are in TYPED only
+    assert TYPED.has_edge("capturelint.render.suggest", "capturelint.suggest")
+    assert not GRAPH.has_edge("capturelint.render.suggest", "capturelint.suggest")
     assert GRAPH.edges <= TYPED.edges
-    cycles = sorted(sorted(c) for c in nx.simple_cycles(TYPED))
-    assert cycles == [], f"import cycles: {cycles[:5]}"
+    assert "vllm" in TYPED.nodes["capturelint.adapters.vllm"]["third_party"]
 
 
-def test_the_analyzer_imports_no_rule():
-    # tracer -> analyzer -> rules: the rules read the analyzer's views; the analyzer
-    # calls whatever rules it is handed, by the check methods they implement
-    reached = nx.descendants(TYPED, "capturelint.analyzer")
-    assert not any(_in(m, ("capturelint.rules",)) for m in reached), sorted(reached)
+def test_every_module_is_in_one_room():
+    # a new module must be placed in ROOMS (and so under its doors)
+    assert unplaced_modules(TYPED) == [], {m: rooms_of(m) for m in unplaced_modules(TYPED)}
 
 
-@pytest.mark.parametrize("module", sorted(m for m in GRAPH if _in(m, CHECKER)))
-def test_the_checker_imports_no_engine_and_no_adapter(module):
-    reached = nx.descendants(GRAPH, module)
-    bad = sorted(m for m in reached if _in(m, ("capturelint.engine", "capturelint.adapters")))
-    assert bad == [], f"{module} reaches {bad}"
+@pytest.mark.parametrize("door", DOORS)
+def test_door(door):
+    breaches = new_violations(door, TYPED)
+    assert breaches == [], f"{DOORS[door].__doc__.strip()} Breached by: {breaches}"
 
 
-@pytest.mark.parametrize("module", sorted(m for m in GRAPH if _in(m, ("capturelint.runtime",))))
-def test_the_runtime_imports_only_the_runtime(module):
-    outside = sorted(m for m in GRAPH.successors(module) if not _in(m, ("capturelint.runtime",)))
-    assert outside == [], f"{module} imports {outside}"
+def test_every_known_violation_still_occurs():
+    # KNOWN_VIOLATIONS only shrinks: remove an entry once the breach is gone
+    occurring = {e for door in DOORS.values() for e in door(TYPED)}
+    assert sorted(KNOWN_VIOLATIONS - occurring) == []
 
 
-@pytest.mark.parametrize("module", sorted(m for m in GRAPH if _in(m, ("capturelint.engine",))))
-def test_the_engine_imports_no_checker(module):
-    bad = sorted(m for m in GRAPH.successors(module) if _in(m, CHECKER + ("capturelint.adapters",)))
-    assert bad == [], f"{module} imports {bad}"
+def test_no_import_cycles_even_under_type_checking():
+    assert import_cycles(TYPED) == []
 
 
-def test_checker_modules_reach_a_runtime_only_through_the_protocol():
-    for module in GRAPH:
-        if not _in(module, CHECKER):
-            continue
-        runtime = sorted(m for m in GRAPH.successors(module) if _in(m, ("capturelint.runtime",)))
-        extra = [m for m in runtime if m not in RUNTIME_FOR_CHECKER]
-        assert extra == [], f"{module} imports {extra}; the checker knows a runtime only through runtime.protocol"
+def test_the_engine_cli_is_the_one_command_outside_commands():
+    # the engine group is the engine's own CLI: listed by name, imported by capturelint.cli
+    # when run, so no command module imports the engine
+    from capturelint.commands import COMMANDS
+
+    outside = sorted(e.module for e in COMMANDS.values() if not _in(e.module, ("capturelint.commands",)))
+    assert outside == ["capturelint.engine.cli"]
 
 
-def test_nothing_imports_the_cli():
-    # exit statuses live in capturelint.errors; the CLI decides them, commands return them
-    importers = sorted(m for m in GRAPH.predecessors("capturelint.cli"))
-    assert importers == [], f"{importers} import capturelint.cli"
+def test_nothing_outside_the_registry_switches_on_the_engine():
+    assert new_engine_switches() == []
+
+
+def test_every_known_engine_switch_still_occurs():
+    gone = collections.Counter(KNOWN_ENGINE_SWITCHES) - collections.Counter(engine_switches())
+    assert sorted(gone.elements()) == []
 
 
 def test_the_comparison_and_the_file_format_are_apart():
     # snapshot.py is the file format; comparing is region_changes; the gate is baseline
-    assert not nx.has_path(GRAPH, "capturelint.snapshot", "capturelint.region_changes")
-    assert not nx.has_path(GRAPH, "capturelint.region_changes", "capturelint.baseline")
-    assert not any(_in(m, ("capturelint.render",)) for m in nx.descendants(GRAPH, "capturelint.report"))
+    assert not nx.has_path(TYPED, "capturelint.snapshot", "capturelint.region_changes")
+    assert not nx.has_path(TYPED, "capturelint.region_changes", "capturelint.baseline")
 
 
 def test_the_records_import_no_torch():
@@ -177,3 +468,129 @@ def test_every_record_type_is_documented_where_defined():
 def test_one_op_schema_reader_and_one_frame_walker(needle, home):
     users = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if needle in p.read_text(encoding="utf-8"))
     assert users == [home]
+
+
+# ------------------------------------------------------------ tests of the test
+
+
+def scratch(tmp_path: Path, edits: dict[str, str]) -> Path:
+    """A copy of the package with each text of ``edits`` appended to its file (relative to
+    the package; a new file where there is none)."""
+    package = tmp_path / ROOT
+    shutil.copytree(PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
+    for where, text in edits.items():
+        with (package / where).open("a", encoding="utf-8") as f:
+            f.write("\n" + text + "\n")
+    return package
+
+
+@pytest.mark.parametrize("door, where, line, breach", [
+    # the vLLM adapter imports the bundled engine
+    ("adapter_imports_engine", "adapters/vllm_plan.py", "import capturelint.engine.dsv4.ops",
+     ("capturelint.adapters.vllm_plan", "capturelint.engine.dsv4.ops")),
+    ("adapter_imports_engine", "adapters/common.py", "from capturelint.engine import llm",
+     ("capturelint.adapters.common", "capturelint.engine.llm")),
+    # an adapter imports another adapter, or what they share imports one
+    ("adapter_imports_other_adapter", "adapters/bundled.py", "from capturelint.adapters import vllm_plan",
+     ("capturelint.adapters.bundled", "capturelint.adapters.vllm_plan")),
+    ("adapter_imports_other_adapter", "adapters/common.py", "from capturelint.adapters.bundled import CheckPlan",
+     ("capturelint.adapters.common", "capturelint.adapters.bundled")),
+    ("vllm_outside_the_vllm_adapter", "adapters/bundled.py", "import vllm.config",
+     ("capturelint.adapters.bundled", "vllm")),
+    # a command imports the engine, a runtime, or an adapter past the registry
+    ("command_imports_engine_or_runtime", "commands/check.py", "from capturelint.engine.llm import LLM",
+     ("capturelint.commands.check", "capturelint.engine.llm")),
+    ("command_imports_engine_or_runtime", "commands/rules.py", "import capturelint.runtime.emulated",
+     ("capturelint.commands.rules", "capturelint.runtime.emulated")),
+    ("command_imports_adapter_beyond_registry", "commands/merge.py", "from capturelint.adapters import vllm",
+     ("capturelint.commands.merge", "capturelint.adapters.vllm")),
+    # a cycle only under TYPE_CHECKING
+    ("import_cycles", "findings.py",
+     "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from capturelint.pipeline import check_all",
+     ("capturelint.findings", "capturelint.pipeline")),
+    # the region graph imports the emulated primitive (the pipeline's alone)
+    ("checker_imports_runtime", "graph.py", "from capturelint.runtime.emulated import emulate_cuda",
+     ("capturelint.graph", "capturelint.runtime.emulated")),
+    ("checker_imports_runtime", "harness.py", "from capturelint.runtime import schema",
+     ("capturelint.harness", "capturelint.runtime.schema")),
+    # the checker modules the old CHECKER list left out
+    ("checker_imports_engine_or_adapter", "suggest.py", "import capturelint.engine.llm",
+     ("capturelint.suggest", "capturelint.engine.llm")),
+    ("checker_imports_engine_or_adapter", "merge.py", "from capturelint.engine.dsv4 import ops",
+     ("capturelint.merge", "capturelint.engine.dsv4.ops")),
+    ("checker_imports_runtime", "settings.py", "from capturelint.runtime.breakable import BreakableGraph",
+     ("capturelint.settings", "capturelint.runtime.breakable")),
+    ("checker_imports_runtime", "shard.py", "import capturelint.runtime.emulated",
+     ("capturelint.shard", "capturelint.runtime.emulated")),
+    # reporters, and who imports them
+    ("reporter_imports_beyond_model", "render/dot.py", "from capturelint.pipeline import check_all",
+     ("capturelint.render.dot", "capturelint.pipeline")),
+    ("reporter_importers", "pipeline.py", "from capturelint.render.report import render_rich",
+     ("capturelint.pipeline", "capturelint.render.report")),
+    # upward, and the lowest rooms
+    ("upward_arrows", "report.py", "from capturelint.harness import trace_run",
+     ("capturelint.report", "capturelint.harness")),
+    ("upward_arrows", "analyzer.py", "from capturelint.rules import RULES",
+     ("capturelint.analyzer", "capturelint.rules")),
+    ("upward_arrows", "report.py", "from capturelint.render.report import render_rich",
+     ("capturelint.report", "capturelint.render.report")),
+    ("upward_arrows", "commands/check.py", "from capturelint.cli import main",
+     ("capturelint.commands.check", "capturelint.cli")),
+    ("engine_imports_beyond_runtime", "engine/llm.py", "from capturelint.findings import Finding",
+     ("capturelint.engine.llm", "capturelint.findings")),
+    ("runtime_imports_beyond_runtime", "runtime/emulated.py", "from capturelint.errors import CapturelintError",
+     ("capturelint.runtime.emulated", "capturelint.errors")),
+    ("base_imports_beyond_base", "errors.py", "from capturelint.runtime.frames import user_frame",
+     ("capturelint.errors", "capturelint.runtime.frames")),
+])
+def test_a_scratch_breach_fails_its_door(tmp_path, door, where, line, breach):
+    graph = import_graph(scratch(tmp_path, {where: line}))
+    assert breach not in KNOWN_VIOLATIONS
+    assert breach in new_violations(door, graph)
+
+
+def test_a_cycle_under_type_checking_counts(tmp_path):
+    package = scratch(tmp_path, {"findings.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                                "    from capturelint.pipeline import check_all"})
+    assert import_cycles(import_graph(package, type_checking=False)) == []
+    assert ("capturelint.pipeline", "capturelint.findings") in import_cycles(import_graph(package))
+
+
+def test_a_new_module_must_be_placed(tmp_path):
+    package = scratch(tmp_path, {"newroom.py": "X = 1", "adapters/common.py": "X = 1"})
+    assert unplaced_modules(import_graph(package)) == ["capturelint.newroom"]
+
+
+def test_the_doors_let_through_what_the_picture_allows(tmp_path):
+    package = scratch(tmp_path, {
+        "adapters/registry.py": "from capturelint.adapters import bundled, target, vllm_plan",
+        "adapters/common.py": "from capturelint.pipeline import check_all",
+        "adapters/vllm.py": "from capturelint.adapters.common import check_all",
+        "adapters/bundled.py": "from capturelint.engine.dsv4 import ops",
+        "commands/check.py": "from capturelint.adapters.registry import bundled",
+        "options.py": "from capturelint.runtime.protocol import BreakOutputs",
+        "snapshot.py": "from capturelint.options import BreakOutputs",
+    })
+    graph = import_graph(package)
+    assert graph.has_edge("capturelint.adapters.registry", "capturelint.adapters.vllm_plan")
+    assert unplaced_modules(graph) == []
+    assert {door: new_violations(door, graph) for door in DOORS} == {door: [] for door in DOORS}
+
+
+@pytest.mark.parametrize("where, line, switch", [
+    ("commands/check.py", 'x = settings.engine != "vllm"', "settings.engine != 'vllm'"),
+    ("pipeline.py", 'x = engine == "bundled"', "engine == 'bundled'"),
+    ("adapters/target.py", 'x = kind in ("bundled", "vllm")', "kind in ('bundled', 'vllm')"),
+    ("adapters/vllm.py", 'x = name == "bundled"', "name == 'bundled'"),
+])
+def test_a_scratch_engine_switch_is_found(tmp_path, where, line, switch):
+    assert new_engine_switches(scratch(tmp_path, {where: line})) == [(where, switch)]
+
+
+def test_the_registry_and_an_adapter_naming_itself_are_no_switch(tmp_path):
+    package = scratch(tmp_path, {
+        "adapters/registry.py": 'x = plan.engine == "vllm"',
+        "adapters/vllm_kernels.py": 'x = "vllm" in sys.modules',
+        "baseline.py": "x = old.engine == new.engine",  # the same engine twice: not which one
+    })
+    assert new_engine_switches(package) == []
