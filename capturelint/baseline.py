@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from capturelint.errors import CapturelintError
+from capturelint.inputs import InputProblem, read_bytes
 from capturelint.region_changes import RegionChanges, compare_maps, cut
 from capturelint.report import Report
 from capturelint.snapshot import RegionMap, load_snapshot, looks_like_snapshot, mode_order, region_map, write_snapshot
@@ -53,12 +54,11 @@ def check_update_target(path: str) -> None:
 def _is_empty(p: Path) -> bool:
     """No file, or one that holds nothing but white space: nothing to lose."""
     try:
-        size = p.stat().st_size
-        return size == 0 or (size < 4096 and not p.read_bytes().strip())
-    except FileNotFoundError:
-        return True
-    except OSError as e:
-        raise CapturelintError(f"snapshot --update {p}: cannot read it: {e.strerror}; check its permissions") from None
+        return not read_bytes(p, 4096).strip()
+    except InputProblem as e:
+        if e.kind in ("missing", "too-large"):
+            return e.kind == "missing"
+        raise CapturelintError(f"snapshot --update {p} {e.problem}; check the path and its permissions") from None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,12 +7,17 @@
   printed as one line ``capturelint: error: ...`` on stderr; also any other exception,
   printed as one line ``capturelint: internal error: ...``, with its traceback only under
   ``--debug`` (or ``CAPTURELINT_DEBUG=1``);
-- 130 interrupted (Ctrl-C, at any moment: also while torch is imported), one line
-  ``capturelint: interrupted``;
+- 130 interrupted (Ctrl-C, at any moment: also while torch is imported, and after the
+  report is written), one line ``capturelint: interrupted``; 143 and 129 for SIGTERM and
+  SIGHUP, one line ``capturelint: terminated`` (``capturelint.interrupts``);
 - a reader that closes the pipe (``capturelint check | head -1``) ends the output
-  quietly, and the command still ends with the status its run had.
+  quietly, and the command still ends with the status its run had; a standard error
+  that cannot be written changes nothing.
 
-Standard output goes through ``capturelint.output.GuardedStdout`` while a command runs.
+``--debug`` is accepted by the root and by every command; ``CAPTURELINT_DEBUG`` is
+``1``, ``true``, ``yes``, ``on`` or ``0``, ``false``, ``no``, ``off``, empty (anything
+else is an error). Standard output and standard error go through
+``capturelint.output.GuardedStdout`` and ``GuardedStderr`` while a command runs.
 Commands never import this module; ``EXIT_*`` live in ``capturelint.errors``.
 
 **Nothing heavy is imported to answer** ``--version``, ``-h`` or ``rules``: commands are
@@ -23,14 +28,16 @@ bad ``CAPTURELINT_THREADS`` is an error on every command.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
+from capturelint import interrupts
 from capturelint.errors import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, EXIT_INTERRUPTED, CapturelintError  # noqa: F401
 
 THREADS_ENV = "CAPTURELINT_THREADS"
@@ -55,6 +62,7 @@ class _LazyGroup(click.Group):
         command = getattr(importlib.import_module(entry.module), entry.attribute)
         if entry.torch:
             _threads_before(command)
+        _with_debug(command)
         return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
@@ -77,16 +85,31 @@ def _set_debug(ctx: click.Context, param: click.Parameter, value: bool) -> None:
         ctx.obj["debug"] = True
 
 
+def _debug_option() -> click.Option:
+    return click.Option(["--debug"], is_flag=True, expose_value=False, is_eager=True, callback=_set_debug,
+                        help=f"Print the traceback of an internal error (also: {DEBUG_ENV}=1).")
+
+
+def _with_debug(command: click.Command) -> None:
+    """``--debug`` on ``command`` and its subcommands too (the internal-error hint says
+    "run again with --debug" whatever the command was)."""
+    if not any(p.name == "debug" for p in command.params):
+        command.params.append(_debug_option())
+    for sub in getattr(command, "commands", {}).values():
+        _with_debug(sub)
+
+
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="capturelint")
-@click.option("--debug", is_flag=True, expose_value=False, is_eager=True, callback=_set_debug,
-              help=f"Print the traceback of an internal error (also: {DEBUG_ENV}=1).")
 def cli() -> None:
     """Check that CUDA-graph replay computes what eager execution computes.
 
     Exit status: 0 clean, 1 findings, 2 usage, configuration or internal error,
-    130 interrupted.
+    130 interrupted (143, 129: SIGTERM, SIGHUP).
     """
+
+
+_with_debug(cli)
 
 
 # ------------------------------------------------------------------- threads
@@ -136,54 +159,68 @@ def _one_line(text: str) -> str:
 
 
 def _error(text: str) -> None:
-    try:
-        click.echo(f"capturelint: {_one_line(text)}", err=True)
-    except OSError:  # stderr is gone too: the exit status still says what happened
-        pass
+    click.echo(f"capturelint: {_one_line(text)}", err=True)  # standard error is guarded: never raises
 
 
-def _env_debug() -> bool:
-    return os.environ.get(DEBUG_ENV, "").strip().lower() not in ("", "0", "false", "no")
+_DEBUG_ON = ("1", "true", "yes", "on")
+_DEBUG_OFF = ("", "0", "false", "no", "off")
+
+
+def debug_from_env() -> bool:
+    """``CAPTURELINT_DEBUG`` as a switch, or a one-line error for a value that is neither."""
+    text = os.environ.get(DEBUG_ENV, "")
+    value = text.strip().lower()
+    if value not in _DEBUG_ON + _DEBUG_OFF:
+        raise CapturelintError(
+            f"{DEBUG_ENV}={text!r} is not a switch; set it to 1 (or true, yes, on) for tracebacks, 0 (or false, no, "
+            "off) or unset it"
+        )
+    return value in _DEBUG_ON
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the command and maps every outcome to an exit status."""
-    from capturelint.output import GuardedStdout
+    from capturelint.output import GuardedStderr, GuardedStdout
 
-    state: dict[str, Any] = {"debug": _env_debug()}
-    real_stdout = sys.stdout
+    state: dict[str, Any] = {"debug": False}
+    real_stdout, real_stderr = sys.stdout, sys.stderr
     guarded = GuardedStdout(real_stdout)
-    sys.stdout = guarded
+    sys.stdout, sys.stderr = guarded, GuardedStderr(real_stderr)
     try:
-        status = _run(argv, state)
-        if guarded.error is None:
-            try:
-                guarded.flush()
-            except CapturelintError as e:
-                _error(f"error: {e}")
+        with interrupts.raising():
+            status = _run(argv, state)
+            if guarded.error is None:
+                try:
+                    guarded.flush()
+                except CapturelintError as e:
+                    _error(f"error: {e}")
+                    status = EXIT_ERROR
+            elif state.get("reported") is not guarded.error:  # the failed write's error was swallowed on its way
+                _error(f"error: {guarded.error}")
                 status = EXIT_ERROR
-        elif state.get("reported") is not guarded.error:  # the failed write's error was swallowed on its way
-            _error(f"error: {guarded.error}")
-            status = EXIT_ERROR
         return status
-    except KeyboardInterrupt:  # while reporting an error, or flushing
-        _error("interrupted")
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:  # while reporting an error, or flushing; SIGTERM, SIGHUP too
+        _error(interrupts.message(e))
+        return interrupts.exit_status(e)
     finally:
-        sys.stdout = real_stdout
+        sys.stdout, sys.stderr = real_stdout, real_stderr
 
 
 def _run(argv: list[str] | None, state: dict[str, Any]) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     no_args = getattr(click.exceptions, "NoArgsIsHelpError", ())
     try:
+        state["debug"] = debug_from_env()
         threads_from_env()
         with cli.make_context("capturelint", args, obj=state) as ctx:
             rv = cli.invoke(ctx)
         return rv if isinstance(rv, int) else EXIT_CLEAN
     except click.exceptions.Exit as e:
         return e.exit_code
-    except (KeyboardInterrupt, click.exceptions.Abort):
+    except KeyboardInterrupt as e:
+        _error(interrupts.message(e))
+        return interrupts.exit_status(e)
+    except click.exceptions.Abort:
         _error("interrupted")
         return EXIT_INTERRUPTED
     except no_args as e:  # type: ignore[misc]
@@ -222,8 +259,41 @@ def _run(argv: list[str] | None, state: dict[str, Any]) -> int:
         return EXIT_ERROR
 
 
-def entry() -> None:
-    sys.exit(main())
+def entry() -> NoReturn:
+    """The ``capturelint`` program: ``main``, then the end of the process, where a signal
+    still ends it with its one line and exit status (``capturelint.interrupts``)."""
+    interrupts.exit_on_signal()
+    _hold_closed_descriptors()
+    _end(main())
+
+
+def _hold_closed_descriptors() -> None:
+    """Point a standard output or error closed from the start (``>&-``) at /dev/null.
+    Python has already made ``sys.stdout`` ``None`` for it (a write is then an error,
+    ``capturelint.output``); holding the number keeps the next file opened (an output
+    file's temporary file) from becoming "standard output" for code that writes to 1."""
+    for fd in (1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+
+
+def _end(status: int) -> NoReturn:
+    """End the process with ``status``: the atexit functions, a flush, then ``os._exit``.
+    Python's own teardown would take about half a second once torch is loaded, and it
+    restores each signal's default action first: a Ctrl-C then killed the process
+    without a word. Nothing after the flush needs that teardown."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":

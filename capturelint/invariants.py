@@ -60,6 +60,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from capturelint.errors import CapturelintError
+from capturelint.inputs import InputProblem, load_toml
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -307,19 +308,15 @@ def parse_invariants(file: str, where: str, table: Any, source: str) -> tuple[In
 def read_invariants_file(path: str) -> tuple[Invariant, ...]:
     """The invariants of a TOML file named on the command line (``--invariants FILE``):
     its ``[tool.capturelint.invariants]`` or top-level ``[invariants]`` tables."""
-    import tomllib
-    from pathlib import Path
-
-    p = Path(path)
     try:
-        with p.open("rb") as fh:
-            doc = tomllib.load(fh)
-    except FileNotFoundError:
-        raise CapturelintError(f"{path}: no such file; --invariants takes a TOML file with [invariants.ID] tables") from None
-    except tomllib.TOMLDecodeError as e:
-        raise CapturelintError(f"{path}: malformed TOML: {e}; fix the file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise CapturelintError(f"{path}: cannot read: {e}; --invariants takes a UTF-8 TOML file") from None
+        doc = load_toml(path)
+    except InputProblem as e:
+        fix = {
+            "missing": "--invariants takes a TOML file with [invariants.ID] tables",
+            "syntax": "fix the file",
+            "nested": "an invariants table is a few levels deep: fix the file",
+        }.get(e.kind, "--invariants takes a UTF-8 TOML file")
+        raise CapturelintError(f"{path}: {e.state}; {fix}") from None
     tool = doc.get("tool", {}).get("capturelint", {}) if isinstance(doc.get("tool"), dict) else {}
     if isinstance(tool, dict) and "invariants" in tool:
         return parse_invariants(path, "tool.capturelint.invariants", tool["invariants"], f"command line ({path})")
@@ -330,10 +327,19 @@ def read_invariants_file(path: str) -> tuple[Invariant, ...]:
 
 def in_force(*layers: Iterable[Invariant]) -> tuple[Invariant, ...]:
     """The invariants in force: later layers replace earlier ones by id (defaults, then
-    settings, then command line); ``enabled = false`` drops one. Sorted by id."""
+    settings, then command line); ``enabled = false`` drops one. Sorted by id.
+
+    ``enabled = false`` for an id that no earlier layer declares is an error naming the
+    ids there are: a misspelt id would otherwise drop nothing, silently."""
     by_id: dict[str, Invariant] = {}
     for layer in layers:
         for inv in layer:
+            if not inv.enabled and inv.id not in by_id:
+                known = ", ".join(sorted(by_id)) or "none"
+                raise CapturelintError(
+                    f"{inv.source}: invariant {inv.id} has enabled = false, but no invariant {inv.id} is declared before "
+                    f"it to disable (known ids: {known}); correct the id, or remove its table"
+                )
             by_id[inv.id] = inv
     return tuple(sorted((i for i in by_id.values() if i.enabled), key=lambda i: i.id))
 

@@ -6,9 +6,11 @@ than found out as an allocation failure or an overflow deep inside torch:
 - **seeds** are unsigned 64-bit integers, what ``torch.Generator.manual_seed`` takes;
 - **layers** and **steps** of the bundled engine are at most ``MAX_LAYERS`` and
   ``MAX_STEPS`` (DeepSeek V4 has 61 layers; the default workload runs 24 steps);
-- a **baseline** (snapshot) file is at most ``MAX_SNAPSHOT_BYTES``: larger files are
-  refused before they are read (a snapshot of every runner and mode of a 61-layer engine
-  is a few MiB).
+- an **input file** is at most as large as its kind ever is, and refused by its size
+  before it is read (``capturelint.inputs``): a baseline (snapshot) ``MAX_SNAPSHOT_BYTES``
+  (a snapshot of every runner and mode of a 61-layer engine is a few MiB), a report to
+  merge ``MAX_REPORT_BYTES``, a settings or invariants file ``MAX_TOML_BYTES``; and its
+  document is at most ``MAX_DEPTH`` levels deep (what capturelint writes is under 12).
 
 No import here needs torch: settings and argument validation use these.
 """
@@ -19,6 +21,9 @@ SEED_MAX = 2**64 - 1
 MAX_LAYERS = 256
 MAX_STEPS = 4096
 MAX_SNAPSHOT_BYTES = 64 * 2**20
+MAX_REPORT_BYTES = 256 * 2**20
+MAX_TOML_BYTES = 4 * 2**20
+MAX_DEPTH = 64
 
 _COUNT_MAX = {"layers": MAX_LAYERS, "steps": MAX_STEPS}
 
@@ -38,7 +43,10 @@ def seed_problem(value: object) -> str | None:
     return None
 
 
-__all__ = ["MAX_LAYERS", "MAX_SNAPSHOT_BYTES", "MAX_STEPS", "SEED_MAX", "count_problem", "seed_problem"]
+__all__ = [
+    "MAX_DEPTH", "MAX_LAYERS", "MAX_REPORT_BYTES", "MAX_SNAPSHOT_BYTES", "MAX_STEPS", "MAX_TOML_BYTES", "SEED_MAX", "count_problem",
+    "seed_problem",
+]
 
 
 MAX_JOBS = 256

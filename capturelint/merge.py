@@ -4,8 +4,10 @@ K/N``, ``capturelint.shard``) into the report one unsharded check would have wri
 **Inputs.** Either JSON reports (``check --format json``) or SARIF logs (``check
 --format sarif``), not both. Sharded reports must be the complete set of one check:
 every shard 1..N exactly once, all with the same N and the same configuration list, each
-holding the configurations its shard runs. Unsharded reports (of checks of different
-runners, say) may be merged too; then no configuration may be in two of them. Every
+holding the configurations its shard runs, all with the same fingerprint of the check
+(``capturelint.shard``: options, settings, rules, invariants, engine, version; another
+``--seed`` is another check). Unsharded reports (of checks of different runners, say)
+may be merged too; then no configuration may be in two of them. Every
 input must have been written by this capturelint version: the merged report is this
 version's, and a report of another one may mean other rules or another format.
 
@@ -29,15 +31,15 @@ Every problem with an input is one line naming the file (exit 2).
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, Sequence
 
 from capturelint import __version__
 from capturelint.errors import CapturelintError
+from capturelint.inputs import InputProblem, parse_json, read_text
+from capturelint.limits import MAX_REPORT_BYTES
 from capturelint.report import JSON_VERSION, ConfigReport, Report
 from capturelint.shard import ShardInfo
 
-MAX_INPUT_BYTES = 256 * 1024 * 1024  # a report larger than this is not one capturelint wrote
 SARIF_VERSION = "2.1.0"
 
 
@@ -55,19 +57,19 @@ class Input:
 def read_input(path: str) -> Input:
     """Read and recognise one input; every failure is a one-line error naming the file."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_INPUT_BYTES + 1)
-    except FileNotFoundError:
-        raise CapturelintError(f"merge: {path} does not exist; name the reports of check --format json (or sarif)") from None
-    except IsADirectoryError:
-        raise CapturelintError(f"merge: {path} is a directory; name report files") from None
-    except OSError as e:
-        raise CapturelintError(f"merge: cannot read {path}: {e.strerror or e}") from None
-    if len(data) > MAX_INPUT_BYTES:
-        raise CapturelintError(f"merge: {path} is larger than {MAX_INPUT_BYTES // 2**20} MiB: not a capturelint report")
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
+        doc = parse_json(read_text(path, MAX_REPORT_BYTES), path)
+    except InputProblem as e:
+        fix = {
+            "missing": "name the reports of check --format json (or sarif)",
+            "directory": "name report files",
+            "special": "name report files",
+            "encoding": "name the reports of check --format json (or sarif)",
+            "too-large": "not a capturelint report",
+            "nested": "not a capturelint report",
+        }.get(e.kind, "check the path and its permissions")
+        problem = f"is not JSON ({e.state})" if e.kind == "encoding" else e.problem
+        raise CapturelintError(f"merge: {path} {problem}; {fix}") from None
+    except ValueError as e:
         raise CapturelintError(f"merge: {path} is not JSON ({_one_line(e)}); name the reports of check --format json "
                                "(or sarif)") from None
     if isinstance(doc, dict) and doc.get("tool") == "capturelint":
@@ -175,6 +177,12 @@ def _shard_order(inputs: Sequence[Input], labels_of: Any) -> list[tuple[Input, i
                     else "a shard of a check of other configurations")
             raise CapturelintError(f"merge: {i.path} is {what}, and {first.path} is shard {first.shard.index}/{count} "
                                    f"of {len(plan)} configurations; merge the shards of one check")
+        if i.shard.check != first.shard.check:
+            raise CapturelintError(
+                f"merge: {i.path} is shard {i.shard.index}/{count} of another check than {first.path}: the two checks "
+                "differ in options, settings, rules, invariants, engine or capturelint version, so their reports do not "
+                "join into one check's; merge the shards of one check (the same command, with only --shard changed)"
+            )
         if i.shard.index in by_index:
             raise CapturelintError(f"merge: shard {i.shard.index}/{count} is given twice ({by_index[i.shard.index].path}, "
                                    f"{i.path}); give each shard's report once")

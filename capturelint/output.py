@@ -1,23 +1,28 @@
 """Where command output goes: standard output, or a file replaced atomically.
 
 **Files are written whole or not at all.** ``write_file`` writes a temporary file in
-the target's folder, flushes it to disk, then ``os.replace``\\ s the target with it: a
-command killed mid-write, a full disk or a file-size limit leave the old file as it
-was (and no temporary file behind, except after SIGKILL). A target that exists but is
-not a regular file (``/dev/stdout``, ``/dev/null``, a named pipe) has no file to
-replace and is written directly. A symbolic link is followed: the file it names is
-replaced, the link stays. Every failure is a ``CapturelintError`` naming the path.
+the target's folder (``.FILE.XXXXXXXX.tmp``, the name cut so that it stays a legal file
+name), flushes it to disk, then ``os.replace``\\ s the target with it: a command killed
+mid-write (Ctrl-C, SIGTERM, SIGHUP: ``capturelint.interrupts``), a full disk or a
+file-size limit leave the old file as it was, and no temporary file behind (except
+after SIGKILL). A target that exists but is not a regular file (``/dev/null``, a named
+pipe) has no file to replace and is written directly; a target that is standard output
+(``-o /dev/stdout``) is written to standard output. A symbolic link is followed: the
+file it names is replaced, the link stays. Every failure is a ``CapturelintError``
+naming the path.
 
 **Files are written after the run**, once the report exists; ``check_output_path``
 refuses, before anything runs, a path that can never be written (a directory, a folder
-that does not exist), so a long run does not end in a lost report. ``-`` names standard
-output.
+that does not exist or that this user may not write), so a long run does not end in a
+lost report. ``-`` names standard output.
 
 **Standard output never crashes a command.** ``GuardedStdout`` (installed by
 ``capturelint.cli.main``) turns a closed pipe (``capturelint check | head -1``) into
 silence, so the command still ends with the exit status its run had; a write error
-(``> /dev/full``) into one ``CapturelintError``; and a character the output encoding
-cannot represent (``PYTHONIOENCODING=ascii``) into ``?``.
+(``> /dev/full``) or a standard output closed from the start (``>&-``) into one
+``CapturelintError``; and a character the output encoding cannot represent
+(``PYTHONIOENCODING=ascii``) into ``?``. **Standard error never changes the exit
+status**: ``GuardedStderr`` drops what cannot be written (``2>/dev/full``, ``2>&-``).
 """
 
 from __future__ import annotations
@@ -49,32 +54,62 @@ def check_output_path(output: str | None, option: str = "-o") -> None:
     assert output is not None
     if not output:
         raise CapturelintError(f"{option} needs a file name (or - for standard output)")
-    target = os.path.realpath(output)
-    if os.path.isdir(target) or output.endswith(("/", os.sep)):
+    info = _stat(output)
+    if output.endswith(("/", os.sep)) or (info is not None and stat.S_ISDIR(info.st_mode)):
         raise CapturelintError(f"cannot write {output}: it is a directory; name a file with {option}")
+    if info is not None and not stat.S_ISREG(info.st_mode):  # a device or pipe, written in place
+        if not os.access(output, os.W_OK):
+            raise CapturelintError(f"cannot write {output}: permission denied; choose a writable path with {option}")
+        return
+    target = os.path.realpath(output)
     folder = os.path.dirname(target)
+    shown = os.path.dirname(output) or folder
     if not os.path.isdir(folder):
         what = "is not a folder" if os.path.exists(folder) else "does not exist"
-        raise CapturelintError(
-            f"cannot write {output}: the folder {os.path.dirname(output) or folder} {what}; create it or choose "
-            f"another path with {option}"
-        )
+        raise CapturelintError(f"cannot write {output}: the folder {shown} {what}; create it or choose another path with "
+                               f"{option}")
+    if not os.access(folder, os.W_OK | os.X_OK):  # the file is replaced by a new one made in its folder
+        raise CapturelintError(f"cannot write {output}: the folder {shown} is not writable; choose a writable path with "
+                               f"{option}")
+
+
+def _stat(path: str) -> os.stat_result | None:
+    """What ``path`` names (links followed), or ``None`` when nothing is there yet."""
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
 
 
 def write_file(path: str, data: str | bytes) -> None:
     """Write ``data`` (text is UTF-8) to ``path`` atomically (see the module docstring)."""
+    info = _stat(path)
+    if isinstance(data, str) and info is not None and _is_stdout(info):
+        write_stdout(data)  # -o /dev/stdout: the report joins standard output (a pipe's reader gone: quiet)
+        return
     payload = data.encode("utf-8") if isinstance(data, str) else data
-    target = os.path.realpath(path)
     try:
-        if os.path.exists(target) and not stat.S_ISREG(os.stat(target).st_mode):
-            if os.path.isdir(target):
+        if info is not None and not stat.S_ISREG(info.st_mode):
+            if stat.S_ISDIR(info.st_mode):
                 raise IsADirectoryError(21, "Is a directory")
-            with open(target, "wb") as fh:
+            sys.stdout.flush()  # what came before stays before, when this is standard output too
+            with open(path, "wb") as fh:  # the path, not its realpath: /dev/stdout -> /proc/self/fd/1 -> pipe:[...]
                 fh.write(payload)
             return
-        _replace(target, payload)
+        _replace(os.path.realpath(path), payload)
     except OSError as e:
         raise CapturelintError(f"cannot write {path}: {e.strerror or e}; choose a writable path with -o") from None
+
+
+def _is_stdout(info: os.stat_result) -> bool:
+    """Whether ``info`` is the file standard output writes to."""
+    try:
+        return os.path.samestat(info, os.fstat(sys.stdout.fileno()))
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return False
+
+
+_TEMP_STEM_BYTES = 200  # of the file's name in its temporary file's: ".NAME.XXXXXXXX.tmp" fits in NAME_MAX (255)
 
 
 def _replace(target: str, payload: bytes) -> None:
@@ -84,7 +119,8 @@ def _replace(target: str, payload: bytes) -> None:
         mask = os.umask(0)
         os.umask(mask)
         mode = 0o666 & ~mask
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=f".{os.path.basename(target)}.", suffix=".tmp")
+    stem = os.fsdecode(os.fsencode(os.path.basename(target))[:_TEMP_STEM_BYTES])
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=f".{stem}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(payload)
@@ -92,7 +128,7 @@ def _replace(target: str, payload: bytes) -> None:
             os.fsync(fh.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, target)
-    except BaseException:  # also KeyboardInterrupt: never leave a half file behind
+    except BaseException:  # also KeyboardInterrupt and capturelint.interrupts.Terminated: never leave a half file
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
@@ -119,9 +155,10 @@ def file_console(buffer: io.StringIO) -> Console:
 
 
 class GuardedStdout(io.TextIOBase):
-    """Standard output that cannot crash a command (see the module docstring)."""
+    """Standard output that cannot crash a command (see the module docstring).
+    ``stream`` is ``None`` when the process started with standard output closed."""
 
-    def __init__(self, stream: TextIO):
+    def __init__(self, stream: TextIO | None):
         self.stream = stream
         self.closed_by_reader = False
         self.error: CapturelintError | None = None  # raised again by every later write and flush
@@ -132,9 +169,11 @@ class GuardedStdout(io.TextIOBase):
         return getattr(self.stream, "encoding", None) or "utf-8"
 
     def isatty(self) -> bool:
-        return not self.closed_by_reader and self.stream.isatty()
+        return self.stream is not None and not self.closed_by_reader and self.stream.isatty()
 
     def fileno(self) -> int:
+        if self.stream is None:
+            raise io.UnsupportedOperation("the stream is closed")
         return self.stream.fileno()
 
     def writable(self) -> bool:
@@ -146,6 +185,9 @@ class GuardedStdout(io.TextIOBase):
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")  # as a text stream does
         if self.closed_by_reader or not text:  # click probes streams with write("")
+            return len(text)
+        if self.stream is None:
+            self._fail(None)
             return len(text)
         try:
             try:
@@ -161,7 +203,7 @@ class GuardedStdout(io.TextIOBase):
     def flush(self) -> None:
         if self.error is not None:
             raise self.error
-        if self.closed_by_reader:
+        if self.closed_by_reader or self.stream is None:
             return
         try:
             self.stream.flush()
@@ -171,26 +213,40 @@ class GuardedStdout(io.TextIOBase):
             self._fail(e)
 
     def _silence(self) -> None:
-        """The reader is gone: drop the rest, and point file descriptor 1 at /dev/null
-        so that the interpreter's last flush at exit does not fail again."""
+        """The reader is gone: drop the rest, and point the stream's file descriptor at
+        /dev/null so that the interpreter's last flush at exit does not fail again."""
         self.closed_by_reader = True
         with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation, AttributeError):
             devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self.stream.fileno())
+            os.dup2(devnull, self.fileno())
             os.close(devnull)
 
-    def _fail(self, e: OSError) -> None:
+    def _fail(self, e: OSError | None) -> None:
+        """A write that cannot go through (``e``; ``None``: the stream is closed)."""
         self._silence()
-        self.error = CapturelintError(
-            f"cannot write to standard output: {e.strerror or e}; free the device or write to a file with -o"
-        )
+        if e is None:
+            self.error = CapturelintError("cannot write to standard output: it is closed; give the command a standard "
+                                          "output (e.g. > FILE), or write to a file with -o")
+        else:
+            self.error = CapturelintError(
+                f"cannot write to standard output: {e.strerror or e}; free the device or write to a file with -o"
+            )
         raise self.error from None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)
 
 
+class GuardedStderr(GuardedStdout):
+    """Standard error that never changes how a command ends: diagnostics that cannot be
+    written (``2>/dev/full``, a closed stream, a reader gone) are dropped, so the exit
+    status stays the run's."""
+
+    def _fail(self, e: OSError | None) -> None:
+        self._silence()
+
+
 __all__ = [
-    "GuardedStdout", "STDOUT", "check_output_path", "file_console", "is_stdout", "stderr_console", "stdout_console",
+    "GuardedStderr", "GuardedStdout", "STDOUT", "check_output_path", "file_console", "is_stdout", "stderr_console", "stdout_console",
     "write_file", "write_stdout",
 ]

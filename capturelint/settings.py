@@ -32,7 +32,9 @@ time: ``merge(cli_value, setting_value, default)``.
 (``capturelint.limits``), an empty list, a rule code that matches no rule, a file that
 is not UTF-8 and malformed TOML are configuration errors: ``CapturelintError`` with one
 line naming the file, the key and what to write instead. (``ignore = []`` is allowed: it
-says that nothing is ignored.)
+says that nothing is ignored.) Files are read by ``capturelint.inputs``: a settings file
+that is not a regular file, is larger than 4 MiB or nests deeper than 64 levels is
+refused the same way.
 """
 
 from __future__ import annotations
@@ -41,11 +43,11 @@ import dataclasses
 import difflib
 import os
 import re
-import tomllib
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from capturelint.errors import CapturelintError
+from capturelint.inputs import InputProblem, load_toml
 from capturelint.limits import count_problem, jobs_problem, seed_problem
 
 PYPROJECT = "pyproject.toml"
@@ -108,14 +110,14 @@ def load_settings(config: str | os.PathLike[str] | None = None, start: str | os.
     (default: the current directory), else empty ``Settings()``."""
     if config is not None:
         path = Path(config)
-        if not path.is_file():
+        if not path.exists():
             raise CapturelintError(
-                f"{_shown(path)}: no such file; --config takes a pyproject.toml with a [tool.capturelint] table"
+                f"{shown(path)}: no such file; --config takes a pyproject.toml with a [tool.capturelint] table"
             )
         table = _table(path, _read_toml(path))
         if table is None:
             raise CapturelintError(
-                f"{_shown(path)}: no [tool.capturelint] table; add one or pass --config another file"
+                f"{shown(path)}: no [tool.capturelint] table; add one or pass --config another file"
             )
         return _settings(path, table)
     found = find_config(Path.cwd() if start is None else Path(start))
@@ -134,7 +136,7 @@ def find_config(start: Path) -> tuple[Path, dict[str, Any]] | None:
         directory = directory.parent
     while True:
         candidate = directory / PYPROJECT
-        if candidate.is_file():
+        if candidate.exists():  # a pyproject.toml that is not a file is an error, not passed over
             table = _table(candidate, _read_toml(candidate))
             if table is not None:
                 return candidate, table
@@ -153,7 +155,9 @@ def read_settings(path: str | os.PathLike[str]) -> Settings:
 # ----------------------------------------------------------------------------- parsing
 
 
-def _shown(path: Path) -> str:
+def shown(path: Path) -> str:
+    """A settings file's path as messages name it: relative to the working directory
+    when below it."""
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
     except ValueError:
@@ -161,17 +165,16 @@ def _shown(path: Path) -> str:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    """The TOML of a settings file, read by the bounded reader (``capturelint.inputs``)."""
     try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except tomllib.TOMLDecodeError as e:
-        raise CapturelintError(f"{_shown(path)}: malformed TOML: {e}; fix the file") from None
-    except UnicodeDecodeError as e:
-        raise CapturelintError(
-            f"{_shown(path)}: not UTF-8 text (byte {e.start} is invalid); TOML files are UTF-8: save it as UTF-8"
-        ) from None
-    except OSError as e:
-        raise CapturelintError(f"{_shown(path)}: cannot read: {e.strerror or e}") from None
+        return load_toml(path)
+    except InputProblem as e:
+        fix = {
+            "encoding": "; TOML files are UTF-8: save it as UTF-8",
+            "syntax": "; fix the file",
+            "nested": "; a settings table is a few levels deep: fix the file",
+        }.get(e.kind, "; pass --config a pyproject.toml file")
+        raise CapturelintError(f"{shown(path)}: {e.state}{fix}") from None
 
 
 def _table(path: Path, document: dict[str, Any]) -> dict[str, Any] | None:
@@ -179,13 +182,13 @@ def _table(path: Path, document: dict[str, Any]) -> dict[str, Any] | None:
     if tool is None:
         return None
     if not isinstance(tool, dict):
-        raise CapturelintError(f"{_shown(path)}: 'tool' must be a table; write [tool.capturelint]")
+        raise CapturelintError(f"{shown(path)}: 'tool' must be a table; write [tool.capturelint]")
     table = tool.get("capturelint")
     if table is None:
         return None
     if not isinstance(table, dict):
         raise CapturelintError(
-            f"{_shown(path)}: tool.capturelint must be a table, got {_kind(table)}; write [tool.capturelint] "
+            f"{shown(path)}: tool.capturelint must be a table, got {_kind(table)}; write [tool.capturelint] "
             "followed by key = value lines"
         )
     return table
@@ -212,7 +215,7 @@ class _Reader:
 
     def fail(self, key: str, what: str, value: Any, example: str) -> CapturelintError:
         return CapturelintError(
-            f"{_shown(self.file)}: [tool.capturelint] {key} must be {what}, got {_kind(value)}; "
+            f"{shown(self.file)}: [tool.capturelint] {key} must be {what}, got {_kind(value)}; "
             f"write for example {key} = {example}"
         )
 
@@ -227,7 +230,7 @@ class _Reader:
 
     def empty(self, key: str, what: str) -> CapturelintError:
         return CapturelintError(
-            f"{_shown(self.file)}: [tool.capturelint] {key} is an empty list; list at least one {what}, "
+            f"{shown(self.file)}: [tool.capturelint] {key} is an empty list; list at least one {what}, "
             f"or remove the key for the default"
         )
 
@@ -246,7 +249,7 @@ class _Reader:
                 raise self.fail(key, what, value, example)
             if normalise(item) not in choices:
                 raise CapturelintError(
-                    f"{_shown(self.file)}: [tool.capturelint] {key} has unknown entry {item!r}; "
+                    f"{shown(self.file)}: [tool.capturelint] {key} has unknown entry {item!r}; "
                     f"use {', '.join(choices)}"
                 )
         return tuple(normalise(item) for item in value)
@@ -265,12 +268,12 @@ class _Reader:
         for item in value:
             if not RULE_CODE.match(item.upper()):
                 raise CapturelintError(
-                    f"{_shown(self.file)}: [tool.capturelint] {key} has {item!r}, not a rule code; "
+                    f"{shown(self.file)}: [tool.capturelint] {key} has {item!r}, not a rule code; "
                     f'use codes like "CL101" or prefixes like "CL1" (capturelint rules lists them)'
                 )
             if not any(code.startswith(item.upper()) for code in BY_CODE):
                 raise CapturelintError(
-                    f"{_shown(self.file)}: [tool.capturelint] {key} has {item!r}, which matches no rule code; "
+                    f"{shown(self.file)}: [tool.capturelint] {key} has {item!r}, which matches no rule code; "
                     f"use one of {', '.join(BY_CODE)} or a prefix of them (capturelint rules lists them)"
                 )
         return tuple(item.upper() for item in value)
@@ -336,7 +339,7 @@ def _invariants(path: Path, table: dict[str, Any]) -> tuple[Any, ...] | None:
 
     if "invariants" not in table:
         return None
-    return parse_invariants(_shown(path), "tool.capturelint.invariants", table["invariants"], f"settings ({_shown(path)})")
+    return parse_invariants(shown(path), "tool.capturelint.invariants", table["invariants"], f"settings ({shown(path)})")
 
 
 def _settings(path: Path, table: dict[str, Any]) -> Settings:
@@ -345,7 +348,7 @@ def _settings(path: Path, table: dict[str, Any]) -> Settings:
             close = difflib.get_close_matches(key, _KEYS, n=1)
             hint = f"did you mean '{close[0]}'? " if close else ""
             raise CapturelintError(
-                f"{_shown(path)}: [tool.capturelint] unknown key '{key}'; {hint}"
+                f"{shown(path)}: [tool.capturelint] unknown key '{key}'; {hint}"
                 f"known keys: {', '.join(sorted(_KEYS))}"
             )
     r = _Reader(path, table)

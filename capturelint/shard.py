@@ -14,16 +14,26 @@ gets a mix of runners and modes. The same plan gives the same shards on every ma
 and its SARIF log the same object in the run's ``properties``::
 
     "shard": {"index": 1, "count": 2,
-              "configurations": ["v1/PIECEWISE", "v1/FULL", "v2/PIECEWISE", "v2/FULL"]}
+              "configurations": ["v1/PIECEWISE", "v1/FULL", "v2/PIECEWISE", "v2/FULL"],
+              "check": "5c0e9f3a1b7d2e48"}
 
 ``configurations`` lists every configuration of the whole plan, in report order, as
 ``runner/mode``: with it ``merge`` checks that the shards it is given are the complete
-set of one check and restores the report order. An unsharded report has no ``shard``.
+set of one check and restores the report order. ``check`` is the check's
+``fingerprint``: a hash of everything that shapes its report (the resolved options and
+settings: engine, runners, modes, eager region, layers, steps, seed, kernels, ...; the
+rules selected; the invariants in force; static mode; the target; capturelint's
+version), so shards of checks that differ in anything but the shard (another ``--seed``
+with the same configuration labels) are refused by ``merge``. An unsharded report has
+no ``shard``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
+import hashlib
+import json
 import re
 from typing import Any, Sequence, TypeVar
 
@@ -75,14 +85,39 @@ def require_selection(shard: Shard, labels: Sequence[str], what: str = "configur
     )
 
 
+def fingerprint(*parts: Any) -> str:
+    """16 hex digits that stand for ``parts`` (records, enums, sets, paths and plain
+    values, nested): equal parts give equal digits on every machine and in every process."""
+    text = json.dumps(_canonical(parts), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def _canonical(x: Any) -> Any:
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return {f.name: _canonical(getattr(x, f.name)) for f in dataclasses.fields(x)}
+    if isinstance(x, enum.Enum):
+        return _canonical(x.value)
+    if isinstance(x, dict):
+        return {str(k): _canonical(v) for k, v in x.items()}
+    if isinstance(x, (set, frozenset)):
+        return sorted((_canonical(v) for v in x), key=repr)
+    if isinstance(x, (list, tuple)):
+        return [_canonical(v) for v in x]
+    if x is None or isinstance(x, (str, int, float, bool)):
+        return x
+    return str(x)
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardInfo:
-    """What a shard's report says of its shard: ``index`` K of ``count`` N, and
-    ``configurations``, every configuration label of the whole plan in report order."""
+    """What a shard's report says of its shard: ``index`` K of ``count`` N,
+    ``configurations``, every configuration label of the whole plan in report order, and
+    ``check``, the ``fingerprint`` of the check (module docstring)."""
 
     index: int
     count: int
     configurations: tuple[str, ...]
+    check: str
 
     @property
     def shard(self) -> Shard:
@@ -94,19 +129,21 @@ class ShardInfo:
         return select(self.configurations, self.shard)
 
     def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "count": self.count, "configurations": list(self.configurations)}
+        return {"index": self.index, "count": self.count, "configurations": list(self.configurations), "check": self.check}
 
     @classmethod
     def from_json(cls, doc: Any) -> ShardInfo:
         """The inverse of ``to_json``; ``ValueError`` names what is malformed."""
-        if not isinstance(doc, dict) or set(doc) != {"index", "count", "configurations"}:
-            raise ValueError("shard must be an object with index, count and configurations")
-        index, count, labels = doc["index"], doc["count"], doc["configurations"]
+        if not isinstance(doc, dict) or set(doc) != {"index", "count", "configurations", "check"}:
+            raise ValueError("shard must be an object with index, count, configurations and check")
+        index, count, labels, check = doc["index"], doc["count"], doc["configurations"], doc["check"]
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in (index, count)) or not 1 <= index <= count:
             raise ValueError(f"shard index {index!r} of count {count!r} is not 1 <= index <= count")
         if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels) or len(labels) < count:
             raise ValueError("shard configurations must list at least count configuration labels")
-        return cls(index, count, tuple(labels))
+        if not isinstance(check, str) or not check:
+            raise ValueError("shard check must be the check's fingerprint (a string)")
+        return cls(index, count, tuple(labels), check)
 
 
-__all__ = ["Shard", "ShardInfo", "parse_shard", "positions", "require_selection", "select"]
+__all__ = ["Shard", "ShardInfo", "fingerprint", "parse_shard", "positions", "require_selection", "select"]

@@ -56,9 +56,10 @@ loader that validates a file and the writer. Comparing two maps is
 change (``snapshot --update``) are ``capturelint.baseline``; recording a map from the
 bundled engine is ``capturelint.adapters.bundled.record_regions``.
 
-**Reading is bounded.** A file larger than ``capturelint.limits.MAX_SNAPSHOT_BYTES``
-(64 MiB) is refused before it is read; a device or pipe (``/dev/zero``) is read no
-further than that bound, then refused.
+**Reading is bounded** (``capturelint.inputs``): a file larger than
+``capturelint.limits.MAX_SNAPSHOT_BYTES`` (64 MiB) is refused before it is read, and so
+is anything but a regular file (a device such as ``/dev/zero``, a named pipe); a
+document nested deeper than any snapshot is refused too.
 Writing is atomic (``capturelint.output.write_file``): a snapshot on disk is whole.
 """
 
@@ -67,13 +68,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import re
-import stat
 from pathlib import Path
 from typing import Any
 
 from capturelint.errors import CapturelintError
+from capturelint.inputs import InputProblem, parse_json, read_text
 from capturelint.limits import MAX_SNAPSHOT_BYTES
 from capturelint.output import write_file
 from capturelint.regions import GraphMap, SegmentMap
@@ -262,7 +262,9 @@ def load_snapshot(path: str | Path) -> RegionMap:
     if not text.strip():
         raise CapturelintError(f"snapshot {path} is empty; {_regenerate(path)}")
     try:
-        doc = json.loads(text, parse_constant=_reject_constant)
+        doc = parse_json(text, path, parse_constant=_reject_constant)
+    except InputProblem as e:
+        raise CapturelintError(f"snapshot {path} {e.problem}, deeper than any snapshot; {_regenerate(path)}") from None
     except json.JSONDecodeError as e:
         body = text.strip()
         # a file cut short ends before its closing bracket (or inside a string)
@@ -271,37 +273,23 @@ def load_snapshot(path: str | Path) -> RegionMap:
         raise CapturelintError(f"snapshot {path} {what}; {_regenerate(path)}") from None
     except ValueError as e:
         raise CapturelintError(f"snapshot {path} is not valid JSON ({e}); {_regenerate(path)}") from None
-    except RecursionError:
-        raise CapturelintError(f"snapshot {path} is nested too deeply to be a snapshot; {_regenerate(path)}") from None
     return parse_snapshot(doc, path)
 
 
 def read_snapshot_text(path: str) -> str:
-    """The text of a snapshot file, read at most ``MAX_SNAPSHOT_BYTES`` (refused when
-    larger: by its size before reading, or, for a device or pipe, after that many bytes)."""
-    p = Path(path)
-    if not p.exists():
-        raise CapturelintError(f"snapshot {path} does not exist; create it with `capturelint snapshot -o {path}`")
-    if p.is_dir():
-        raise CapturelintError(f"snapshot {path} is a directory; pass the snapshot file's path")
-    too_big = (
-        f"snapshot {path} is larger than {MAX_SNAPSHOT_BYTES // 2**20} MiB, more than any snapshot capturelint writes; "
-        f"pass the snapshot file's path, or {_regenerate(path)}"
-    )
+    """The text of a snapshot file, read by the bounded reader (``capturelint.inputs``):
+    a regular file of at most ``MAX_SNAPSHOT_BYTES``."""
     try:
-        info = os.stat(path)
-        if stat.S_ISREG(info.st_mode) and info.st_size > MAX_SNAPSHOT_BYTES:
-            raise CapturelintError(too_big)
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_SNAPSHOT_BYTES + 1)
-    except OSError as e:
-        raise CapturelintError(f"cannot read snapshot {path}: {e.strerror}; check the path and its permissions") from None
-    if len(data) > MAX_SNAPSHOT_BYTES:
-        raise CapturelintError(too_big)
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise CapturelintError(f"snapshot {path} is not UTF-8 text; {_regenerate(path)}") from None
+        return read_text(path, MAX_SNAPSHOT_BYTES)
+    except InputProblem as e:
+        fix = {
+            "missing": f"create it with `capturelint snapshot -o {path}`",
+            "directory": "pass the snapshot file's path",
+            "special": "pass the snapshot file's path",
+            "too-large": f"more than any snapshot capturelint writes; pass the snapshot file's path, or {_regenerate(path)}",
+            "unreadable": "check the path and its permissions",
+        }.get(e.kind, _regenerate(path))
+        raise CapturelintError(f"snapshot {path} {e.problem}; {fix}") from None
 
 
 def looks_like_snapshot(path: str) -> bool:
@@ -309,8 +297,8 @@ def looks_like_snapshot(path: str) -> bool:
     the format marker, whatever its version or the validity of its fields. What
     ``snapshot --update`` may replace (besides an empty file)."""
     try:
-        doc = json.loads(read_snapshot_text(path), parse_constant=_reject_constant)
-    except (CapturelintError, ValueError, RecursionError):
+        doc = parse_json(read_snapshot_text(path), path, parse_constant=_reject_constant)
+    except (CapturelintError, ValueError):
         return False
     return isinstance(doc, dict) and doc.get("format") == FORMAT_MARKER
 

@@ -623,9 +623,16 @@ def _import_line(tree: ast.Module, name: str = DECORATOR) -> int | None:
 
 
 def _shown_path(source: str) -> str:
-    """The patch's path of ``source``: relative to the working directory when below it;
-    for an installed package, its import path (``vllm/models/...``: the path in the
-    package's own checkout); else absolute."""
+    """The patch's path of ``source``, never absolute (``git apply`` refuses ``a//abs``):
+
+    - below the working directory: relative to it;
+    - installed code: its import path (``vllm/models/...``: the path in the package's
+      own checkout);
+    - in a git checkout elsewhere: relative to the checkout's top (the nearest folder
+      above that holds ``.git``), where ``git apply`` in that checkout takes it;
+    - else relative to the folder above its top package (the nearest folders up with an
+      ``__init__.py``): its import path, or its file name for a lone module.
+    """
     from capturelint.runtime.frames import installed_path
 
     absolute = os.path.abspath(source)
@@ -635,11 +642,21 @@ def _shown_path(source: str) -> str:
     installed = installed_path(absolute)
     if installed is not None:
         return installed.replace(os.sep, "/")
-    return absolute.lstrip("/")
+    folder = os.path.dirname(absolute)
+    while True:
+        if os.path.exists(os.path.join(folder, ".git")):
+            return os.path.relpath(absolute, folder).replace(os.sep, "/")
+        if os.path.dirname(folder) == folder:
+            break
+        folder = os.path.dirname(folder)
+    top = os.path.dirname(absolute)
+    while os.path.exists(os.path.join(top, "__init__.py")) and os.path.dirname(top) != top:
+        top = os.path.dirname(top)
+    return os.path.relpath(absolute, top).replace(os.sep, "/")
 
 
 def patch(region: Sequence[FunctionRef], decorator: BreakDecorator | None = None) -> str:
-    """A unified diff (``git apply``, paths relative to the working directory) that adds
+    """A unified diff (``git apply``; paths as ``_shown_path`` says) that adds
     ``decorator`` (default ``@eager_break_during_capture`` of capturelint's runtime)
     directly above the ``def`` of each function of ``region``, and its import where the
     module lacks it."""

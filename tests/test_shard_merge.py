@@ -116,13 +116,16 @@ def test_parse_shard_accepts_k_of_n():
 
 
 def test_each_shard_report_names_its_shard_and_the_whole_plan(failing):
+    checks = set()
     for k in (1, 2):
         status, path = failing[("json", k)]
         doc = json.loads(path.read_text())
+        checks.add(doc["shard"].pop("check"))  # the check's fingerprint (tests/test_io_faults.py, N8)
         assert doc["shard"] == {"index": k, "count": 2, "configurations": LABELS}
         assert [f"{c['runner']}/{c['mode']}" for c in doc["configurations"]] == select(LABELS, (k, 2))
         assert status == (1 if k == 1 else 0)  # v1/PIECEWISE is in shard 1
         assert bool(doc["summary"]["findings"]) == (k == 1)
+    assert len(checks) == 1  # both are shards of one check
     whole = json.loads(failing[("json", None)][1].read_text())
     assert "shard" not in whole and [f"{c['runner']}/{c['mode']}" for c in whole["configurations"]] == LABELS
 
@@ -160,6 +163,7 @@ def test_merged_sarif_shards_are_the_unsharded_sarif(fresh, tmp_path):
     shards = [fresh[("sarif", k)][1] for k in (1, 2)]
     for k, path in enumerate(shards, 1):
         run = json.loads(path.read_text())["runs"][0]
+        assert run["properties"]["shard"].pop("check")
         assert run["properties"] == {"shard": {"index": k, "count": 2, "configurations": LABELS}}
         assert run["results"]  # both shards have results: their order is restored by the merge
     assert "properties" not in json.loads(whole.read_text())["runs"][0]
@@ -334,8 +338,12 @@ def test_files_that_are_not_reports_are_refused_naming_the_file(failing, capsys,
 
 
 def test_shard_info_is_validated():
-    assert ShardInfo.from_json({"index": 2, "count": 2, "configurations": LABELS}).expected == ["v1/FULL", "v2/FULL"]
-    for bad in ({"index": 3, "count": 2, "configurations": LABELS}, {"index": 1, "count": 2},
-                {"index": 1, "count": 3, "configurations": ["a", "b"]}, {"index": True, "count": 1, "configurations": ["a"]}):
+    check = "0123456789abcdef"
+    assert ShardInfo.from_json({"index": 2, "count": 2, "configurations": LABELS, "check": check}).expected == [
+        "v1/FULL", "v2/FULL"]
+    for bad in ({"index": 3, "count": 2, "configurations": LABELS, "check": check}, {"index": 1, "count": 2},
+                {"index": 1, "count": 3, "configurations": ["a", "b"], "check": check},
+                {"index": True, "count": 1, "configurations": ["a"], "check": check},
+                {"index": 1, "count": 1, "configurations": ["a"]}, {"index": 1, "count": 1, "configurations": ["a"], "check": 7}):
         with pytest.raises(ValueError):
             ShardInfo.from_json(bad)

@@ -116,15 +116,16 @@ def test_svg_and_png_are_drawn_by_dot(memo_runs, tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_missing_dot_writes_the_dot_text_and_warns(memo_runs, tmp_path, capsys, monkeypatch):
+def test_missing_dot_is_an_error_before_the_run_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    # it once wrote FILE.dot instead, a file the user did not name (tests/test_io_faults.py, N12)
+    import capturelint.adapters.bundled as bundled
+
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    out = tmp_path / "r.svg"
-    rc, _, err = run(["show", *ENGINE, "--eager-region", "per-runner", "--no-check", "--format", "svg", "-o", str(out)], capsys)
-    assert rc == 0
-    assert not out.exists()
-    assert (tmp_path / "r.dot").read_text().startswith("digraph capturelint {")
-    warning = [line for line in err.splitlines() if "warning" in line]
-    assert len(warning) == 1 and "'dot' was not found" in warning[0] and "r.dot" in warning[0]
+    monkeypatch.setattr(bundled, "run_check", lambda *a, **k: pytest.fail("the engine ran before the error"))
+    out = tmp_path / "r.png"
+    rc, _, err = run(["show", *ENGINE, "--format", "png", "-o", str(out)], capsys)
+    assert rc == 2 and err.startswith("capturelint: error: Graphviz 'dot' was not found") and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_png_needs_a_file(capsys):

@@ -9,10 +9,12 @@ from typing import Any
 
 import click
 
+from capturelint import __version__
 from capturelint.commands.common import (
     ProgressReporter,
     _csv,
     engine_options,
+    refuse_engine_options,
     resolve_plan,
     say,
     settings_for,
@@ -21,7 +23,7 @@ from capturelint.commands.common import (
 from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS, CapturelintError
 from capturelint.output import check_output_path, is_stdout
 from capturelint.reporters import Options, emit, formats, reporter
-from capturelint.shard import ShardInfo, parse_shard, require_selection
+from capturelint.shard import ShardInfo, fingerprint, parse_shard, require_selection
 from capturelint.shard import select as shard_select
 
 FORMATS = formats("check")
@@ -40,7 +42,7 @@ FORMATS = formats("check")
 @click.option("--static", is_flag=True, help="Capture the graphs only (no replay shadow, no eager twin) and check the declared invariants and host syncs at capture: the fast pre-commit hook. Replay equivalence is NOT checked.")
 @click.option("--invariants", "invariants_file", metavar="FILE", help="Also hold the invariants of this TOML file ([invariants.ID] tables); they replace defaults and settings with the same id.")
 @click.option("--strict", is_flag=True, help="An invariant that selects no op is an error (exit 2), not a warning.")
-@click.option("--target", metavar="SPEC", help="Check your own engine instead of the bundled one: FILE.py:FUNCTION (the file is executed, as pytest imports test files) or MODULE:FUNCTION, returning capturelint.target.Target objects (engine options do not apply).")
+@click.option("--target", metavar="SPEC", help="Check your own engine instead of the bundled one: FILE.py:FUNCTION (the file is executed, as pytest imports test files) or MODULE:FUNCTION, returning capturelint.target.Target objects (engine options such as --runner or --layers do not apply: an error).")
 @click.option("--shard", "shard_text", metavar="K/N", help="Run shard K of N: every N-th configuration (or target) in report order, starting at the K-th; the N shards partition the check and capturelint merge joins their reports (JSON or SARIF) into the unsharded report.")
 def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, output: str | None, exit_zero: bool,
           baseline: str | None, max_eager_growth: float | None, verbose: bool, static: bool, invariants_file: str | None,
@@ -72,7 +74,7 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
     if target is not None:
         if baseline is not None or max_eager_growth is not None:
             raise CapturelintError("--baseline and --max-eager-growth gate the bundled engine's regions, not --target; drop them")
-        # engine options do not apply to a target: only the rule selection does
+        refuse_engine_options(settings)  # engine options do not apply to a target: only the rule selection does
         from capturelint.rules import select_codes
 
         from capturelint.invariants import in_force, read_invariants_file
@@ -94,6 +96,8 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
                 "or leave --mode out for all of them"
             )
         codes = plan.codes
+    if static:
+        require_static_rules(codes)
     growth = max_eager_growth if max_eager_growth is not None else settings.max_eager_growth
     gate = None
     if baseline_path is not None and shard is not None and target is None and not static:
@@ -124,8 +128,18 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
             plan = dataclasses.replace(plan, shard=shard)
         with ProgressReporter(len(plan.configurations)) as progress:
             report = run_check(plan, progress, static=static)
+    # A result without a location is rejected by GitHub's upload; CL901 has no source
+    # line, so SARIF points it at the configuration file that asked for the check.
+    fallback = str(settings.source.name) if settings.source else "pyproject.toml"
     if shard is not None:
-        report.shard = ShardInfo(shard[0], shard[1], tuple(labels))
+        # everything that shapes the report (not how many jobs ran it), so that merge
+        # joins only the shards of one check
+        if plan is not None:
+            shaped: Any = dataclasses.replace(plan, shard=None, jobs=1, reuse=True)
+        else:
+            shaped = {"target": target, "codes": codes, "invariants": invariants}
+        check_id = fingerprint(__version__, shaped, static, fallback)
+        report.shard = ShardInfo(shard[0], shard[1], tuple(labels), check_id)
     empty = report.empty_invariants
     if empty:
         text = (f"invariant(s) {', '.join(empty)} applied to captured graphs but selected no op: the selector "
@@ -137,9 +151,6 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
         from capturelint.baseline import compare_report
 
         report.region_changes = compare_report(gate, report, plan, growth or 0.0)
-    # A result without a location is rejected by GitHub's upload; CL901 has no source
-    # line, so SARIF points it at the configuration file that asked for the check.
-    fallback = str(settings.source.name) if settings.source else "pyproject.toml"
     rep = reporter("check", fmt)
     hint = suggest_hint(kw, select, ignore, target)
     emit(rep, report, output, Options(verbose=verbose, fallback_uri=fallback, hint=hint))
@@ -148,6 +159,20 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
     if exit_zero:
         return EXIT_CLEAN
     return EXIT_FINDINGS if report.failed else EXIT_CLEAN
+
+
+def require_static_rules(codes: frozenset[str]) -> None:
+    """``--static`` runs only the rules a capture alone can check; a selection of none of
+    them would check nothing and pass."""
+    from capturelint.rules import STATIC_CODES
+
+    if not codes & STATIC_CODES:
+        chosen = ", ".join(sorted(codes)) or "none"
+        raise CapturelintError(
+            f"nothing to check: check --static runs only {', '.join(sorted(STATIC_CODES))} (host syncs at capture and "
+            f"declared invariants), and the rules selected are {chosen}; select some of those, or drop --static for "
+            "the full check"
+        )
 
 
 def suggest_hint(kw: dict[str, Any], select: tuple[str, ...], ignore: tuple[str, ...], target: str | None) -> str:

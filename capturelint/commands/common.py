@@ -14,7 +14,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from capturelint.output import stderr_console, stdout_console  # noqa: F401  (the commands' consoles)
-from capturelint.settings import MODES, Settings, load_settings
+from capturelint.errors import CapturelintError
+from capturelint.settings import MODES, Settings, load_settings, shown
 
 if TYPE_CHECKING:
     from capturelint.adapters.bundled import CheckPlan
@@ -94,6 +95,36 @@ def resolve_plan(settings: Settings, kw: dict[str, Any], select: tuple[str, ...]
 
 def settings_for(kw: dict[str, Any]) -> Settings:
     return load_settings(kw.get("config_path"))
+
+
+# What ``engine_options`` (and the settings) say of the bundled or vLLM's engine; a
+# ``--target`` engine says it itself. Option parameter name -> settings key (None: no key).
+_ENGINE_ONLY = {
+    "engine": "engine", "runner": "runners", "modes": "modes", "eager_region": "eager-region", "fresh_metadata": None,
+    "layers": "layers", "steps": "steps", "seed": "seed", "kernels": "kernels", "break_outputs": "break-outputs",
+    "platform": None, "no_reuse": None,
+}
+
+
+def refuse_engine_options(settings: Settings) -> None:
+    """With ``--target``, an engine option given on the command line would be ignored:
+    a one-line error naming it instead (defaults are not "given"). Engine keys of the
+    settings are project-wide (the same table serves ``check`` of capturelint's engines
+    and ``--target``): a warning names them."""
+    ctx = click.get_current_context()
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name) if param.name else None
+        if param.name in _ENGINE_ONLY and source not in (None, click.core.ParameterSource.DEFAULT):
+            option = max(param.opts, key=len)
+            raise CapturelintError(
+                f"{option} configures capturelint's engines, and --target checks yours (its Target objects say their "
+                f"runner, mode and workload), so {option} would be ignored; drop {option}"
+            )
+    keys = [key for key in filter(None, _ENGINE_ONLY.values()) if getattr(settings, key.replace("-", "_")) is not None]
+    if keys and settings.source is not None:
+        warn(f"{shown(settings.source)}: [tool.capturelint] {', '.join(keys)} configure{'s' * (len(keys) == 1)} "
+             "capturelint's engines and do not apply to --target (its Target objects say their runner, mode and "
+             "workload)")
 
 
 def say(text: str) -> None:

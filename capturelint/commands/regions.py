@@ -6,7 +6,6 @@ adapt options to it."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
@@ -18,7 +17,6 @@ from capturelint.commands.common import (
     resolve_plan,
     say,
     settings_for,
-    warn,
 )
 from capturelint.errors import EXIT_CLEAN, CapturelintError
 from capturelint.output import check_output_path, is_stdout
@@ -47,31 +45,27 @@ def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_check: bo
     batch size). Graphviz output has one cluster per segment (captured: blue, solid;
     eager: orange, dashed) and edges for tensors that cross segment boundaries.
 
-    When Graphviz 'dot' is missing, svg and png fall back to the DOT text (written to
-    FILE with a .dot suffix, or to stdout) with a warning on stderr, and the exit status
-    stays 0. Exit status: 0 shown (findings do not change it), 2 usage or engine error, 130
-    interrupted.
+    svg and png are drawn by Graphviz's 'dot': without it they are an error, before
+    the run (--format dot writes the DOT text). Exit status: 0 shown (findings do not
+    change it), 2 usage or engine error, 130 interrupted.
     """
     from capturelint.adapters.engines import run_check
-    from capturelint.render.dot import DotMissing
     from capturelint.render.view import report_views
 
     if fmt == "png" and is_stdout(output):
         raise CapturelintError("PNG output is binary: name a file with -o FILE (or use --format svg or dot for stdout)")
     check_output_path(output)
+    if fmt in ("svg", "png"):
+        from capturelint.render.dot import require_dot
+
+        require_dot(fmt)
     plan = resolve_plan(settings_for(kw), kw)
     with ProgressReporter(len(plan.configurations)) as progress:
         report = run_check(plan, progress, shadow=not no_check, keep_captures=True)  # drawn from the captures
     views = report_views(report, all_graphs)
     options = Options(ops=ops)
     rep = reporter("show", fmt)
-    try:
-        emit(rep, views, output, options)
-    except DotMissing as e:
-        fallback = None if is_stdout(output) else str(Path(output).with_suffix(".dot"))  # type: ignore[arg-type]
-        emit(reporter("show", "dot"), views, fallback, options)
-        warn(f"{e}; wrote the DOT text to {fallback or 'stdout'} instead")
-        return EXIT_CLEAN
+    emit(rep, views, output, options)
     if not rep.summary:
         from capturelint.render.tree import summary_line
 

@@ -6,7 +6,15 @@ from typing import Any
 
 import click
 
-from capturelint.commands.common import ProgressReporter, _csv, engine_options, resolve_plan, say, settings_for
+from capturelint.commands.common import (
+    ProgressReporter,
+    _csv,
+    engine_options,
+    refuse_engine_options,
+    resolve_plan,
+    say,
+    settings_for,
+)
 from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS, CapturelintError
 from capturelint.output import check_output_path, is_stdout
 from capturelint.reporters import Options, emit, formats, reporter
@@ -25,7 +33,7 @@ DEFAULT_MAX_CANDIDATES = 12  # capturelint.suggest.DEFAULT_MAX_CANDIDATES (a tes
 @click.option("-o", "--output", metavar="FILE", help="Write the report to FILE (atomically, after the run) instead of stdout; - is stdout.")
 @click.option("--max-candidates", type=int, default=DEFAULT_MAX_CANDIDATES, show_default=True, metavar="N",
               help="Try at most N regions (each a full check of every failing configuration).")
-@click.option("--target", metavar="SPEC", help="Your own engine instead of the bundled one, as for check: FILE.py:FUNCTION or MODULE:FUNCTION returning capturelint.target.Target objects (engine options do not apply).")
+@click.option("--target", metavar="SPEC", help="Your own engine instead of the bundled one, as for check: FILE.py:FUNCTION or MODULE:FUNCTION returning capturelint.target.Target objects (engine options such as --runner or --layers do not apply: an error).")
 def suggest(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str, output: str | None, max_candidates: int,
             target: str | None, **kw: Any) -> int:
     """Find the smallest eager region that makes replay equal eager: try the functions on the capture-time stack of each finding as eager breaks, verify each with the full check, and rank the clean ones by eager ops per step.
@@ -47,6 +55,7 @@ def suggest(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str, output: 
     if max_candidates < 1 or max_candidates > 1000:
         raise CapturelintError(f"--max-candidates must be from 1 to 1000, got {max_candidates}")
     if target is not None:
+        refuse_engine_options(settings)
         from capturelint.adapters.target import suggest_slots as target_slots
         from capturelint.rules import select_codes
 

@@ -21,6 +21,7 @@ byte-identical DOT text.
 
 from __future__ import annotations
 
+import shutil
 import zlib
 
 import graphviz
@@ -285,17 +286,27 @@ def changes_dot(pairs, changes) -> str:
     return dot.source
 
 
+def require_dot(fmt: str) -> None:
+    """Refuse, before a run, an image format that Graphviz's ``dot`` would draw when it
+    is not installed (``DotMissing``)."""
+    if shutil.which("dot") is None:
+        raise DotMissing(_missing(fmt))
+
+
+def _missing(fmt: str) -> str:
+    return (f"Graphviz 'dot' was not found on PATH, so no {fmt.upper()} can be drawn; install Graphviz (e.g. apt install "
+            "graphviz), or use --format dot for the DOT text")
+
+
 def render_image(dot_text: str, fmt: str) -> bytes:
     """Run Graphviz ``dot`` on the text; ``DotMissing`` when it is not installed."""
     try:
         return graphviz.Source(dot_text).pipe(format=fmt)
     except graphviz.ExecutableNotFound:
-        raise DotMissing(
-            f"Graphviz 'dot' was not found on PATH, so no {fmt.upper()} was made; install Graphviz (e.g. apt install graphviz)"
-        ) from None
+        raise DotMissing(_missing(fmt)) from None
     except graphviz.CalledProcessError as e:
         err = (e.stderr or b"").decode(errors="replace").strip().splitlines()
         raise CapturelintError(f"Graphviz 'dot' failed: {err[0] if err else e}; report this with the DOT text (--format dot)") from None
 
 
-__all__ = ["DotMissing", "changes_dot", "report_dot", "render_image", "scope_color"]
+__all__ = ["DotMissing", "changes_dot", "report_dot", "render_image", "require_dot", "scope_color"]
