@@ -37,6 +37,7 @@ class Options:
     title: str | None = None  # diff, rich: the panel's title
     fallback_uri: str | None = None  # check, sarif: where findings without a source line point
     hint: str | None = None  # check, rich: the last line of a report with findings
+    rules: tuple[Any, ...] = ()  # check, sarif: the rule set (findings.RuleInfo) the log documents
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,10 +82,9 @@ def _check_sarif(report: Any, options: Options) -> str:
     from capturelint import __version__
     from capturelint.formats.sarif import to_sarif
     from capturelint.report import dumps_json
-    from capturelint.rules import RULES
 
     shard = {"shard": report.shard.to_json()} if report.shard is not None else None
-    return dumps_json(to_sarif(report.findings, [r.info() for r in RULES], __version__, fallback_uri=options.fallback_uri,
+    return dumps_json(to_sarif(report.findings, list(options.rules), __version__, fallback_uri=options.fallback_uri,
                                run_properties=shard))
 
 

@@ -87,9 +87,8 @@ KNOWN_VIOLATIONS = {
     # suggest wraps functions with the bundled runtime's eager break: the adapter's
     # suggest slots name the break decorator of their runtime
     ("capturelint.suggest", "capturelint.runtime.breakable"),
-    # reporters beyond the report model: the SARIF rule table comes from the rules, and
-    # SuggestReport is defined next to the search that runs the engine
-    ("capturelint.reporters", "capturelint.rules"),
+    # reporters beyond the report model: SuggestReport is defined next to the search
+    # that runs the engine
     ("capturelint.render.suggest", "capturelint.suggest"),
 }
 
@@ -105,7 +104,8 @@ KNOWN_ENGINE_SWITCHES = (
 
 ROOMS: dict[str, tuple[str, ...]] = {
     "runtime": ("capturelint.runtime",),
-    "base": (ROOT, "capturelint.errors", "capturelint.limits", "capturelint.output", "capturelint.options"),
+    "base": (ROOT, "capturelint.errors", "capturelint.limits", "capturelint.output", "capturelint.options",
+             "capturelint.inputs", "capturelint.interrupts"),
     "engine": ("capturelint.engine",),
     "model": ("capturelint.records", "capturelint.findings", "capturelint.graph", "capturelint.regions",
               "capturelint.report", "capturelint.shard", "capturelint.snapshot", "capturelint.region_changes"),
@@ -117,7 +117,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
               "capturelint.baseline", "capturelint.merge"),
     "adapters": ("capturelint.adapters", "capturelint.target"),
     "commands": ("capturelint.commands",),
-    "cli": ("capturelint.cli",),
+    "cli": ("capturelint.cli", "capturelint.__main__"),
 }
 CHECKER = ("model", "reporters", "tracer", "analyzer", "rules", "check")
 FRONT = ("commands", "cli")

@@ -23,6 +23,7 @@ from capturelint.commands.common import (
 from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS, CapturelintError
 from capturelint.output import check_output_path, is_stdout
 from capturelint.reporters import Options, emit, formats, reporter
+from capturelint.rules import rule_infos
 from capturelint.shard import ShardInfo, fingerprint, parse_shard, require_selection
 from capturelint.shard import select as shard_select
 
@@ -153,7 +154,7 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
         report.region_changes = compare_report(gate, report, plan, growth or 0.0)
     rep = reporter("check", fmt)
     hint = suggest_hint(kw, select, ignore, target)
-    emit(rep, report, output, Options(verbose=verbose, fallback_uri=fallback, hint=hint))
+    emit(rep, report, output, Options(verbose=verbose, fallback_uri=fallback, hint=hint, rules=rule_infos()))
     if not (rep.summary and is_stdout(output)):
         say(report.summary_line())
     if exit_zero:

@@ -8,6 +8,7 @@ import click
 from capturelint.commands.common import say, warn
 from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS, CapturelintError
 from capturelint.output import check_output_path, is_stdout, write_file, write_stdout
+from capturelint.rules import rule_infos
 from capturelint.reporters import Options, emit, formats, reporter
 
 FORMATS = formats("check")
@@ -60,7 +61,7 @@ def merge(reports: tuple[str, ...], fmt: str | None, output: str | None, exit_ze
         warn(f"invariant(s) {', '.join(empty)} applied to captured graphs but selected no op: the selector "
              "probably does not say what was meant; see capturelint invariants --explain ID")
     rep = reporter("check", fmt or "json")
-    emit(rep, report, output, Options(fallback_uri=_fallback_uri(config_path)))
+    emit(rep, report, output, Options(fallback_uri=_fallback_uri(config_path), rules=rule_infos()))
     if not (rep.summary and is_stdout(output)):
         say(report.summary_line())
     if exit_zero:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from capturelint.errors import CapturelintError
+from capturelint.findings import RuleInfo
 from capturelint.rules.base import Rule
 from capturelint.rules.cl101_baked_control_flow import BakedControlFlow
 from capturelint.rules.cl102_baked_host_value import BakedHostValue
@@ -32,6 +33,11 @@ def rule(code: str) -> type[Rule]:
         return BY_CODE[code.upper()]
     except KeyError:
         raise CapturelintError(f"unknown rule code {code!r}; run 'capturelint rules' to list the codes") from None
+
+
+def rule_infos() -> tuple[RuleInfo, ...]:
+    """Every rule's code, name and doc (``findings.RuleInfo``): what a SARIF log documents."""
+    return tuple(r.info() for r in RULES)
 
 
 def select_codes(select: list[str] | None, ignore: list[str] | None) -> frozenset[str]:
