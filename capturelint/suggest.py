@@ -625,9 +625,9 @@ def _import_line(tree: ast.Module, name: str = DECORATOR) -> int | None:
 def _shown_path(source: str) -> str:
     """The patch's path of ``source``, never absolute (``git apply`` refuses ``a//abs``):
 
-    - below the working directory: relative to it;
     - installed code: its import path (``vllm/models/...``: the path in the package's
-      own checkout);
+      own checkout), also when the virtual environment lies below the working directory;
+    - below the working directory: relative to it;
     - in a git checkout elsewhere: relative to the checkout's top (the nearest folder
       above that holds ``.git``), where ``git apply`` in that checkout takes it;
     - else relative to the folder above its top package (the nearest folders up with an
@@ -637,11 +637,11 @@ def _shown_path(source: str) -> str:
 
     absolute = os.path.abspath(source)
     cwd = os.getcwd()
-    if absolute.startswith(cwd + os.sep):
-        return os.path.relpath(absolute, cwd).replace(os.sep, "/")
     installed = installed_path(absolute)
     if installed is not None:
         return installed.replace(os.sep, "/")
+    if absolute.startswith(cwd + os.sep):
+        return os.path.relpath(absolute, cwd).replace(os.sep, "/")
     folder = os.path.dirname(absolute)
     while True:
         if os.path.exists(os.path.join(folder, ".git")):

@@ -95,13 +95,17 @@ def display_path(filename: str) -> str:
         absolute = os.path.abspath(filename)
         package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         cwd = os.getcwd()
-        if absolute.startswith(package_root + os.sep):
+        # an installed package first, as its import path shows it (vllm/models/...): a
+        # virtual environment may lie inside the checkout or the working directory
+        installed = installed_path(absolute)
+        if installed is not None:
+            shown = installed
+        elif absolute.startswith(package_root + os.sep):
             shown = os.path.relpath(absolute, package_root)
         elif absolute.startswith(cwd + os.sep):
             shown = os.path.relpath(absolute, cwd)
         else:
-            # an installed package: as its import path shows it (vllm/models/...)
-            shown = installed_path(absolute) or absolute
+            shown = absolute
         _display_cache[filename] = shown
     return shown
 
