@@ -55,10 +55,13 @@ map_location="cuda")``, CUDA storages and legacy tensor types (``torch.cuda.Floa
 ``torch.accelerator``, ``torch.cuda.MemPool``, multi-device programs, custom CUDA and
 Triton kernels, and training under ``make_graphed_callables`` (inference only).
 
-**Scope.** The ``torch.cuda`` attributes are process-wide; the mode is per thread (torch
-keeps function modes in thread-local state), so a thread started inside the block sees
+**Scope.** The patched attributes (``torch.cuda``'s, ``Tensor.record_stream``,
+autocast's constructor) are process-wide; the mode is per thread (torch keeps function
+modes in thread-local state), so a thread started inside the block sees
 ``torch.cuda.is_available()`` True but does not rewrite devices until it enters
-``emulate_cuda()`` itself. Nesting is free: an inner block on a thread that already
+``emulate_cuda()`` itself. Only code run inside the block is emulated: a target file
+that allocates on ``cuda`` or binds ``from torch.cuda import CUDAGraph`` at import needs
+its import inside the block too. Nesting is free: an inner block on a thread that already
 emulates adds nothing. Everything is restored when the outermost block exits.
 """
 
