@@ -69,7 +69,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_map
 
-from capturelint.runtime import device as emulated_device, frames, protocol
+from capturelint.runtime import device as emulated_device
+from capturelint.runtime import frames, protocol
 from capturelint.runtime.protocol import HostSyncEvent, HostSyncInCaptureError
 from capturelint.runtime.schema import ReplayKind, op_info
 

@@ -4,8 +4,8 @@ that everything is restored after the block."""
 
 from __future__ import annotations
 
-import threading
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
