@@ -10,8 +10,9 @@ as it would on a GPU.
 ``capture_end``, ``replay``, ``reset``, ``pool``), ``graph`` (the
 ``torch.cuda.graph`` context manager), ``graph_pool_handle``, stream and event
 stand-ins, ``make_graphed_callables`` (inference only), and ``emulate_cuda()``, which
-installs all of them in ``torch.cuda`` on a machine without CUDA so that unmodified
-code written for a GPU runs.
+installs all of them in ``torch.cuda`` on a machine without CUDA, with the emulated
+CUDA device of ``runtime.device`` (``.cuda()``, ``device="cuda"`` and the
+``torch.cuda`` queries on the CPU), so that unmodified code written for a GPU runs.
 
 **Capture semantics, as on a GPU.**
 
@@ -68,6 +69,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_map
 
+from capturelint.runtime import device as emulated_device
 from capturelint.runtime import frames, protocol
 from capturelint.runtime.protocol import HostSyncEvent, HostSyncInCaptureError
 from capturelint.runtime.schema import ReplayKind, op_info
@@ -614,34 +616,60 @@ _SURFACE: dict[str, Any] = {
 }
 
 
-@contextlib.contextmanager
-def emulate_cuda(force: bool = False) -> Iterator[bool]:
-    """Install the emulated primitive and its stand-ins in ``torch.cuda`` for the block.
+_install_lock = threading.Lock()
+_installed: list[tuple[Any, str, Any, bool]] = []  # (owner, name, saved value, had it) while emulating
+_depth = 0  # blocks open, all threads together
 
-    On a machine with a usable CUDA device nothing is installed unless ``force``; the
-    block's value says whether emulation is on. Everything is restored on exit.
-    """
-    if torch.cuda.is_available() and not force:
-        yield False
-        return
+
+def _surface() -> Iterator[tuple[Any, str, Any]]:
     import torch.cuda.graphs as graphs_module
 
-    saved = {name: getattr(torch.cuda, name, None) for name in _SURFACE}
-    saved_graphs = {name: getattr(graphs_module, name, None) for name in ("CUDAGraph", "graph", "graph_pool_handle")}
     for name, value in _SURFACE.items():
-        setattr(torch.cuda, name, value)
-    for name in saved_graphs:
-        setattr(graphs_module, name, _SURFACE[name])
+        yield torch.cuda, name, value
+    for name in ("CUDAGraph", "graph", "graph_pool_handle"):
+        yield graphs_module, name, _SURFACE[name]
+    yield from emulated_device.patches()
+
+
+@contextlib.contextmanager
+def emulate_cuda(force: bool = False) -> Iterator[bool]:
+    """Emulate the CUDA device and its graph primitive on the CPU for the block.
+
+    Installs the emulated primitive and its stand-ins in ``torch.cuda`` and the emulated
+    device (``runtime.device``: device arguments naming ``cuda`` mean the CPU, the
+    ``torch.cuda`` queries answer for one device). On a machine with a usable CUDA
+    device nothing is installed unless ``force``; the block's value says whether
+    emulation is on. Blocks nest, on one thread or several (the ``torch.cuda``
+    attributes are shared, the device mode is per thread); everything is restored when
+    the outermost block exits.
+    """
+    global _depth
+    with _install_lock:
+        real = not _depth and not force and torch.cuda.is_available()
+        if not real:
+            if not _depth:
+                for owner, name, value in _surface():
+                    _installed.append((owner, name, getattr(owner, name, None), name in vars(owner)))
+                    setattr(owner, name, value)
+            _depth += 1
+    if real:
+        yield False
+        return
+    mode = emulated_device.push_mode()
     try:
         yield True
     finally:
-        for name, value in saved.items():
-            if value is None:
-                delattr(torch.cuda, name)
-            else:
-                setattr(torch.cuda, name, value)
-        for name, value in saved_graphs.items():
-            setattr(graphs_module, name, value)
+        if mode is not None:
+            emulated_device.remove_mode(mode)
+        with _install_lock:
+            _depth -= 1
+            if not _depth:
+                while _installed:
+                    owner, name, value, had = _installed.pop()
+                    if had:
+                        setattr(owner, name, value)
+                    else:
+                        delattr(owner, name)
 
 
 __all__ = [
