@@ -101,7 +101,8 @@ class Checked:
 
 @dataclasses.dataclass
 class ConfigReport:
-    """One runner and mode: its findings, numerical oracle and captured graphs."""
+    """One runner and mode: its findings, numerical oracle (``None`` where nothing was
+    compared), captured graphs, and what its check looked at (``checked``)."""
 
     runner: str
     mode: str

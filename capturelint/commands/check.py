@@ -56,6 +56,10 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
     invariants lists them). With --static only the captures are checked (invariants, host syncs): fast, but
     replay equivalence is not checked; the full check is the CI gate.
 
+    Every report says per configuration what was checked; a bare CUDA graph without an
+    eager twin is not compared with eager execution, and the report says so
+    (--require-oracle makes it an error).
+
     Exit status: 0 clean, 1 findings (or region growth over budget with --baseline),
     2 usage, configuration or internal error, 130 interrupted.
     """
