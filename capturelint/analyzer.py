@@ -348,12 +348,26 @@ class Analyzer:
         self._capture_checked: set[int] = set()
         self.invariant_selected: dict[str, int] = {}  # invariants that applied to a capture: ops selected in all
         self._hooked: dict[str, list] = {}  # check method -> the rules that implement it (``Rule.hooks``)
+        self.hooks_run: set[str] = set()  # the check methods called: each had something to check
         for rule in self.rules:
             for hook in rule.hooks:
                 self._hooked.setdefault(hook, []).append(rule)
 
     def _rules(self, hook: str) -> list:
+        self.hooks_run.add(hook)
         return self._hooked.get(hook, [])
+
+    def rules_checked(self, also: Iterable[str] = ()) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The codes of the structural rules (all but the numerical oracle's) that had
+        something to check in this run, and of those that had nothing: a rule checked
+        when one of its check methods was called (a step rule after a shadowed step, an
+        invariant rule on a capture an invariant applies to), or is in ``also`` (what the
+        runtime checks for the rules without calling them: a bare graph's freed inputs
+        before each replay, ``check_stale``)."""
+        ran = self.hooks_run | set(also)
+        structural = [r for r in self.rules if r.condition is not Condition.NUMERICAL]
+        return (tuple(sorted(r.code for r in structural if r.hooks & ran)),
+                tuple(sorted(r.code for r in structural if not r.hooks & ran)))
 
     def on_step(self, capture: Stream, shadow: Stream, error: float) -> None:
         self.steps += 1
@@ -383,9 +397,9 @@ class Analyzer:
             inv for inv in self.invariants
             if inv.applies(self.label.runner, self.label.mode, capture.runtime_mode, capture.context.key)
         )
-        rules = self._rules("check_region")
-        if not applicable or not rules:
+        if not applicable or not self._hooked.get("check_region"):
             return
+        rules = self._rules("check_region")
         from capturelint.graph import build_region_graph, check_graph
 
         G = build_region_graph(capture)

@@ -4,7 +4,9 @@
 (capturelint's breakable runtime, the emulated ``torch.cuda.CUDAGraph``, or an
 adapter's bridge to another runtime): give it a callable that captures and replays
 (e.g. a generation loop) and the objects that hold the engine's tensors, and it returns
-the findings and the numerical oracle for that configuration. The check pipeline
+the findings and the numerical oracle for that configuration, and what it checked: the
+rules that had something to check, the replay steps shadowed and the bare-graph replays
+that were not. The check pipeline
 (``capturelint.pipeline``) uses it for every adapter.
 """
 
@@ -51,6 +53,10 @@ class TraceResult:
     capture_failed: bool = False
     twin: TwinResult | None = None
     invariant_selected: dict[str, int] = dataclasses.field(default_factory=dict)
+    shadowed_steps: int = 0  # replay steps compared with their eager shadow
+    bare_replays: int = 0  # replays of bare graphs: no shadow, freed inputs checked only
+    rules_checked: tuple[str, ...] = ()  # structural rules that had something to check (Analyzer.rules_checked)
+    rules_unchecked: tuple[str, ...] = ()  # selected structural rules that had nothing to check
 
 
 @contextlib.contextmanager
@@ -131,8 +137,10 @@ def trace_run(
         verdict.token_agreement if verdict else None, verdict.max_error if verdict else None,
     )
     findings = analyzer.finish(outcome)
+    checked, unchecked = analyzer.rules_checked(("check_stale",) if tracer.bare_replays else ())
     return TraceResult(label, findings, list(tracer.captures.values()), steps, analyzer.max_step_error, output,
-                       host_sync is not None, verdict, dict(analyzer.invariant_selected))
+                       host_sync is not None, verdict, dict(analyzer.invariant_selected), analyzer.steps,
+                       tracer.bare_replays, checked, unchecked)
 
 
 __all__ = ["TraceResult", "TwinResult", "trace_run"]

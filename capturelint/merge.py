@@ -22,7 +22,8 @@ the check sorts them; the invariants' selected-op totals are added.
 results in the check's order. The check sorts results by ``Finding.sort_key``, whose
 first keys are runner and mode, and one configuration's results all come from one
 report, so a stable sort of the inputs' results by runner and mode gives the unsharded
-order. The shard object leaves the run's properties.
+order. The shard object leaves the run's properties; the configurations' ``checked``
+records are joined in the merged configuration order, as the unsharded check lists them.
 
 **Exit status**, as ``check``'s: 1 when the merged report has findings, 0 otherwise.
 Every problem with an input is one line naming the file (exit 2).
@@ -37,7 +38,7 @@ from capturelint import __version__
 from capturelint.errors import CapturelintError
 from capturelint.inputs import InputProblem, parse_json, read_text
 from capturelint.limits import MAX_REPORT_BYTES
-from capturelint.report import JSON_VERSION, ConfigReport, Report
+from capturelint.report import JSON_VERSION, Checked, ConfigReport, Report, not_compared_clause
 from capturelint.shard import ShardInfo
 
 SARIF_VERSION = "2.1.0"
@@ -238,11 +239,12 @@ def merge_json(inputs: Sequence[Input]) -> Report:
 
 
 def _sarif_labels(i: Input) -> list[str] | None:
-    """The labels of a SARIF input's configurations, where its shard object says them;
-    the results must belong to them."""
+    """The labels of a SARIF input's configurations, where its shard object says them
+    (else its ``checked`` records); the results must belong to them."""
     labels = [f"{p['runner']}/{p['mode']}" for p in (r.get("properties") or {} for r in _results(i))]
     if i.shard is None:
-        return list(dict.fromkeys(labels))  # an unsharded log: the configurations its results name
+        # an unsharded log: the configurations it checked, else those its results name
+        return [f"{c['runner']}/{c['mode']}" for c in _checked(i)] or list(dict.fromkeys(labels))
     expected = i.shard.expected
     stray = sorted(set(labels) - set(expected))
     if stray:
@@ -255,10 +257,17 @@ def _results(i: Input) -> list[dict[str, Any]]:
     return i.doc["runs"][0]["results"]
 
 
+def _checked(i: Input) -> list[dict[str, Any]]:
+    """What each configuration of a SARIF input checked, in its configuration order."""
+    return (i.doc["runs"][0].get("properties") or {}).get("checked", [])
+
+
 def merge_sarif(inputs: Sequence[Input]) -> dict[str, Any]:
     """One SARIF log of every input's results (module docstring)."""
     try:
-        order(inputs, _sarif_labels)
+        placed = order(inputs, _sarif_labels)
+        checked = [_checked(i)[at] for i, at in placed] if all(_checked(i) for i in inputs) else []
+        _checked_records(checked)  # the summary reads them: a malformed one is an input's fault, said here
         rules: dict[str, dict[str, Any]] = {}
         for i in inputs:
             for rule in i.doc["runs"][0]["tool"]["driver"]["rules"]:
@@ -274,7 +283,7 @@ def merge_sarif(inputs: Sequence[Input]) -> dict[str, Any]:
                     raise ValueError(f"result of rule {r['ruleId']} has no rule in the log")
                 results.append(dict(r, ruleIndex=index[r["ruleId"]]))
         results.sort(key=lambda r: (r["properties"]["runner"], r["properties"]["mode"]))
-    except (KeyError, TypeError, AttributeError) as e:
+    except (KeyError, TypeError, AttributeError, IndexError) as e:
         raise CapturelintError(f"merge: a SARIF input is not a well-formed capturelint log ({_one_line(e)}); write "
                                "it again with capturelint check --format sarif") from None
     except ValueError as e:
@@ -283,7 +292,9 @@ def merge_sarif(inputs: Sequence[Input]) -> dict[str, Any]:
     run = dict(log["runs"][0])
     run["tool"] = dict(run["tool"], driver=dict(run["tool"]["driver"], rules=[rules[c] for c in sorted(rules)]))
     run["results"] = results
-    properties = {k: v for k, v in (run.get("properties") or {}).items() if k != "shard"}
+    properties = {k: v for k, v in (run.get("properties") or {}).items() if k not in ("shard", "checked")}
+    if checked:
+        properties["checked"] = checked
     if properties:
         run["properties"] = properties
     else:
@@ -292,15 +303,25 @@ def merge_sarif(inputs: Sequence[Input]) -> dict[str, Any]:
     return log
 
 
+def _checked_records(checked: list[dict[str, Any]]) -> list[tuple[str, Checked]]:
+    return [(f"{c['runner']}/{c['mode']}", Checked.from_json(c)) for c in checked]
+
+
 def sarif_summary(log: dict[str, Any], inputs: int) -> tuple[int, str]:
-    """The number of results of a merged SARIF log, and its one-line summary."""
+    """The number of results of a merged SARIF log, and its one-line summary (which
+    names the configurations whose replay was not compared with eager execution)."""
     by_code: dict[str, int] = {}
     for r in log["runs"][0]["results"]:
         by_code[r["ruleId"]] = by_code.get(r["ruleId"], 0) + 1
     n = sum(by_code.values())
     codes = ", ".join(f"{k} x{v}" for k, v in sorted(by_code.items()))
     head = f"{n} finding{'s' * (n != 1)} ({codes})" if n else "no findings"
-    return n, f"{head} in {inputs} merged SARIF log{'s' * (inputs != 1)}"
+    line = f"{head} in {inputs} merged SARIF log{'s' * (inputs != 1)}"
+    records = _checked_records((log["runs"][0].get("properties") or {}).get("checked", []))
+    uncompared = [(label, c) for label, c in records if c.replayed and not c.with_eager]
+    if uncompared:
+        line += "; " + not_compared_clause(uncompared, len(records))
+    return n, line
 
 
 __all__ = ["Input", "merge_json", "merge_sarif", "order", "read_input", "sarif_summary"]

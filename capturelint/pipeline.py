@@ -26,7 +26,7 @@ from capturelint.errors import CapturelintError
 from capturelint.findings import Numerical
 from capturelint.harness import TwinResult, trace_run
 from capturelint.regions import graph_map
-from capturelint.report import ConfigReport, Report
+from capturelint.report import Checked, ConfigReport, Report
 from capturelint.runtime.emulated import emulate_cuda
 from capturelint.records import ContextProbe, ScopeGroup
 
@@ -73,7 +73,9 @@ def check_configuration(config: Configuration, codes: frozenset[str], shadow: bo
     ``static`` checks captures only, with the rules that need nothing else
     (``capturelint.rules.STATIC_CODES``), running ``capture_only()`` where the adapter
     has one. Runs under the emulated ``torch.cuda`` surface where no CUDA device is
-    usable."""
+    usable. The report's ``checked`` says what was looked at and compared; its
+    numerical oracle is ``None`` where nothing was compared (no shadowed step, no eager
+    twin: a bare graph's replays), rather than an error of 0 over steps never compared."""
     from capturelint.rules import STATIC_CODES
 
     label = config.label
@@ -96,12 +98,15 @@ def check_configuration(config: Configuration, codes: frozenset[str], shadow: bo
                 "a workload that replays them (more steps)"
             )
         twin = result.twin
-        numerical = Numerical(label.runner, label.mode, twin.token_agreement if twin else None, result.max_step_error,
-                              twin.max_error if twin else None, result.replay_steps)
+        if twin is not None or result.shadowed_steps:  # otherwise nothing was compared: no oracle to report
+            numerical = Numerical(label.runner, label.mode, twin.token_agreement if twin else None,
+                                  result.max_step_error, twin.max_error if twin else None, result.replay_steps)
     graphs = [graph_map(c) for c in result.captures]
+    checked = Checked(result.rules_checked, result.rules_unchecked, result.shadowed_steps, result.bare_replays,
+                      result.twin is not None)
     return ConfigReport(label.runner, label.mode, config.eager_region, result.findings, numerical, graphs,
                         captures=result.captures, note=note, eager_region_option=config.eager_region_option,
-                        invariant_selected=result.invariant_selected, static=static)
+                        invariant_selected=result.invariant_selected, static=static, checked=checked)
 
 
 def check_all(configs: Iterable[Configuration], codes: frozenset[str], shadow: bool = True,

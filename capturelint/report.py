@@ -6,9 +6,13 @@ timestamps, floats rounded. The other formats are reporters
 same content grouped by runner and mode and ends with the one-line summary.
 
 **The summary tells the truth.** "replay matches eager execution" is said only when no
-finding was reported and every configuration's numerical oracle agrees; with the rules
-that would report a divergence deselected, the summary says that replay differs and
-where, even though the exit status (what the user asked for) stays 0.
+finding was reported, every configuration compared its replays with eager execution
+(``Checked.with_eager``: every replay step shadowed, or an eager twin) and every
+numerical oracle agrees. A configuration that compared nothing (a bare CUDA graph has
+no shadow, and no eager twin was given) is named with what it did check: "structural
+rules only, replay NOT compared with eager". With the rules that would report a
+divergence deselected, the summary says that replay differs and where, even though the
+exit status (what the user asked for) stays 0.
 """
 
 from __future__ import annotations
@@ -30,9 +34,75 @@ if TYPE_CHECKING:
 JSON_VERSION = 1
 
 
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """What the check of one configuration looked at: the structural rules that had
+    something to check (``rules``) and those selected that had nothing
+    (``unchecked_rules``: the step rules without a shadowed step, the invariant rules
+    without an invariant that applies), the replay steps compared with their eager
+    shadow, the replays of bare graphs (no Python re-runs on their replay, so no
+    shadow: only their freed inputs are checked), and whether an eager twin's output
+    was compared with the run's. The numerical oracle's own rule (CL901) is in neither
+    list: the counts and the twin say what it compared. Printed form (Rich)::
+
+        checked: rules CL104, CL106; 3 bare-graph replays, not shadowed; no eager twin
+    """
+
+    rules: tuple[str, ...] = ()
+    unchecked_rules: tuple[str, ...] = ()
+    shadowed_steps: int = 0
+    bare_replays: int = 0
+    eager_twin: bool = False
+
+    @property
+    def with_eager(self) -> bool:
+        """Whether replay was compared with eager execution: the run's output with an
+        eager twin's, or every replay step with its shadow."""
+        return self.eager_twin or (self.shadowed_steps > 0 and self.bare_replays == 0)
+
+    @property
+    def replayed(self) -> bool:
+        return self.shadowed_steps + self.bare_replays > 0
+
+    def not_compared(self) -> str:
+        """Why replay was not compared with eager (for a configuration not ``with_eager``)."""
+        if not self.replayed:
+            return "no replay ran"
+        if self.shadowed_steps:
+            return f"{_count(self.bare_replays, 'bare-graph replay')} not shadowed, no eager twin given"
+        return "bare graph, no eager twin given"
+
+    def describe(self) -> str:
+        """``rules CL104, CL106; 3 bare-graph replays, not shadowed; no eager twin``."""
+        parts = [f"rules {code_ranges(self.rules)}" if self.rules else "no structural rule"]
+        if self.shadowed_steps:
+            parts.append(f"{_count(self.shadowed_steps, 'replay step')} shadowed")
+        if self.bare_replays:
+            parts.append(f"{_count(self.bare_replays, 'bare-graph replay')}, not shadowed")
+        if not self.replayed:
+            parts.append("no replay")
+        parts.append("eager twin compared" if self.eager_twin else "no eager twin")
+        return "; ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rules": list(self.rules),
+            "unchecked_rules": list(self.unchecked_rules),
+            "shadowed_steps": self.shadowed_steps,
+            "bare_replays": self.bare_replays,
+            "eager_twin": self.eager_twin,
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Checked:
+        return cls(tuple(doc["rules"]), tuple(doc["unchecked_rules"]), doc["shadowed_steps"], doc["bare_replays"],
+                   doc["eager_twin"])
+
+
 @dataclasses.dataclass
 class ConfigReport:
-    """One runner and mode: its findings, numerical oracle and captured graphs."""
+    """One runner and mode: its findings, numerical oracle (``None`` where nothing was
+    compared), captured graphs, and what its check looked at (``checked``)."""
 
     runner: str
     mode: str
@@ -45,6 +115,7 @@ class ConfigReport:
     eager_region_option: str | None = None  # what was asked (per-runner), when not the region in effect
     invariant_selected: dict[str, int] = dataclasses.field(default_factory=dict)  # applied invariants: ops selected
     static: bool = False  # captures only: replay equivalence was not checked
+    checked: Checked = Checked()  # what the check looked at and compared
 
     @property
     def label(self) -> str:
@@ -70,7 +141,20 @@ class ConfigReport:
             "findings": len(self.findings),
             "graphs": [g.to_json() for g in sorted(self.graphs, key=_graph_order)],
             "note": self.note,
+            "checked": self.checked.to_json(),
         }
+
+    def unchecked_text(self) -> str | None:
+        """For a configuration whose replay was not compared with eager execution, what
+        that leaves unchecked and how to compare it; ``None`` when it was compared (or
+        nothing replayed: its note says why)."""
+        c = self.checked
+        if c.with_eager or not c.replayed or self.static:
+            return None
+        skipped = f"; rules with nothing to check: {code_ranges(c.unchecked_rules)}" if c.unchecked_rules else ""
+        return (f"replay NOT compared with eager ({c.not_compared()}): a replay that computes other values than eager "
+                f"execution goes unseen unless a rule checked names its cause{skipped}; give an eager twin (a Target's "
+                "eager=) for a numerical comparison (--require-oracle makes its absence an error)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,7 +255,8 @@ class Report:
         configs = []
         for c in doc["configurations"]:
             configs.append(ConfigReport(c["runner"], c["mode"], c["eager_region"], [], None,
-                                        [GraphMap.from_json(g) for g in c["graphs"]], note=c["note"], static=static))
+                                        [GraphMap.from_json(g) for g in c["graphs"]], note=c["note"], static=static,
+                                        checked=Checked.from_json(c["checked"])))
         # findings: sorted over the whole report; each configuration says how many are its own
         remaining = {id(c): c_doc["findings"] for c, c_doc in zip(configs, doc["configurations"])}
         for f in (Finding.from_json(f) for f in doc["findings"]):
@@ -209,12 +294,33 @@ class Report:
             "by_code": dict(sorted(by_code.items())),
             "configurations": len(self.configs),
             "diverged": [c.label for c in self.diverged],
+            "not_compared": [c.label for c in self.not_compared],
         }
+
+    @property
+    def not_compared(self) -> list[ConfigReport]:
+        """Configurations that replayed graphs without comparing them with eager
+        execution (``Checked.with_eager``); a static check compares none by design."""
+        return [] if self.static else [c for c in self.configs if c.checked.replayed and not c.checked.with_eager]
+
+    def oracle_missing(self, asked_by: str) -> str | None:
+        """The one-line error of ``--require-oracle`` (``asked_by`` names the flag or the
+        setting): which configurations replayed without comparing with eager execution,
+        and how to give them a comparison; ``None`` when every one compared."""
+        missing = self.not_compared
+        if not missing:
+            return None
+        where = _cut([f"{c.label} ({c.checked.not_compared()})" for c in missing])
+        return (f"{asked_by} asks for replay compared with eager execution, and {where} replayed graphs without it, so "
+                "the check has no numbers there; give each such Target an eager twin, eager=FUNCTION running the same "
+                "workload without CUDA graphs and returning the output to compare (capturelint.target.Target)")
 
     def summary_line(self) -> str:
         n = len(self.findings)
         configs = len(self.configs)
         diverged = self.diverged
+        uncompared = self.not_compared
+        unreplayed = [c for c in self.configs if not c.checked.replayed]
         if n == 0 and diverged:
             where = _cut([f"{c.label} ({c.numerical.describe()})" for c in diverged if c.numerical is not None])
             line = (
@@ -224,11 +330,24 @@ class Report:
         elif n == 0 and self.static:
             line = (f"no findings in {configs} configuration{'s' * (configs != 1)} (static: declared invariants and "
                     "host syncs at capture only; replay equivalence was NOT checked)")
-        elif n == 0:
+        elif n == 0 and not uncompared and not unreplayed:
             line = f"no findings in {configs} configuration{'s' * (configs != 1)}: replay matches eager execution"
+        elif n == 0:
+            compared = [c.label for c in self.configs if c.checked.replayed and c.checked.with_eager]
+            parts = [f"replay matches eager execution in {_cut(compared)}"] if compared else []
+            if uncompared:
+                rules_only = not compared and not any(c.checked.shadowed_steps for c in self.configs)
+                parts.append("structural rules only, " * rules_only +
+                             not_compared_clause([(c.label, c.checked) for c in uncompared], configs))
+            if unreplayed:
+                parts.append(f"nothing replayed in {_cut([c.label for c in unreplayed])} (see its note)")
+            line = f"no findings in {configs} configuration{'s' * (configs != 1)}: " + "; ".join(parts)
+            uncompared = []  # said
         else:
             codes = ", ".join(f"{k} x{v}" for k, v in self.summary_json()["by_code"].items())
             line = f"{n} finding{'s' * (n != 1)} ({codes}) in {configs} configuration{'s' * (configs != 1)}"
+        if uncompared:
+            line += "; " + not_compared_clause([(c.label, c.checked) for c in uncompared], configs)
         if self.static and n:
             line += " (static: replay equivalence was NOT checked)"
         if self.region_changes is not None:
@@ -238,6 +357,31 @@ class Report:
             line += (f" (shard {self.shard.index}/{self.shard.count} of {total} configuration{'s' * (total != 1)}: "
                      "capturelint merge joins the shards' reports)")
         return line
+
+
+def not_compared_clause(items: list[tuple[str, Checked]], configs: int) -> str:
+    """``replay NOT compared with eager (bare graph, no eager twin given)``, naming the
+    configurations (``label, checked``) unless the report has only the one."""
+    if configs == 1 and len(items) == 1:
+        return f"replay NOT compared with eager ({items[0][1].not_compared()})"
+    return f"replay NOT compared with eager in {_cut([f'{label} ({c.not_compared()})' for label, c in items])}"
+
+
+def code_ranges(codes: tuple[str, ...]) -> str:
+    """``CL101-CL107, CL201, CL203``: sorted rule codes, runs of three or more
+    consecutive codes written as a range."""
+    runs: list[list[str]] = []
+    for code in sorted(codes):
+        prev = runs[-1][-1] if runs else None
+        if prev and prev[:2] == code[:2] and prev[2:].isdigit() and code[2:].isdigit() and int(code[2:]) == int(prev[2:]) + 1:
+            runs[-1].append(code)
+        else:
+            runs.append([code])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) >= 3 else ", ".join(r) for r in runs)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"
 
 
 def dumps_json(doc: Any) -> str:

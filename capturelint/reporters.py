@@ -83,15 +83,21 @@ def _check_sarif(report: Any, options: Options) -> str:
     from capturelint.formats.sarif import to_sarif
     from capturelint.report import dumps_json
 
-    shard = {"shard": report.shard.to_json()} if report.shard is not None else None
+    # what each configuration checked (the JSON report's configurations[].checked), and a shard's identity
+    properties: dict[str, Any] = {"checked": [{"runner": c.runner, "mode": c.mode, **c.checked.to_json()}
+                                              for c in report.configs]}
+    if report.shard is not None:
+        properties["shard"] = report.shard.to_json()
     return dumps_json(to_sarif(report.findings, list(options.rules), __version__, fallback_uri=options.fallback_uri,
-                               run_properties=shard))
+                               run_properties=properties))
 
 
 def _check_github(report: Any, options: Options) -> str:
     from capturelint.formats.github import to_github
 
-    return to_github(report.findings)
+    # a configuration that compared nothing is a warning, so a clean run does not read as a pass
+    return to_github(report.findings, [(f"replay not compared with eager ({c.label})", c.unchecked_text())
+                                       for c in report.not_compared])
 
 
 # -------------------------------------------------------------------------- show

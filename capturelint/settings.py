@@ -20,6 +20,7 @@ found means every setting is unset. Printed form::
     kernels = "torch"
     break-outputs = "copy"                   # copy or discard (vLLM 0.33.0)
     format = "sarif"
+    require-oracle = true                    # check: replay not compared with eager is an error
 
     [tool.capturelint.invariants.moe-captured]   # declared region invariants (capturelint.invariants)
     require = "captured"
@@ -88,6 +89,7 @@ class Settings:
     format: str | None = None
     engine: str | None = None
     jobs: int | None = None
+    require_oracle: bool | None = None
     invariants: tuple[Any, ...] | None = None  # capturelint.invariants.Invariant, in file order
     source: Path | None = None
 
@@ -278,6 +280,14 @@ class _Reader:
                 )
         return tuple(item.upper() for item in value)
 
+    def flag(self, key: str) -> bool | None:
+        value = self.table.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, bool):
+            raise self.fail(key, "true or false", value, "true")
+        return value
+
     def _checked(self, key: str, problem_of: Callable[[object], str | None], example: str) -> int | None:
         """An integer setting checked by ``problem_of`` (``capturelint.limits``)."""
         value = self.table.get(key)
@@ -330,6 +340,7 @@ _KEYS = (
     "format",
     "engine",
     "jobs",
+    "require-oracle",
     "invariants",
 )
 
@@ -368,6 +379,7 @@ def _settings(path: Path, table: dict[str, Any]) -> Settings:
         format=r.choice("format", FORMATS, str.lower),
         engine=r.choice("engine", ENGINES, str.lower),
         jobs=r.jobs("jobs"),
+        require_oracle=r.flag("require-oracle"),
         invariants=_invariants(path, table),
         source=path.resolve(),
     )

@@ -124,6 +124,7 @@ class Tracer(rt.CaptureObserver):
         self.stream: Stream | None = None
         self.step = 0
         self.replays = 0
+        self.bare_replays = 0  # replays without a shadow of graphs with no Python to re-run (bare CUDA graphs)
         self._segment: Segment | None = None
         self._cow: dict[StorageId, tuple[Any, Any]] | None = None
         self._rng: list[tuple[Any, Any]] = []
@@ -375,8 +376,9 @@ class Tracer(rt.CaptureObserver):
             self._entry, self._entry_frames = frozenset(), []
         elif phase is rt.Phase.REPLAY:
             self._mode_on_()  # back to watching allocations between steps
-            if not graph.segmented:
+            if self._shadow is None and not graph.segmented:
                 self.replays += 1
+                self.bare_replays += 1
             if self._shadow is not None:
                 # The replay itself is not traced: captured segments re-issue what the capture
                 # recorded, and eager segments re-run the code the shadow just ran.

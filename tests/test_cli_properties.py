@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from capturelint.cli import main
 from capturelint.findings import Numerical
-from capturelint.report import ConfigReport, Report
+from capturelint.report import Checked, ConfigReport, Report
 from capturelint.settings import _KEYS
 from capturelint.snapshot import ConfigMap, EngineParams, RegionMap
 
@@ -116,7 +116,8 @@ def settings_files(draw) -> bytes | None:
 
 def _fake_report(plan, progress=None, shadow=True, static=False, keep_captures=False) -> Report:
     configs = [
-        ConfigReport(runner, mode, plan.eager_region, [], Numerical(runner, mode, 1.0, 0.0, 0.0, 3) if shadow else None, [])
+        ConfigReport(runner, mode, plan.eager_region, [], Numerical(runner, mode, 1.0, 0.0, 0.0, 3) if shadow else None, [],
+                     checked=Checked(("CL101",), (), 3, 0, True) if shadow else Checked())
         for runner, mode in plan.configurations
     ]
     return Report(configs)

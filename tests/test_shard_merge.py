@@ -164,9 +164,12 @@ def test_merged_sarif_shards_are_the_unsharded_sarif(fresh, tmp_path):
     for k, path in enumerate(shards, 1):
         run = json.loads(path.read_text())["runs"][0]
         assert run["properties"]["shard"].pop("check")
-        assert run["properties"] == {"shard": {"index": k, "count": 2, "configurations": LABELS}}
+        assert run["properties"]["shard"] == {"index": k, "count": 2, "configurations": LABELS}
+        # what each configuration of the shard checked: shard k runs every 2nd from the k-th
+        assert [f"{c['runner']}/{c['mode']}" for c in run["properties"]["checked"]] == LABELS[k - 1::2]
         assert run["results"]  # both shards have results: their order is restored by the merge
-    assert "properties" not in json.loads(whole.read_text())["runs"][0]
+    properties = json.loads(whole.read_text())["runs"][0]["properties"]
+    assert list(properties) == ["checked"] and [f"{c['runner']}/{c['mode']}" for c in properties["checked"]] == LABELS
     merged = tmp_path / "merged.sarif"
     assert cli("merge", shards[1], shards[0], "-o", merged) == 1
     assert merged.read_bytes() == whole.read_bytes()

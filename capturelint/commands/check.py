@@ -45,15 +45,20 @@ FORMATS = formats("check")
 @click.option("--strict", is_flag=True, help="An invariant that selects no op is an error (exit 2), not a warning.")
 @click.option("--target", metavar="SPEC", help="Check your own engine instead of the bundled one: FILE.py:FUNCTION (the file is executed, as pytest imports test files) or MODULE:FUNCTION, returning capturelint.target.Target objects (engine options such as --runner or --layers do not apply: an error).")
 @click.option("--shard", "shard_text", metavar="K/N", help="Run shard K of N: every N-th configuration (or target) in report order, starting at the K-th; the N shards partition the check and capturelint merge joins their reports (JSON or SARIF) into the unsharded report.")
+@click.option("--require-oracle", is_flag=True, help="A configuration that replays graphs without comparing them with eager execution (a bare CUDA graph whose Target gives no eager twin) is an error (exit 2), for CI that wants numbers (settings: require-oracle).")
 def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, output: str | None, exit_zero: bool,
           baseline: str | None, max_eager_growth: float | None, verbose: bool, static: bool, invariants_file: str | None,
-          strict: bool, target: str | None, shard_text: str | None, **kw: Any) -> int:
+          strict: bool, target: str | None, shard_text: str | None, require_oracle: bool, **kw: Any) -> int:
     """Check that CUDA-graph replay of the bundled engine computes what eager execution
     computes, under each runner and CUDA-graph mode.
 
     Its captures are also held to the declared region invariants (capturelint
     invariants lists them). With --static only the captures are checked (invariants, host syncs): fast, but
     replay equivalence is not checked; the full check is the CI gate.
+
+    Every report says per configuration what was checked; a bare CUDA graph without an
+    eager twin is not compared with eager execution, and the report says so
+    (--require-oracle makes it an error).
 
     Exit status: 0 clean, 1 findings (or region growth over budget with --baseline),
     2 usage, configuration or internal error, 130 interrupted.
@@ -70,6 +75,9 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
     if max_eager_growth is not None and not (math.isfinite(max_eager_growth) and max_eager_growth >= 0):
         raise CapturelintError(f"--max-eager-growth must be a percentage >= 0, got {max_eager_growth}; e.g. 10")
     baseline_path = baseline or (str(settings.baseline) if settings.baseline else None)
+    if static and require_oracle:
+        raise CapturelintError("--require-oracle asks for replay compared with eager execution, which --static skips; "
+                               "drop one of them")
     if static and (baseline is not None or max_eager_growth is not None):
         raise CapturelintError("--baseline gates the regions of a full check; drop --static, or drop --baseline")
     if target is not None:
@@ -148,6 +156,9 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
         if strict:
             raise CapturelintError(text + " (an error with --strict)")
         warn(text)
+    missing = report.oracle_missing("--require-oracle" if require_oracle else "[tool.capturelint] require-oracle")
+    if missing is not None and (require_oracle or settings.require_oracle):
+        raise CapturelintError(missing)
     if gate is not None:
         from capturelint.baseline import compare_report
 

@@ -1,8 +1,10 @@
-"""Findings as GitHub Actions workflow commands: one ``::error`` annotation a line.
+"""Findings as GitHub Actions workflow commands: one ``::error`` annotation a line, and
+a ``::warning`` for each configuration whose replay was not compared with eager execution.
 
 Printed form::
 
     ::error file=engine/model.py,line=42,title=CL101 baked-control-flow::capture recorded ...
+    ::warning title=replay not compared with eager (torch/cudagraph)::replay NOT compared ...
 
 A finding is located at its capture-side frame, else its shadow-side frame; without
 either the annotation has a title only. Escaping follows the Actions toolkit
@@ -18,10 +20,13 @@ from typing import Sequence
 from capturelint.findings import Finding
 
 
-def to_github(findings: Sequence[Finding]) -> str:
-    """One annotation line per finding, in ``Finding.sort_key`` order, each ending in a
-    newline; the empty string for no findings."""
-    return "".join(annotation(f) + "\n" for f in sorted(findings, key=Finding.sort_key))
+def to_github(findings: Sequence[Finding], warnings: Sequence[tuple[str, str]] = ()) -> str:
+    """One annotation line per finding, in ``Finding.sort_key`` order, then one
+    ``::warning`` line per ``(title, message)`` of ``warnings`` (what the check could not
+    compare), each ending in a newline; the empty string for neither."""
+    lines = [annotation(f) for f in sorted(findings, key=Finding.sort_key)]
+    lines += [f"::warning title={escape_property(title)}::{escape_data(message)}" for title, message in warnings]
+    return "".join(line + "\n" for line in lines)
 
 
 def annotation(finding: Finding) -> str:

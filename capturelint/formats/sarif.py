@@ -1,7 +1,10 @@
 """Findings as a SARIF 2.1.0 log, for code-scanning uploads.
 
 The log has one run. Its ``tool.driver.rules`` are the rules handed in, sorted by code;
-each result points at its rule by ``ruleId`` and ``ruleIndex``. Printed form of a result
+each result points at its rule by ``ruleId`` and ``ruleIndex``. The check's reporter
+puts in the run's ``properties`` what each configuration checked (``checked``: runner,
+mode and the JSON report's ``configurations[].checked`` record, so a log without results
+still says whether replay was compared with eager) and, for a shard, its ``shard``. Printed form of a result
 (abridged)::
 
     {"ruleId": "CL101", "ruleIndex": 0, "level": "error",

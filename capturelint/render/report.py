@@ -5,6 +5,8 @@ Printed form (abridged)::
     ╭─ runner v1 · mode PIECEWISE · eager region narrow ─────────────────────────╮
     │ numerical: token agreement 0.18 with the eager twin, max replay-vs-eager   │
     │ step error 3.21 over 20 replay steps                                       │
+    │ checked: rules CL101, CL102, ...; 20 replay steps shadowed; eager twin     │
+    │ compared                                                                   │
     │ graphs decode/1, decode/2 (PIECEWISE): 120 captured ops, 4 eager ops       │
     │   segments: C:28 | E _sparse_indexer_and_attn:1 | C:30 | ...               │
     │ CL101 baked-control-flow [R1] model.layers.0.attn · dsv4.fused_...         │
@@ -14,6 +16,10 @@ Printed form (abridged)::
 
 The segments of a graph get a line of their own and wrap between segments (never cut),
 so eager-break names stay whole on an 80-column terminal.
+
+A configuration whose replay was not compared with eager execution (a bare graph
+without an eager twin) gets a yellow panel that says so and what that leaves unchecked
+(``ConfigReport.unchecked_text``), and never a green "matches".
 """
 
 from __future__ import annotations
@@ -57,13 +63,15 @@ def render_rich(report: Report, console: Console, verbose: bool = False) -> None
                 tokens = f"max error {n.max_logit_error:.3g} against the eager twin"
             else:
                 tokens = "no eager twin"
-            parts.append(
-                Text(
-                    f"numerical: {tokens}, max replay-vs-eager step error {n.max_step_error:.3g} over "
-                    f"{n.replay_steps} replay steps",
-                    style="red" if n.diverged else "green",
-                )
-            )
+            if cfg.checked.shadowed_steps or not cfg.checked.eager_twin:
+                steps = f", max replay-vs-eager step error {n.max_step_error:.3g} over {n.replay_steps} replay steps"
+            else:  # no step had a shadow: only the twin compared
+                steps = f" over {n.replay_steps} replays (not shadowed: no step-by-step comparison)"
+            parts.append(Text(f"numerical: {tokens}{steps}", style="red" if n.diverged else "green"))
+        parts.append(Text(f"checked: {cfg.checked.describe()}", style="dim"))
+        unchecked = cfg.unchecked_text()
+        if unchecked:
+            parts.append(Text(unchecked, style="yellow"))
         if cfg.note:
             parts.append(Text(cfg.note, style="yellow"))
         if cfg.graphs:
@@ -89,14 +97,14 @@ def render_rich(report: Report, console: Console, verbose: bool = False) -> None
             parts.append(Text("no findings, but replay differs from eager execution: the rules that report it are "
                               "not selected", style="red"))
         elif not cfg.findings:
-            parts.append(Text("no findings", style="green"))
-        border = "red" if cfg.findings or cfg.diverged else "green"
+            parts.append(Text("no findings", style="green" if unchecked is None else "yellow"))
+        border = "red" if cfg.findings or cfg.diverged else "green" if unchecked is None else "yellow"
         console.print(Panel(Group(*parts), title=title, title_align="left", border_style=border))
     if report.region_changes is not None:  # the gate's panel
         from capturelint.render.changes import region_changes_panel
 
         console.print(region_changes_panel(report.region_changes))
-    style = "bold red" if report.failed or report.diverged else "bold green"
+    style = "bold red" if report.failed or report.diverged else "bold yellow" if report.not_compared else "bold green"
     console.print(Text(report.summary_line(), style=style))
 
 
