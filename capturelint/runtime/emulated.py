@@ -70,7 +70,7 @@ import gc
 import inspect
 import itertools
 import threading
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.overrides import TorchFunctionMode
