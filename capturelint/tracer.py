@@ -173,11 +173,10 @@ class Tracer(rt.CaptureObserver):
         self._static_names = {sid: tuple(v) for sid, v in names.items()}
 
     def _root_names(self, stream: Stream) -> dict[StorageId, list[str]]:
-        """Names of the tensors the non-module roots hold now (modules were indexed once)."""
+        """Names of the tensors the roots hold now that they did not hold when tracing
+        began (a runner's per-step buffer, a module's buffer replaced after capture)."""
         names: dict[StorageId, list[str]] = {}
         for root_name, root in self.roots.items():
-            if isinstance(root, torch.nn.Module):
-                continue
             for name, t in named_tensors(root_name, root):
                 st = t.untyped_storage()
                 sid = st._cdata

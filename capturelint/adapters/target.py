@@ -24,8 +24,9 @@ exception from ``eager()`` and, with ``eager()`` given, an output of ``run()`` o
 ``eager()`` that holds no tensors (``None``, a string): there is nothing to compare.
 
 Each target is traced like a configuration of the bundled engine: every replay step of a
-breakable graph is shadowed and checked; a bare ``torch.cuda.CUDAGraph`` has no shadow
-(no Python re-runs on replay) and is checked for inputs the program freed. The numerical
+breakable graph, and every call of a graphed callable (``make_graphed_callables``), is
+shadowed and checked; a bare ``torch.cuda.CUDAGraph`` has no shadow (no Python re-runs
+on replay) and is checked for inputs the program freed. The numerical
 oracle is the replay-versus-shadow error per step, plus ``eager()`` when the target
 gives one: an eager run of the same workload whose output is compared with ``run()``'s.
 """

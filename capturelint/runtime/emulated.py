@@ -14,6 +14,12 @@ installs all of them in ``torch.cuda`` on a machine without CUDA, with the emula
 CUDA device of ``runtime.device`` (``.cuda()``, ``device="cuda"`` and the
 ``torch.cuda`` queries on the CPU), so that unmodified code written for a GPU runs.
 
+**Who announces what.** A bare graph announces its own capture and replays to the
+observers of ``protocol`` as an unsegmented graph: it keeps no Python, so its replays
+get no shadow. A graphed callable (``make_graphed_callables``) keeps the callable, so
+it announces a graph of one captured segment whose every replay offers a shadow, as a
+breakable runtime's graph does (``_Graphed``).
+
 **Capture semantics, as on a GPU.**
 
 **Captured kernels do not take effect at capture.** Ops run during the capture (their
@@ -59,15 +65,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
+import inspect
 import itertools
 import threading
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from capturelint.runtime import device as emulated_device
 from capturelint.runtime import frames, protocol
@@ -557,45 +565,192 @@ class graph:
 def make_graphed_callables(
     callables: Any, sample_args: Any, num_warmup_iters: int = 3, allow_unused_input: bool = False, pool: Any = None
 ) -> Any:
-    """``torch.cuda.make_graphed_callables`` for inference (no autograd): each callable
-    is warmed up, captured on its sample arguments, and returned as a function that
-    copies its arguments into the static inputs, replays, and returns the static
-    outputs."""
+    """``torch.cuda.make_graphed_callables`` for inference (no autograd), built as
+    PyTorch builds it: ``sample_args`` hold tensors only (nested in tuples, lists or
+    dicts); every callable is warmed up, then each is captured on its sample arguments,
+    all into one memory pool; a module comes back as itself with its ``forward``
+    replaced (the original runs when its training flag differs from the capture's), a
+    function as a new function. A call copies its arguments into the static inputs,
+    replays, and returns the static outputs (``_Graphed``)."""
     single = not isinstance(callables, tuple)
     fns = (callables,) if single else callables
     samples = (sample_args,) if single else sample_args
-    graphed = []
-    shared_pool = pool
+    where = frames.user_frame(2)
+    flat = []
     for fn, args in zip(fns, samples):
-        args = tuple(args)
-        if any(isinstance(a, torch.Tensor) and a.requires_grad for a in args) or (
+        leaves, spec = tree_flatten(tuple(args))
+        if not all(isinstance(a, torch.Tensor) for a in leaves):
+            raise AssertionError(  # PyTorch's own check, in its words
+                "In the beta API, sample_args for each callable must contain only Tensors. Other types are not allowed."
+            )
+        if any(a.requires_grad for a in leaves) or (
             isinstance(fn, torch.nn.Module) and any(p.requires_grad for p in fn.parameters()) and torch.is_grad_enabled()
         ):
             raise RuntimeError(
                 "the emulated make_graphed_callables supports inference only: run it under torch.no_grad() "
                 "with inputs that do not require grad"
             )
+        flat.append((tuple(args), leaves, spec))
+    mempool = graph_pool_handle() if pool is None else pool
+    for fn, (args, _, _) in zip(fns, flat):
         for _ in range(num_warmup_iters):
             fn(*args)
-        g = EmulatedCUDAGraph()
-        with graph(g, pool=shared_pool):
-            static_out = fn(*args)
-        shared_pool = g.pool()
-        graphed.append(_Graphed(fn, g, args, static_out))
+    graphed = []
+    for i, (fn, (args, leaves, spec)) in enumerate(zip(fns, flat)):
+        module = isinstance(fn, torch.nn.Module)
+        name = type(fn).__name__ if module else getattr(fn, "__qualname__", type(fn).__name__)
+        label = f"graphed {name}" + ("" if single else f"#{i}") + f"@{where.file}:{where.line}"
+        g = _Graphed(fn, fn.forward if module else fn, label, leaves, spec)
+        g.capture(mempool, args)
+        if module:
+            fn.forward = g.forward
+        graphed.append(fn if module else g)
     return graphed[0] if single else tuple(graphed)
 
 
 class _Graphed:
-    def __init__(self, fn: Any, g: EmulatedCUDAGraph, static_in: Sequence[Any], static_out: Any):
-        self.fn, self.graph, self.static_in, self.static_out = fn, g, static_in, static_out
+    """One graphed callable: a one-segment captured graph whose replays are shadowed.
+
+    It is the capture runtime of its callable: its primitive is an owned
+    ``EmulatedCUDAGraph`` (``owned_by``), and it announces its capture and replays as a
+    segmented graph of one captured segment, as a breakable runtime's graph does. Unlike
+    a bare ``CUDAGraph`` it keeps Python that can re-run: before each replay it offers
+    observers a shadow (``before_replay``), the callable run eagerly on the call's
+    arguments as the graph reads them, the static inputs they were just copied into (an
+    argument smaller than its sample, which ``copy_`` broadcasts, is seen with its own
+    shape: a baked shape). The tracer undoes the shadow's tensor writes and random
+    draws; ``_PythonState`` undoes what it can of its Python, so that host state evolves
+    as in a run without shadows, where replays run no Python.
+    """
+
+    def __init__(self, fn: Any, run: Callable[..., Any], label: str, static_in: list[torch.Tensor], spec: Any):
+        self.fn, self.run, self.static_in, self.spec = fn, run, static_in, spec
+        self.info = protocol.GraphInfo(next(_bare_ids), label, "FULL", False, protocol.BreakOutputs.DISCARD, True)
+        self.training = fn.training if isinstance(fn, torch.nn.Module) else None
+        self.graph: EmulatedCUDAGraph | None = None
+        self.static_out: Any = None
+
+    def _segment(self, phase: protocol.Phase) -> protocol.SegmentInfo:
+        return protocol.SegmentInfo(self.info.id, 0, protocol.SegmentKind.CAPTURED, None, phase)
+
+    def capture(self, pool: Any, args: tuple) -> None:
+        phase = protocol.Phase.CAPTURE
+        with owned_by(self.info, 0):
+            self.graph = EmulatedCUDAGraph()
+        protocol.announce("on_graph_begin", self.info, phase)
+        protocol.announce("on_segment_begin", self._segment(phase))
+        try:
+            with graph(self.graph, pool=pool):
+                self.static_out = self.fn(*args)
+        except HostSyncInCaptureError as e:
+            raise HostSyncInCaptureError(dataclasses.replace(e.event, graph=self.info, segment=0)) from None
+        protocol.announce("on_segment_end", self._segment(phase))
+        protocol.announce("on_graph_end", self.info, phase, self.static_out)
+
+    def forward(self, *args: Any) -> Any:
+        """A graphed module's ``forward``: the graph, or the original ``forward`` when
+        the module's training flag is not the one it was captured with."""
+        if self.fn.training != self.training:
+            return self.run(*args)
+        return self(*args)
 
     def __call__(self, *args: Any) -> Any:
+        leaves = tree_flatten(args)[0]
+        if len(leaves) != len(self.static_in) or not all(isinstance(a, torch.Tensor) for a in leaves):
+            raise TypeError(
+                f"graph {self.info.label} takes {len(self.static_in)} tensors, as its sample_args, but was called "
+                f"with ({', '.join(type(a).__name__ for a in leaves)}); pass tensors in the sample's order and format"
+            )
         with torch.no_grad():
-            for dst, src in zip(self.static_in, args):
-                if isinstance(dst, torch.Tensor) and dst is not src:
+            for dst, src in zip(self.static_in, leaves):
+                if dst.data_ptr() != src.data_ptr():
                     dst.copy_(src)
+        if protocol.has_observers():
+            read = [_as_read(dst, src) for dst, src in zip(self.static_in, leaves)]
+            protocol.announce("before_replay", self.info, functools.partial(self._shadow, tree_unflatten(read, self.spec)))
+        phase = protocol.Phase.REPLAY
+        protocol.announce("on_graph_begin", self.info, phase)
+        protocol.announce("on_segment_begin", self._segment(phase))
         self.graph.replay()
+        protocol.announce("on_segment_end", self._segment(phase))
+        protocol.announce("on_graph_end", self.info, phase, self.static_out)
         return self.static_out
+
+    def _shadow(self, args: tuple) -> Any:
+        """The callable run eagerly as the replayed step: inside a capture as far as
+        ``is_current_stream_capturing()`` tells, its objects' Python state put back."""
+        state = _PythonState(self.fn)
+        try:
+            with protocol.capturing_as_on_gpu(True):
+                return self.run(*args)
+        finally:
+            state.restore()
+
+
+def _as_read(static: torch.Tensor, arg: torch.Tensor) -> torch.Tensor:
+    """The argument ``arg`` as the graph reads it once copied into ``static``: ``static``
+    itself or, where ``copy_`` broadcast a smaller argument, the view of ``static``
+    that holds the argument's values (index 0 of the broadcast dimensions)."""
+    if arg.shape == static.shape:
+        return static
+    lead = (0,) * (static.dim() - arg.dim())
+    return static[lead + tuple(slice(0, n) for n in arg.shape)]
+
+
+class _PythonState:
+    """What a shadow's Python may change in the objects a graphed callable is bound to:
+    a module and its submodules, a method's object (and its submodules if it is a
+    module), and the modules a function refers to (closure or globals). Saved: their
+    attribute bindings and the contents of the dicts, lists and sets they hold (a
+    module's parameter, buffer and submodule tables among them); ``restore`` puts them
+    back, so a counter the callable advances stays where a run without shadows leaves
+    it (replays run no Python). Not saved: other objects, globals and closure variables
+    themselves, containers nested deeper; a shadow changes them as the callable's Python
+    does."""
+
+    def __init__(self, fn: Any) -> None:
+        self.saved = []
+        for obj in _bound_objects(fn):
+            attrs = vars(obj)
+            contents = [(c, c.copy()) for c in attrs.values() if isinstance(c, (dict, list, set))]
+            self.saved.append((attrs, dict(attrs), contents))
+
+    def restore(self) -> None:
+        # Put back unconditionally: comparing would call the values' __eq__ (tensors').
+        for attrs, bindings, contents in self.saved:
+            attrs.clear()
+            attrs.update(bindings)
+            for container, copy in contents:
+                if isinstance(container, list):
+                    container[:] = copy
+                else:
+                    container.clear()
+                    container.update(copy)
+
+
+def _bound_objects(fn: Any) -> list[Any]:
+    """The objects ``_PythonState`` keeps for callable ``fn``."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if isinstance(fn, torch.nn.Module):
+        return list(fn.modules())
+    if inspect.ismethod(fn):
+        owner = fn.__self__
+        return list(owner.modules()) if isinstance(owner, torch.nn.Module) else [owner] if hasattr(owner, "__dict__") else []
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    values = [fn.__globals__.get(n) for n in code.co_names]
+    for cell in fn.__closure__ or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:  # a cell not yet bound
+            pass
+    found: dict[int, Any] = {}
+    for value in values:
+        if isinstance(value, torch.nn.Module):
+            found.update((id(m), m) for m in value.modules())
+    return list(found.values())
 
 
 # ---------------------------------------------------------------- installation
