@@ -94,7 +94,7 @@ def trace_run(
     codes = select if select is not None else frozenset(r.code for r in RULES)
     analyzer = Analyzer(label, [r for r in (rules or RULES) if r.code in codes], invariants)
     tracer = Tracer(roots, on_step=analyzer.on_step, shadow=shadow, probe=probe, scope_group=scope_group,
-                    on_stale=analyzer.on_stale)
+                    on_stale=analyzer.on_stale, on_bare=analyzer.on_bare)
     output = None
     host_sync: HostSyncEvent | None = None
     try:

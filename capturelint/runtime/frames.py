@@ -71,6 +71,11 @@ def register_runtime_file(path: str) -> None:
     _hidden.clear()
 
 
+def hidden_file(filename: str) -> bool:
+    """Whether source file ``filename`` is runtime machinery (``hidden_code`` for a file)."""
+    return filename.startswith("<") or _hidden_path(os.path.abspath(filename))
+
+
 def hidden_code(code: Any) -> bool:
     """Whether frames of ``code`` are runtime machinery rather than engine or model code."""
     hidden = _hidden.get(code)
