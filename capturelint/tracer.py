@@ -521,6 +521,13 @@ class Tracer(rt.CaptureObserver):
             capture.names_now = {name: sid for sid, names in self._root_names(capture).items() for name in names}
             self.on_stale(capture, event)
 
+    def on_graph_names(self, graph: rt.GraphInfo, names: dict[int, tuple[str, ...]]) -> None:
+        capture = self.captures.get(graph.id)
+        if capture is not None:  # after the roots' names, which the engine chose
+            for sid, found in names.items():
+                if sid in capture.origins:
+                    capture.names[sid] = tuple(dict.fromkeys(capture.names.get(sid, ()) + found))
+
     def on_held_input(self, event: rt.HeldInputEvent) -> None:
         capture = self.captures.get(event.graph.id)
         if capture is not None and self.on_bare is not None and not event.graph.segmented:

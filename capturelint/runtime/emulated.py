@@ -41,8 +41,8 @@ private pool is not returned to the allocator), so it is never taken for freed.
 **Re-bound holders are watched.** A program that re-binds the name it feeds the graph
 (``self.static_x = batch``) while the captured tensor stays alive elsewhere frees
 nothing; the graph keeps reading the old tensor. When someone observes a bare graph,
-its capture end records who holds each of its inputs (``runtime.holders``: no roots
-needed), and each replay announces a holder that now holds another tensor of the same
+its capture end records who holds each of its inputs and outputs (``runtime.holders``:
+no roots needed; the names are announced, ``on_graph_names``), and each replay announces a holder that now holds another tensor of the same
 shape and dtype while the captured one is alive and unwritten (``HeldInputEvent``).
 
 **No host synchronisation in a capture.** ``.item()``, ``.tolist()``, ``nonzero``,
@@ -359,7 +359,9 @@ class EmulatedCUDAGraph:
         self._replays = 0
         if self.owner is None and protocol.has_observers():
             inputs = [sid for sid in self._borrowed.storages() if sid not in _graph_owned]
-            self._holders = holders.discover(inputs) if inputs else None
+            found = holders.discover(inputs + list(self._allocated))
+            protocol.announce("on_graph_names", self.info, found.names())
+            self._holders = found.only(inputs) if inputs else None
 
     def _seen(self, t: torch.Tensor) -> None:
         st = t.untyped_storage()

@@ -49,7 +49,6 @@ import ast
 import collections
 import dataclasses
 import inspect
-import os
 import sys
 import textwrap
 import types
@@ -126,16 +125,25 @@ class Holders:
     def __len__(self) -> int:
         return len(self._holders)
 
+    def names(self) -> dict[int, tuple[str, ...]]:
+        """The holders' labels by storage, in the order found (shortest paths first)."""
+        out: dict[int, list[str]] = {}
+        for h in self._holders:
+            out.setdefault(h.storage, []).append(h.label)
+        return {sid: tuple(dict.fromkeys(labels)) for sid, labels in out.items()}
+
+    def only(self, storages: Collection[int]) -> Holders:
+        """These holders restricted to ``storages`` (the frames stay held)."""
+        keep = set(storages)
+        return Holders([h for h in self._holders if h.storage in keep], self._frames,
+                       [v for v in self._versions if v[0] in keep])
+
     def refresh(self) -> None:
         """Before a replay looks for freed inputs: refresh the locals snapshot of every
         frame read at capture, and let go of the frames that have ended."""
         if not self._frames:
             return
-        running = set()
-        f = sys._getframe(1)
-        while f is not None:
-            running.add(id(f))
-            f = f.f_back
+        running, _ = frames.running_frames()
         ended = []
         for frame in self._frames:
             try:
@@ -250,7 +258,7 @@ def _anchor(value: Any, anchor: Any, steps: tuple) -> tuple[Any, tuple]:
 def discover(storages: Collection[int]) -> Holders:
     """The slots that hold a tensor over one of ``storages`` now, found from the
     running frames of engine or model code (see the module docstring)."""
-    running = program_frames()  # outermost first: an outer frame's name for an object is the program's
+    running = frames.program_frames()  # outermost first: an outer frame's name for an object is the program's
     holders: list[Holder] = []
     tensors: dict[int, Any] = {}  # storage -> a weak reference to a tensor held over it
     seen: set[int] = set()
@@ -326,28 +334,6 @@ def discover(storages: Collection[int]) -> Holders:
     return Holders(holders, running, [(sid, ref, _version(ref()) or 0) for sid, ref in tensors.items() if ref() is not None])
 
 
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(frames.__file__))) + os.sep
-_RUNTIME = os.path.dirname(os.path.abspath(frames.__file__)) + os.sep
-
-
-def program_frames() -> list[Any]:
-    """The running frames of engine or model code, outermost first, up to where
-    capturelint called the program (a target's ``run()``, a script): capturelint's
-    own callers (the command line, a test runner) are not the program. Frames of the
-    runtime the program calls (the emulated primitive) are passed over."""
-    out = []
-    f = sys._getframe(1)
-    while f is not None:
-        file = os.path.abspath(f.f_code.co_filename)
-        if out and file.startswith(_PACKAGE) and not file.startswith(_RUNTIME):
-            break
-        if not frames.hidden_code(f.f_code):
-            out.append(f)
-        f = f.f_back
-    out.reverse()
-    return out
-
-
 def _walk_as_attributes(d: dict, anchor: Any, steps: tuple, label: str, owner: type, reach: Callable) -> None:
     """An ``nn.Module``'s parameters, buffers and submodules, named as its attributes."""
     for i, (k, v) in enumerate(d.items()):
@@ -408,7 +394,7 @@ def rebinding_line(holder: Holder) -> Frame | None:
     ``None``: a list or dict slot, or no assignment to its name was found."""
     if holder.name is None:
         return None
-    for f in reversed(program_frames()):  # the replay's caller outwards
+    for f in reversed(frames.program_frames()):  # the replay's caller outwards
         lines = [line for line, n in _assigned_names(f.f_code) if n == holder.name]
         before = [line for line in lines if line < f.f_lineno]
         if lines:

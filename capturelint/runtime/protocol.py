@@ -263,6 +263,10 @@ class CaptureObserver:
 
     def on_held_input(self, event: HeldInputEvent) -> None: ...
 
+    def on_graph_names(self, graph: GraphInfo, names: dict[int, tuple[str, ...]]) -> None:
+        """A bare graph's capture ended: the names the program holds its inputs and
+        outputs by (``runner.static_x``), by storage identity, found without roots."""
+
     def before_replay(self, graph: GraphInfo, shadow: Callable[[], Any]) -> None:
         """Called before each replay of a segmented graph. ``shadow()`` runs the same
         step eagerly (breaks inline and announced) and returns its output; an observer may call it once."""
