@@ -304,7 +304,14 @@ class Tracer(rt.CaptureObserver):
                     self._read_list(info, name, value)
         if info.writes:
             for t in info.written(args, kwargs):
-                self._unreplayed.discard(_storage_of(t))
+                sid = _storage_of(t)
+                if sid not in memory:
+                    continue
+                self._unreplayed.discard(sid)
+                taken = self._taken.get(t)
+                replays = len(self._replay_frames[memory[sid]])
+                if taken is not None and taken[1] < replays:  # written through: it holds this step's values now
+                    self._taken[t] = (taken[0], replays, user_frame(2))
         if info.aliases and args and isinstance(args[0], torch.Tensor):
             sid = _storage_of(args[0])
             graph = memory.get(sid)

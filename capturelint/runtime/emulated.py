@@ -41,9 +41,10 @@ private pool is not returned to the allocator), so it is never taken for freed.
 **Re-bound holders are watched.** A program that re-binds the name it feeds the graph
 (``self.static_x = batch``) while the captured tensor stays alive elsewhere frees
 nothing; the graph keeps reading the old tensor. When someone observes a bare graph,
-its capture end records who holds each of its inputs and outputs (``runtime.holders``:
-no roots needed; the names are announced, ``on_graph_names``), and each replay announces a holder that now holds another tensor of the same
-shape and dtype while the captured one is alive and unwritten (``HeldInputEvent``).
+its capture end finds who holds each of its inputs and outputs (``runtime.holders``,
+no roots needed) and announces their names (``on_graph_names``); each replay announces
+a holder of an input that now holds another tensor of the same shape and dtype while
+the captured one is alive and unwritten (``HeldInputEvent``).
 
 **No host synchronisation in a capture.** ``.item()``, ``.tolist()``, ``nonzero``,
 boolean masks and device-to-host copies raise ``HostSyncInCaptureError``.

@@ -49,6 +49,8 @@ import ast
 import collections
 import dataclasses
 import inspect
+import itertools
+import linecache
 import sys
 import textwrap
 import types
@@ -100,7 +102,9 @@ class Holder:
                 if kind == "attr":
                     obj = vars(obj)[key]
                 elif kind == "item":
-                    obj = obj[key]
+                    obj = obj.get(key, _GONE) if isinstance(obj, dict) else obj[key]  # no defaultdict insert
+                    if obj is _GONE:
+                        return _GONE
                 elif kind == "cell":
                     obj = obj.__closure__[key].cell_contents
                 else:  # a frame's local
@@ -279,7 +283,10 @@ def discover(storages: Collection[int]) -> Holders:
             return
         if id(value) in seen or len(seen) >= MAX_OBJECTS:
             return
-        how = _walkable(value)
+        try:
+            how = _walkable(value)
+        except Exception:  # a type whose module or attributes cannot be read plainly
+            how = None
         if how is None:
             return
         seen.add(id(value))
@@ -307,39 +314,38 @@ def discover(storages: Collection[int]) -> Holders:
 
     while queue:
         value, how, anchor, steps, label = queue.popleft()
-        if how == "items":
-            items = value.items() if isinstance(value, dict) else enumerate(value)
-            mutable = not isinstance(value, tuple)
-            for i, (k, v) in enumerate(items):
-                if i >= MAX_ITEMS:
-                    break
-                reach(v, anchor, steps + (("item", k),), f"{label}[{k!r}]", None, None, None, mutable)
-        elif how == "attrs":
-            module = isinstance(value, torch.nn.Module)
-            for k, v in list(vars(value).items()):
-                if module and k.startswith("_"):
-                    if k in _MODULE_SLOTS and isinstance(v, dict):
-                        _walk_as_attributes(v, anchor, steps + (("attr", k),), label, type(value), reach)
-                    continue
-                reach(v, anchor, steps + (("attr", k),), f"{label}.{k}", None, k, type(value), True)
-        else:  # a closure's cells
-            names = value.__code__.co_freevars
-            for i, cell in enumerate(value.__closure__):
-                try:
-                    v = cell.cell_contents
-                except ValueError:  # an empty cell
-                    continue
-                reach(v, anchor, steps + (("cell", i),), names[i], f"closure variable {names[i]} of {value.__qualname__}()",
-                      names[i], None, True)
+        try:
+            _walk(value, how, anchor, steps, label, reach)
+        except Exception:  # an object whose attributes or items cannot be read plainly: not walked further
+            continue
     return Holders(holders, running, [(sid, ref, _version(ref()) or 0) for sid, ref in tensors.items() if ref() is not None])
 
 
-def _walk_as_attributes(d: dict, anchor: Any, steps: tuple, label: str, owner: type, reach: Callable) -> None:
-    """An ``nn.Module``'s parameters, buffers and submodules, named as its attributes."""
-    for i, (k, v) in enumerate(d.items()):
-        if i >= MAX_ITEMS:
-            break
-        reach(v, anchor, steps + (("item", k),), f"{label}.{k}", None, str(k), owner, True)
+def _walk(value: Any, how: str, anchor: Any, steps: tuple, label: str, reach: Callable) -> None:
+    """Reach everything ``value`` holds, as ``_walkable`` said to walk it."""
+    if how == "items":
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        mutable = not isinstance(value, tuple)
+        for k, v in list(itertools.islice(items, MAX_ITEMS)):
+            reach(v, anchor, steps + (("item", k),), f"{label}[{k!r}]", None, None, None, mutable)
+    elif how == "attrs":
+        module = isinstance(value, torch.nn.Module)
+        for k, v in list(vars(value).items()):
+            if not module or not k.startswith("_"):
+                reach(v, anchor, steps + (("attr", k),), f"{label}.{k}", None, k, type(value), True)
+            elif k in _MODULE_SLOTS and isinstance(v, dict):  # parameters, buffers, submodules: as attributes
+                for name, child in list(itertools.islice(v.items(), MAX_ITEMS)):
+                    reach(child, anchor, steps + (("attr", k), ("item", name)), f"{label}.{name}", None, str(name),
+                          type(value), True)
+    else:  # a closure's cells
+        names = value.__code__.co_freevars
+        for i, cell in enumerate(value.__closure__):
+            try:
+                v = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            reach(v, anchor, steps + (("cell", i),), names[i], f"closure variable {names[i]} of {value.__qualname__}()",
+                  names[i], None, True)
 
 
 # ------------------------------------------------------------ the re-binding line
@@ -355,7 +361,10 @@ def _assigned_names(code: Any) -> tuple[tuple[int, str], ...]:
         return found
     out: list[tuple[int, str]] = []
     try:
-        lines, start = inspect.getsourcelines(code)
+        if code.co_name == "<module>":  # getsourcelines gives a module's first statement only
+            lines, start = linecache.getlines(code.co_filename), 1
+        else:
+            lines, start = inspect.getsourcelines(code)
         tree = ast.parse(textwrap.dedent("".join(lines)))
     except (OSError, TypeError, SyntaxError, IndentationError):
         tree, start = None, 0
