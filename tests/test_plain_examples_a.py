@@ -49,3 +49,23 @@ def test_the_fix_exits_0(capsys, name):
     code, doc = check(capsys, f"{EXAMPLES / name}.py:targets_fixed")
     assert code == 0 and doc["findings"] == []
     assert doc["numerical"][0]["replay_steps"] == 3
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_findings_do_not_depend_on_rule_order(name):
+    import random
+
+    from capturelint.adapters.target import configuration, load_targets
+    from capturelint.harness import trace_run
+    from capturelint.rules import RULES
+    from capturelint.runtime.emulated import emulate_cuda
+
+    def findings(rules):
+        c = configuration(load_targets(f"{EXAMPLES / name}.py:targets_bug")[0])
+        with emulate_cuda():
+            return [f.to_json() for f in trace_run(c.run, c.roots, c.label, rules=rules).findings]
+
+    base = findings(RULES)
+    assert [f["code"] for f in base] == [CASES[name][0]]
+    for order in [tuple(reversed(RULES)), tuple(random.Random(1).sample(RULES, len(RULES)))]:
+        assert findings(order) == base

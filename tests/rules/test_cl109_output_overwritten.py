@@ -79,6 +79,17 @@ def fixed():
 
 def repeated():
     return Target(run=handles_collected, runner="plain", mode="graph")
+
+
+@torch.no_grad()
+def kept_views_eager():
+    r = Runner()
+    rows = [r.model(torch.full((4, 4), float(step), device=DEV))[:2] for step in (1, 2)]
+    return rows[0] + rows[1]
+
+
+def with_twin():
+    return Target(run=kept_views, eager=kept_views_eager, runner="plain", mode="graph")
 """
 
 
@@ -110,3 +121,9 @@ def test_a_list_that_collected_the_output_tensor_itself(tmp_path, capsys):
     assert (f["tensor"], f["op"]) == ("r.static_y", "aten.cat.default")
     assert f["shadow_frame"]["line"] == line_of(path, "return torch.cat(outs)")
     assert "3 times through one list argument" in f["message"] and "replay 3" in f["message"]
+
+
+def test_with_an_eager_twin_the_divergence_is_cl109_not_cl901(tmp_path, capsys):
+    code, doc = check(capsys, write(tmp_path, RUNNER), "with_twin")
+    assert code == 1 and codes(doc) == ["CL109"]
+    assert doc["numerical"][0]["max_logit_error"] > 0.01  # step 1's rows were overwritten by step 2's
