@@ -33,9 +33,11 @@ shadow, but its memory has rules of its own: what its capture allocated holds no
 until a replay writes it, and each replay rewrites it. Between steps the watch state
 also follows that memory: which storages no replay or eager op has written since their
 capture, how many times each graph replayed and from which line, and, for every view of
-graph memory made after a replay, after which replay it was made (weakly, by tensor
-object). An eager op that reads the values of such a storage before any write (CL110),
-or reads it through a view made before the graph's latest replay (CL109), is handed to
+graph memory made after a replay, after which replay it was made and last read (weakly,
+by tensor object). An eager op that reads the values of such a storage before any write
+(CL110), or reads it through a view made before the graph's latest replay and not read
+after the previous one (CL109: a view read every step is a handle, as the output tensor
+itself is), is handed to
 ``on_bare`` as a ``records.GraphMemoryRead``; so is the runtime's ``HeldInputEvent``
 (CL108). This costs nothing while no bare graph has been captured, and a storage
 lookup per tensor argument of each eager op after.
@@ -87,6 +89,17 @@ def _storage_of(t: torch.Tensor) -> StorageId | None:
 
 def _use_of(t: torch.Tensor, arg: str) -> TensorUse:
     return TensorUse(arg, _storage_of(t), tuple(t.shape), t.stride(), t.storage_offset(), _dtype_name(t.dtype), False)
+
+
+class _Taken:
+    """A view of a bare graph's memory made between steps: of ``graph``, after replay
+    ``replay`` (at least 1), at ``frame``; ``last_read`` the replay after which it was
+    last read. Views made from it share it."""
+
+    __slots__ = ("graph", "replay", "frame", "last_read")
+
+    def __init__(self, graph: int, replay: int, frame: Frame, last_read: int | None = None):
+        self.graph, self.replay, self.frame, self.last_read = graph, replay, frame, last_read
 
 
 class _OpMode(TorchDispatchMode):
@@ -170,7 +183,7 @@ class Tracer(rt.CaptureObserver):
         self.unseen: dict[int, str] = {}  # graphs replayed whose capture the tracer did not see
         # Bare graphs' memory (the module docstring): storage -> graph, graph -> storages,
         # replays since capture and their lines, storages unwritten since capture, views
-        # made after a replay -> (graph, replay, line).
+        # made after a replay.
         self._graph_memory: dict[StorageId, int] = {}
         self._graph_storages: dict[int, tuple[StorageId, ...]] = {}
         self._replay_frames: dict[int, list[Frame]] = {}
@@ -310,8 +323,8 @@ class Tracer(rt.CaptureObserver):
                 self._unreplayed.discard(sid)
                 taken = self._taken.get(t)
                 replays = len(self._replay_frames[memory[sid]])
-                if taken is not None and taken[1] < replays:  # written through: it holds this step's values now
-                    self._taken[t] = (taken[0], replays, user_frame(2))
+                if taken is not None and taken.replay < replays:  # written through: it holds this step's values now
+                    self._taken[t] = _Taken(taken.graph, replays, user_frame(2), replays)
         if info.aliases and args and isinstance(args[0], torch.Tensor):
             sid = _storage_of(args[0])
             graph = memory.get(sid)
@@ -320,7 +333,7 @@ class Tracer(rt.CaptureObserver):
             taken = self._taken.get(args[0])
             replays = len(self._replay_frames[graph])
             if taken is None and replays:
-                taken = (graph, replays, user_frame(2))
+                taken = _Taken(graph, replays, user_frame(2))
             if taken is not None:
                 for o in out if isinstance(out, (tuple, list)) else (out,):
                     if isinstance(o, torch.Tensor) and _storage_of(o) == sid:
@@ -335,9 +348,16 @@ class Tracer(rt.CaptureObserver):
                                          len(replays)))
             return
         taken = self._taken.get(t)
-        if taken is not None and taken[1] < len(replays):
+        if taken is None:
+            return
+        # A view read after the previous replay too is read afresh every step, as the
+        # output tensor itself is: a handle, not a value kept.
+        stale = taken.replay < len(replays) and taken.last_read != len(replays) - 1
+        if taken.last_read != len(replays):
+            taken.last_read = len(replays)
+        if stale:
             self._report(GraphMemoryRead(ReadKind.OVERWRITTEN, graph, info.name, user_frame(2), _use_of(t, arg),
-                                         len(replays), taken[1], taken[2], replays[taken[1]]))
+                                         len(replays), taken.replay, taken.frame, replays[taken.replay]))
 
     def _read_list(self, info: OpInfo, name: str, values: list | tuple) -> None:
         """A list argument: each element as a read, and the graph's own output tensor

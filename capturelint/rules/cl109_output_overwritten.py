@@ -31,10 +31,11 @@ class OutputOverwritten(Rule):
     For a graph used directly (`torch.cuda.CUDAGraph`), follows the graph's memory
     between steps: every view of it that the program makes after a replay (a slice,
     a reshape, an `unbind`) is marked with that replay. An eager op that reads the
-    values of such a view after the graph has replayed again is reported, with the
-    line that took the view and the replay that overwrote it; so is an op whose list
-    argument holds the graph's output tensor itself more than once (`torch.stack`
-    of a list that collected it after each replay).
+    values of such a view after the graph has replayed again, when the view was not
+    read after the previous replay, is reported, with the line that took the view and
+    the replay that overwrote it; so is an op whose list argument holds the graph's
+    output tensor itself more than once (`torch.stack` of a list that collected it
+    after each replay).
 
     ## Why is this bad?
     A graph's outputs live in graph memory, and each replay rewrites it. A reference
@@ -55,12 +56,14 @@ class OutputOverwritten(Rule):
     finish reading it before the next replay.
 
     ## Limitations
-    References are followed by tensor object: the graph's output tensor itself is
-    taken to be read for the latest replay (the usual idiom, `replay(); y.clone()`), so
-    keeping that very tensor across a replay and reading it alone is not reported;
-    only a list holding it several times is. A view made before the replay it is meant
-    to read (`v = y[:n]; g.replay(); v.clone()`) is reported: make it after the
-    replay. Memory another graph's replay overwrites (a shared pool) is CL111's.
+    References are followed by tensor object: the graph's output tensor itself, a view
+    made before the first replay and a view read after every replay are handles, read
+    for the latest replay (the usual idiom, `replay(); y.clone()`). So keeping the
+    output tensor across a replay and reading it alone is not reported (a list holding
+    it several times is), nor is a view read once before the next replay and again
+    after it. A view made before the replay it is meant to read (`v = y[:n];
+    g.replay(); v.clone()`) is reported: make it after the replay. Memory that another
+    graph's replay overwrites (a pool shared between graphs) is not this rule's.
     """
 
     def check_bare(self, view: BareView) -> Iterator[Finding]:

@@ -58,6 +58,18 @@ def view_made_before_the_first_replay():
     return outs
 
 
+def view_made_after_the_first_replay_and_read_every_step():
+    r = Runner()
+    r.capture()
+    rows, outs = None, []
+    for step in range(3):
+        r.run(step)
+        if rows is None:
+            rows = r.static_y[:2]  # set up lazily, then read after every replay
+        outs.append(rows.clone())
+    return outs
+
+
 def handles_collected():
     r = Runner()
     r.capture()
@@ -74,7 +86,8 @@ def targets():
 
 def fixed():
     return [Target(run=fn, runner="plain", mode=fn.__name__)
-            for fn in (read_in_time, copied, view_made_before_the_first_replay)]
+            for fn in (read_in_time, copied, view_made_before_the_first_replay,
+                       view_made_after_the_first_replay_and_read_every_step)]
 
 
 def repeated():
@@ -110,7 +123,7 @@ def test_a_view_returned_by_run_and_read_after_the_next_replay(tmp_path, capsys)
 def test_reading_in_time_copying_or_a_view_set_up_before_the_replays_is_clean(tmp_path, capsys):
     code, doc = check(capsys, write(tmp_path, RUNNER), "fixed")
     assert code == 0 and doc["findings"] == []
-    assert len(doc["numerical"]) == 3
+    assert len(doc["numerical"]) == 4
 
 
 def test_a_list_that_collected_the_output_tensor_itself(tmp_path, capsys):
