@@ -25,6 +25,11 @@ stale location (an escaped eager output never counts: it lies outside every capt
 condition). The views are frozen, so the rules are pure: each reads a view and returns
 findings, and the rule set finds the same in any order.
 
+**Bare graphs.** A graph used directly (``torch.cuda.CUDAGraph``) has no shadow to
+align; what the runtime and the tracer's watch find about it (a freed input, a re-bound
+holder of an input, a read of graph memory that does not hold the value meant) is
+handed to the rules as it happens, one ``BareView`` each.
+
 Which rules run at which point is read off the rules themselves (``Rule.hooks``: the
 check methods a rule implements); the analyzer imports no rule.
 
@@ -40,8 +45,8 @@ from types import MappingProxyType
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from capturelint.findings import Condition, Finding
-from capturelint.runtime.protocol import HostSyncEvent, SegmentKind, StaleInputEvent
-from capturelint.records import OpRecord, Segment, Stream, TensorUse
+from capturelint.runtime.protocol import HeldInputEvent, HostSyncEvent, SegmentKind, StaleInputEvent
+from capturelint.records import GraphMemoryRead, OpRecord, Segment, Stream, TensorUse
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +146,51 @@ class RegionView:
     def segment_label(self, index: int) -> str:
         seg = self.capture.segments[index] if 0 <= index < len(self.capture.segments) else None
         return f"{self.capture.graph} {seg.label}" if seg else f"{self.capture.graph} step"
+
+
+@dataclasses.dataclass(frozen=True)
+class BareView:
+    """One event of a bare graph (no shadow), for the rules that check such graphs:
+    ``event`` is a ``HeldInputEvent`` (the runtime's) or a ``GraphMemoryRead`` (the
+    tracer's watch), ``capture`` the graph's capture. ``readers`` are the captured ops
+    that read ``storage`` (the event's captured input or graph memory), in op order;
+    ``producer`` the captured op that allocated it, when the capture did."""
+
+    label: RunLabel
+    capture: Stream
+    event: HeldInputEvent | GraphMemoryRead
+    readers: tuple[OpRecord, ...] = ()
+    producer: OpRecord | None = None
+
+    @property
+    def storage(self) -> int:
+        event = self.event
+        return event.use.storage if isinstance(event, GraphMemoryRead) else event.storage
+
+    def tensor_name(self) -> str:
+        """The graph-memory tensor read, named by the captured op that produced it."""
+        name = self.capture.name_of(self.storage)
+        if name is not None:
+            return name
+        p = self.producer
+        return f"output of {p.op} ({p.frame.file}:{p.frame.line})" if p else f"tensor {self.event.use.arg}"
+
+
+def bare_view(label: RunLabel, capture: Stream, event: HeldInputEvent | GraphMemoryRead,
+              cache: dict[tuple[int, int], tuple] | None = None) -> BareView:
+    """The view of ``event``; ``cache`` keeps each storage's readers and producer (a
+    read in a loop is an event per iteration)."""
+    storage = event.use.storage if isinstance(event, GraphMemoryRead) else event.storage
+    key = (capture.graph_id, storage)
+    found = cache.get(key) if cache is not None else None
+    if found is None:
+        readers = tuple(op for op in capture.ops if any(u.storage == storage for u in op.inputs))
+        origin = capture.origins.get(storage)
+        producer = capture.ops[origin.producer] if origin is not None and origin.producer is not None else None
+        found = (readers, producer)
+        if cache is not None:
+            cache[key] = found
+    return BareView(label, capture, event, *found)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -346,6 +396,7 @@ class Analyzer:
         self.max_step_error = 0.0
         self.steps = 0
         self._capture_checked: set[int] = set()
+        self._bare_ops: dict[tuple[int, int], tuple] = {}  # (graph, storage) -> its captured readers and producer
         self.invariant_selected: dict[str, int] = {}  # invariants that applied to a capture: ops selected in all
         self._hooked: dict[str, list] = {}  # check method -> the rules that implement it (``Rule.hooks``)
         self.hooks_run: set[str] = set()  # the check methods called: each had something to check
@@ -363,7 +414,7 @@ class Analyzer:
         when one of its check methods was called (a step rule after a shadowed step, an
         invariant rule on a capture an invariant applies to), or is in ``also`` (what the
         runtime checks for the rules without calling them: a bare graph's freed inputs
-        before each replay, ``check_stale``)."""
+        before each replay, ``check_stale``; its rebound holders and graph-memory reads, ``check_bare``)."""
         ran = self.hooks_run | set(also)
         structural = [r for r in self.rules if r.condition is not Condition.NUMERICAL]
         return (tuple(sorted(r.code for r in structural if r.hooks & ran)),
@@ -380,6 +431,14 @@ class Analyzer:
         """A graph without a shadow found a storage it reads freed by the engine."""
         for rule in self._rules("check_stale"):
             self.findings.extend(rule.check_stale(self.label, capture, event))
+
+    def on_bare(self, capture: Stream, event: HeldInputEvent | GraphMemoryRead) -> None:
+        """An event of a graph without a shadow (``BareView``)."""
+        rules = self._rules("check_bare")
+        if rules:
+            view = bare_view(self.label, capture, event, self._bare_ops)
+            for rule in rules:
+                self.findings.extend(rule.check_bare(view))
 
     def check_capture(self, capture: Stream) -> None:
         """Rules that need only a capture (host syncs a backend did not reject)."""
@@ -427,6 +486,7 @@ def iter_pairs(view: StepView) -> Iterator[tuple[SegmentAlignment, OpRecord, OpR
 
 __all__ = [
     "Analyzer",
+    "BareView",
     "Condition",
     "Divergence",
     "FindingSet",
@@ -437,6 +497,7 @@ __all__ = [
     "RunOutcome",
     "SegmentAlignment",
     "StepView",
+    "bare_view",
     "build_view",
     "location_problem",
 ]

@@ -20,6 +20,7 @@ class Condition(enum.Enum):
     R4 = "R4"
     R5 = "R5"
     R6 = "R6"
+    R7 = "R7"  # graph memory, read outside the graph, holds the value meant (bare graphs)
     NUMERICAL = "numerical"
     DECLARED = "declared"  # a declared region invariant (capturelint.invariants), not a replay condition
 

@@ -100,7 +100,7 @@ def trace_run(
     codes = select if select is not None else frozenset(r.code for r in RULES)
     analyzer = Analyzer(label, [r for r in (rules or RULES) if r.code in codes], invariants)
     tracer = Tracer(roots, on_step=analyzer.on_step, shadow=shadow, probe=probe, scope_group=scope_group,
-                    on_stale=analyzer.on_stale)
+                    on_stale=analyzer.on_stale, on_bare=analyzer.on_bare)
     output = None
     host_sync: HostSyncEvent | None = None
     try:
@@ -137,7 +137,7 @@ def trace_run(
         verdict.token_agreement if verdict else None, verdict.max_error if verdict else None,
     )
     findings = analyzer.finish(outcome)
-    checked, unchecked = analyzer.rules_checked(("check_stale",) if tracer.bare_replays else ())
+    checked, unchecked = analyzer.rules_checked(("check_stale", "check_bare") if tracer.bare_replays else ())
     return TraceResult(label, findings, list(tracer.captures.values()), steps, analyzer.max_step_error, output,
                        host_sync is not None, verdict, dict(analyzer.invariant_selected), analyzer.steps,
                        tracer.bare_replays, checked, unchecked)

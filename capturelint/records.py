@@ -202,6 +202,51 @@ class ContextSnapshot:
     tensors: tuple[tuple[str, torch.Tensor], ...] = ()
 
 
+class ReadKind(enum.Enum):
+    """Why an eager read of a bare graph's memory (``GraphMemoryRead``) reads another
+    value than the program means.
+
+    ``UNREPLAYED``: nothing wrote the storage since the capture, which records kernels
+    without running them: the read gets uninitialised memory (rule CL110).
+    ``OVERWRITTEN``: the tensor read was taken (made as a view) after replay ``taken``
+    and the graph has replayed since, rewriting it (rule CL109). ``REPEATED``: one list
+    argument holds the graph's output tensor itself more than once, as a list that
+    collected it after each replay does: every entry reads the latest replay (CL109).
+    """
+
+    UNREPLAYED = "unreplayed"
+    OVERWRITTEN = "overwritten"
+    REPEATED = "repeated"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphMemoryRead:
+    """An op outside every capture read memory a bare graph owns (its capture allocated
+    it, every replay rewrites it) at a moment it does not hold the value the program
+    means (``kind``). The tracer's watch between steps records it.
+
+    ``op`` and ``frame`` are the reading op and its line; ``use`` the tensor argument
+    read; ``graph_id`` the graph. ``replay`` is how many times the graph had replayed
+    when the op ran, ``taken`` after which replay the tensor read was made, with
+    ``taken_frame`` the line that made it (``OVERWRITTEN``), and ``replay_frame`` the
+    line of the replay that overwrote it: the first after ``taken`` (``OVERWRITTEN``),
+    the latest (``REPEATED``). ``count`` is how many arguments read it that way."""
+
+    kind: ReadKind
+    graph_id: int
+    op: str
+    frame: Frame
+    use: TensorUse
+    replay: int
+    taken: int | None = None
+    taken_frame: Frame | None = None
+    replay_frame: Frame | None = None
+    count: int = 1
+
+
 ContextProbe = Callable[[], ContextSnapshot]
 """An adapter's reader of the engine's forward context, called at capture and at each
 shadowed step."""

@@ -28,6 +28,20 @@ live until the configuration's graph maps are made. A traced run freezes the obj
 alive before it for the collector (``harness.quiet_gc``), which otherwise walked every
 record per collection.
 
+**Bare graphs' memory.** A bare graph (``torch.cuda.CUDAGraph`` used directly) gets no
+shadow, but its memory has rules of its own: what its capture allocated holds no value
+until a replay writes it, and each replay rewrites it. Between steps the watch state
+also follows that memory: which storages no replay or eager op has written since their
+capture, how many times each graph replayed and from which line, and, for every view of
+graph memory made after a replay, after which replay it was made and last read (weakly,
+by tensor object). An eager op that reads the values of such a storage before any write
+(CL110), or reads it through a view made before the graph's latest replay and not read
+after the previous one (CL109: a view read every step is a handle, as the output tensor
+itself is), is handed to
+``on_bare`` as a ``records.GraphMemoryRead``; so is the runtime's ``HeldInputEvent``
+(CL108). This costs nothing while no bare graph has been captured, and a storage
+lookup per tensor argument of each eager op after.
+
 After each replay the tracer hands ``(capture, shadow)`` to ``on_step``; the
 analyzer (``capturelint.analyzer``) turns them into findings. The tracer knows nothing
 of any particular engine: it names tensors from the roots it is given (modules,
@@ -42,11 +56,12 @@ from typing import Any, Callable
 import torch
 import torch.nn.modules.module as module_hooks
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
 
 from capturelint.objects import break_leaves, max_abs_diff, module_scopes, named_tensors, random_states, restore_random_states
 from capturelint.records import (
-    EXTERNAL, IN_BREAK, NO_CONTEXT, BreakArg, ContextProbe, ContextSnapshot, OpRecord, Origin, ScopeGroup, Segment,
-    StorageId, Stream, StreamKind, TensorUse, scalar_repr,
+    EXTERNAL, IN_BREAK, NO_CONTEXT, BreakArg, ContextProbe, ContextSnapshot, GraphMemoryRead, OpRecord, Origin, ReadKind,
+    ScopeGroup, Segment, StorageId, Stream, StreamKind, TensorUse, scalar_repr,
 )
 from capturelint.runtime import protocol as rt
 from capturelint.runtime.frames import register_runtime_file, running_frames, user_frame, user_stack
@@ -63,6 +78,28 @@ def _dtype_name(dtype: torch.dtype) -> str:
     if name is None:
         name = _dtype_names[dtype] = str(dtype).removeprefix("torch.")
     return name
+
+
+def _storage_of(t: torch.Tensor) -> StorageId | None:
+    try:
+        return t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):  # a tensor without storage (sparse, nested)
+        return None
+
+
+def _use_of(t: torch.Tensor, arg: str) -> TensorUse:
+    return TensorUse(arg, _storage_of(t), tuple(t.shape), t.stride(), t.storage_offset(), _dtype_name(t.dtype), False)
+
+
+class _Taken:
+    """A view of a bare graph's memory made between steps: of ``graph``, after replay
+    ``replay`` (at least 1), at ``frame``; ``last_read`` the replay after which it was
+    last read. Views made from it share it."""
+
+    __slots__ = ("graph", "replay", "frame", "last_read")
+
+    def __init__(self, graph: int, replay: int, frame: Frame, last_read: int | None = None):
+        self.graph, self.replay, self.frame, self.last_read = graph, replay, frame, last_read
 
 
 class _OpMode(TorchDispatchMode):
@@ -96,7 +133,10 @@ class Tracer(rt.CaptureObserver):
     the shadow's. ``shadow=False`` records captures only. ``probe`` reads the engine's
     forward context (an adapter's); ``scope_group`` maps a module scope to the name
     prefix of the tensors it owns. ``on_stale(capture, event)`` hears a graph that
-    found a storage it reads freed by the engine, for graphs that get no shadow.
+    found a storage it reads freed by the engine, for graphs that get no shadow;
+    ``on_bare(capture, event)`` the other hazards of such graphs (a re-bound holder of
+    an input, a read of graph memory that does not hold the value meant: see the
+    module docstring).
 
     Between steps the dispatch mode stays on in a cheap *watch* state that only notes
     which source line allocated each new storage, so that a finding about a
@@ -111,12 +151,14 @@ class Tracer(rt.CaptureObserver):
         probe: ContextProbe | None = None,
         scope_group: ScopeGroup | None = None,
         on_stale: Callable[[Stream, rt.StaleInputEvent], None] | None = None,
+        on_bare: Callable[[Stream, Any], None] | None = None,
     ):
         self.roots = roots or {}
         self._mode = _OpMode(self)
         self._mode_on = False
         self.on_step = on_step
         self.on_stale = on_stale
+        self.on_bare = on_bare
         self.shadow_enabled = shadow
         self.probe = probe
         self.scope_group = scope_group
@@ -140,6 +182,14 @@ class Tracer(rt.CaptureObserver):
         self._entry_frames: list[Any] = []
         self.entry_stack: tuple[Frame, ...] = ()  # their engine frames, innermost first
         self.unseen: dict[int, str] = {}  # graphs replayed whose capture the tracer did not see
+        # Bare graphs' memory (the module docstring): storage -> graph, graph -> storages,
+        # replays since capture and their lines, storages unwritten since capture, views
+        # made after a replay.
+        self._graph_memory: dict[StorageId, int] = {}
+        self._graph_storages: dict[int, tuple[StorageId, ...]] = {}
+        self._replay_frames: dict[int, list[Frame]] = {}
+        self._unreplayed: set[StorageId] = set()
+        self._taken: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
     # ---------------------------------------------------------------- lifecycle
     def __enter__(self) -> "Tracer":
@@ -218,6 +268,8 @@ class Tracer(rt.CaptureObserver):
             out = func(*args, **kwargs)
             if info.allocates and not info.transparent:
                 self._watch(info.allocates, out)
+            if self._graph_memory:
+                self._watch_graph_memory(info, args, kwargs, out)
             return out
         if info.transparent:
             # detach is a no-op alias for replay purposes, and stacked dispatch modes add
@@ -246,6 +298,103 @@ class Tracer(rt.CaptureObserver):
             if is_fresh and isinstance(o, torch.Tensor):
                 st = o.untyped_storage()  # the same Python object for the storage's life
                 self._alloc_frames[st._cdata] = (user_frame(3), weakref.ref(st))
+
+    def _watch_graph_memory(self, info: OpInfo, args: tuple, kwargs: dict, out: Any) -> None:
+        """Between steps, once a bare graph was captured: an eager op's reads of graph
+        memory, its writes to it, and the views of it that it makes (the module
+        docstring)."""
+        memory = self._graph_memory
+        if info.reads_values:
+            nargs = len(args)
+            for pos, name, kwarg_only, write in info.args:
+                if write:
+                    continue
+                value = kwargs.get(name) if kwarg_only or pos >= nargs else args[pos]
+                if isinstance(value, torch.Tensor):
+                    if _storage_of(value) in memory:
+                        self._read(info, name, value)
+                elif name in info.list_args and isinstance(value, (list, tuple)):
+                    self._read_list(info, name, value)
+        if info.writes:
+            for t in info.written(args, kwargs):
+                sid = _storage_of(t)
+                if sid not in memory:
+                    continue
+                self._unreplayed.discard(sid)
+                taken = self._taken.get(t)
+                replays = len(self._replay_frames[memory[sid]])
+                if taken is not None and taken.replay < replays:  # written through: it holds this step's values now
+                    self._taken[t] = _Taken(taken.graph, replays, user_frame(2), replays)
+        if info.aliases and args and isinstance(args[0], torch.Tensor):
+            sid = _storage_of(args[0])
+            graph = memory.get(sid)
+            if graph is None:
+                return
+            taken = self._taken.get(args[0])
+            replays = len(self._replay_frames[graph])
+            if taken is None and replays:
+                taken = _Taken(graph, replays, user_frame(2))
+            if taken is not None:
+                for o in out if isinstance(out, (tuple, list)) else (out,):
+                    if isinstance(o, torch.Tensor) and _storage_of(o) == sid:
+                        self._taken[o] = taken
+
+    def _read(self, info: OpInfo, arg: str, t: torch.Tensor) -> None:
+        sid = _storage_of(t)
+        graph = self._graph_memory[sid]
+        replays = self._replay_frames[graph]
+        if sid in self._unreplayed:
+            self._report(GraphMemoryRead(ReadKind.UNREPLAYED, graph, info.name, user_frame(2), _use_of(t, arg),
+                                         len(replays)))
+            return
+        taken = self._taken.get(t)
+        if taken is None:
+            return
+        # A view read after the previous replay too is read afresh every step, as the
+        # output tensor itself is: a handle, not a value kept.
+        stale = taken.replay < len(replays) and taken.last_read != len(replays) - 1
+        if taken.last_read != len(replays):
+            taken.last_read = len(replays)
+        if stale:
+            self._report(GraphMemoryRead(ReadKind.OVERWRITTEN, graph, info.name, user_frame(2), _use_of(t, arg),
+                                         len(replays), taken.replay, taken.frame, replays[taken.replay]))
+
+    def _read_list(self, info: OpInfo, name: str, values: list | tuple) -> None:
+        """A list argument: each element as a read, and the graph's own output tensor
+        held more than once (``ReadKind.REPEATED``)."""
+        handles: dict[tuple, list[tuple[str, torch.Tensor]]] = {}
+        for i, t in enumerate(values):
+            if not isinstance(t, torch.Tensor):
+                continue
+            sid = _storage_of(t)
+            if sid not in self._graph_memory:
+                continue
+            arg = f"{name}[{i}]"
+            if sid in self._unreplayed or t in self._taken:
+                self._read(info, arg, t)
+            else:
+                handles.setdefault((sid, tuple(t.shape), t.stride(), t.storage_offset()), []).append((arg, t))
+        for (sid, *_), uses in handles.items():
+            replays = self._replay_frames[self._graph_memory[sid]]
+            if len(uses) > 1 and replays:
+                arg, t = uses[0]
+                self._report(GraphMemoryRead(ReadKind.REPEATED, self._graph_memory[sid], info.name, user_frame(2),
+                                             _use_of(t, arg), len(replays), replay_frame=replays[-1], count=len(uses)))
+
+    def _report(self, event: GraphMemoryRead) -> None:
+        if self.on_bare is not None:
+            self.on_bare(self.captures[event.graph_id], event)
+
+    def _bare_captured(self, graph: rt.GraphInfo, stream: Stream) -> None:
+        """A bare graph's capture ended: what it allocated is its memory, unwritten yet."""
+        for sid in self._graph_storages.pop(graph.id, ()):
+            self._graph_memory.pop(sid, None)
+            self._unreplayed.discard(sid)
+        owned = tuple(sid for sid, origin in stream.origins.items() if not origin.external)
+        self._graph_storages[graph.id] = owned
+        self._graph_memory.update((sid, graph.id) for sid in owned)
+        self._unreplayed.update(owned)
+        self._replay_frames[graph.id] = []
 
     def _copy_before_write(self, info: OpInfo, args: tuple, kwargs: dict, stream: Stream) -> None:
         for t in info.written(args, kwargs):
@@ -360,6 +509,9 @@ class Tracer(rt.CaptureObserver):
         elif phase is rt.Phase.REPLAY and not graph.segmented:
             if graph.id not in self.captures:
                 self.unseen[graph.id] = graph.label
+            elif graph.id in self._replay_frames:
+                self._replay_frames[graph.id].append(user_frame(2))
+                self._unreplayed.difference_update(self._graph_storages[graph.id])
             self._mode_off()  # a bare graph's replay is not traced
 
     def on_graph_end(self, graph: rt.GraphInfo, phase: rt.Phase, output: Any) -> None:
@@ -371,6 +523,8 @@ class Tracer(rt.CaptureObserver):
             for sid, extra in names.items():
                 self.stream.names[sid] = tuple(dict.fromkeys(self.stream.names.get(sid, ()) + tuple(extra)))
             self.captures[graph.id] = self.stream
+            if not graph.segmented:
+                self._bare_captured(graph, self.stream)
             self.stream = None
             self._entry, self._entry_frames = frozenset(), []
         elif phase is rt.Phase.REPLAY:
@@ -394,6 +548,18 @@ class Tracer(rt.CaptureObserver):
         if capture is not None and self.on_stale is not None and not event.graph.segmented:
             capture.names_now = {name: sid for sid, names in self._root_names(capture).items() for name in names}
             self.on_stale(capture, event)
+
+    def on_graph_names(self, graph: rt.GraphInfo, names: dict[int, tuple[str, ...]]) -> None:
+        capture = self.captures.get(graph.id)
+        if capture is not None:  # after the roots' names, which the engine chose
+            for sid, found in names.items():
+                if sid in capture.origins:
+                    capture.names[sid] = tuple(dict.fromkeys(capture.names.get(sid, ()) + found))
+
+    def on_held_input(self, event: rt.HeldInputEvent) -> None:
+        capture = self.captures.get(event.graph.id)
+        if capture is not None and self.on_bare is not None and not event.graph.segmented:
+            self.on_bare(capture, event)
 
     def on_segment_begin(self, info: rt.SegmentInfo) -> None:
         if self.stream is not None and info.phase is rt.Phase.CAPTURE:

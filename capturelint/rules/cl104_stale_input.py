@@ -60,7 +60,9 @@ class StaleInput(Rule):
 
     For a bare CUDA graph (``torch.cuda.CUDAGraph`` used directly, with no eager
     shadow of its steps) the emulated graph reports the same hazard when it finds, at
-    a replay, that the program no longer holds a storage the graph reads.
+    a replay, that the program no longer holds a storage the graph reads. When
+    something still holds it (a list, a closure), re-binding the name frees nothing:
+    that is CL108.
 
     ## Limitations
     A tensor that is refreshed in place but with the wrong values is not detected here;

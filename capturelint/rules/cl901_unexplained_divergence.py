@@ -29,7 +29,7 @@ class UnexplainedDivergence(Rule):
     ## What it does
     Compares each replay's output with its shadow's (max abs difference) and the
     captured run's tokens with an eager twin's. When they diverge and no structural
-    rule (CL101-CL107) reported anything for the configuration, it reports the gap.
+    rule (CL1xx) reported anything for the configuration, it reports the gap.
 
     ## Why is this bad?
     The outputs are wrong and capturelint cannot say why: a hazard outside its model

@@ -45,6 +45,14 @@ someone else. A tensor re-allocated with the same values therefore diverges. Mem
 allocated during any capture is graph-pool memory: it lives as long as its graph (a
 private pool is not returned to the allocator), so it is never taken for freed.
 
+**Re-bound holders are watched.** A program that re-binds the name it feeds the graph
+(``self.static_x = batch``) while the captured tensor stays alive elsewhere frees
+nothing; the graph keeps reading the old tensor. When someone observes a bare graph,
+its capture end finds who holds each of its inputs and outputs (``runtime.holders``,
+no roots needed) and announces their names (``on_graph_names``); each replay announces
+a holder of an input that now holds another tensor of the same shape and dtype while
+the captured one is alive and unwritten (``HeldInputEvent``).
+
 **No host synchronisation in a capture.** ``.item()``, ``.tolist()``, ``nonzero``,
 boolean masks and device-to-host copies raise ``HostSyncInCaptureError``.
 
@@ -78,7 +86,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from capturelint.runtime import device as emulated_device
-from capturelint.runtime import frames, protocol
+from capturelint.runtime import frames, holders, protocol
 from capturelint.runtime.protocol import HostSyncEvent, HostSyncInCaptureError
 from capturelint.runtime.schema import ReplayKind, op_info
 
@@ -144,6 +152,11 @@ def _outside_references(sid: StorageId) -> int:
     return torch._C._storage_Use_Count(sid) - 1 - _graph_aliases.get(sid, 0)
 
 
+def _alive(sid: StorageId) -> bool:
+    """Whether something outside the graphs holds borrowed storage ``sid``."""
+    return _outside_references(sid) > 0
+
+
 class BorrowedTensors:
     """Tensors a graph reads but does not own, held as aliases over their memory, as a
     GPU graph holds raw pointers (and vLLM's runtime weak references to break
@@ -173,6 +186,10 @@ class BorrowedTensors:
     def done(self) -> None:
         """Borrowing is over: the original tensors are no longer referenced here."""
         self._memo.clear()
+
+    def storages(self) -> list[StorageId]:
+        """The storages borrowed, in the order first borrowed."""
+        return list(self._storages)
 
     def freed(self) -> list[tuple[StorageId, torch.UntypedStorage, torch.dtype]]:
         return [
@@ -309,6 +326,8 @@ class EmulatedCUDAGraph:
         _adoption.owner = None
         self._info: protocol.GraphInfo | None = None
         self._where: protocol.Frame | None = None  # the line that began the capture
+        self._holders: holders.Holders | None = None  # who held the inputs at capture (bare graphs, observed)
+        self._replays = 0
 
     @property
     def info(self) -> protocol.GraphInfo:
@@ -348,6 +367,12 @@ class EmulatedCUDAGraph:
         if self.owner is None:
             protocol.announce("on_graph_end", self.info, protocol.Phase.CAPTURE, None)
         self._settle()
+        self._replays = 0
+        if self.owner is None and protocol.has_observers():
+            inputs = [sid for sid in self._borrowed.storages() if sid not in _graph_owned]
+            found = holders.discover(inputs + list(self._allocated))
+            protocol.announce("on_graph_names", self.info, found.names())
+            self._holders = found.only(inputs) if inputs else None
 
     def _seen(self, t: torch.Tensor) -> None:
         st = t.untyped_storage()
@@ -403,7 +428,12 @@ class EmulatedCUDAGraph:
         if bare:
             protocol.announce("on_graph_begin", self.info, protocol.Phase.REPLAY)
         segment = self.owner[1] if self.owner is not None else 0
+        self._replays += 1
+        if self._holders is not None:
+            self._holders.refresh()  # before looking for freed inputs: a stale snapshot holds old locals
         poison_freed(self._borrowed, self.info, segment, self.poisoned)
+        if self._holders is not None:
+            announce_rebound(self._holders, self.info, segment, self._replays)
         with torch.no_grad():
             for c in self._calls:
                 out = c.func(*c.args, **c.kwargs)
@@ -414,6 +444,7 @@ class EmulatedCUDAGraph:
             protocol.announce("on_graph_end", self.info, protocol.Phase.REPLAY, None)
 
     def reset(self) -> None:
+        self._holders = None
         self._borrowed.release()
         if self._captured:
             for sid in self._allocated:
@@ -458,6 +489,17 @@ def poison_freed(borrowed: BorrowedTensors, info: protocol.GraphInfo, segment: i
             poisoned.add(sid)
             event = protocol.StaleInputEvent(info, segment, sid, str(dtype).removeprefix("torch."))
             protocol.announce("on_stale_input", event)
+
+
+def announce_rebound(found: holders.Holders, info: protocol.GraphInfo, segment: int, replay: int) -> None:
+    """Before a replay: announce each holder of an input that the program re-bound
+    while the captured tensor stays alive and unwritten (``runtime.holders``), once."""
+    for holder, now, held_by in found.rebound(_alive):
+        event = protocol.HeldInputEvent(
+            info, segment, holder.storage, str(holder.dtype).removeprefix("torch."), holder.shape, holder.label,
+            now.untyped_storage()._cdata, held_by, holders.rebinding_line(holder), replay, frames.user_frame(2),
+        )
+        protocol.announce("on_held_input", event)
 
 
 def is_current_stream_capturing() -> bool:
@@ -620,11 +662,14 @@ class _Graphed:
     argument smaller than its sample, which ``copy_`` broadcasts, is seen with its own
     shape: a baked shape). The tracer undoes the shadow's tensor writes and random
     draws; ``_PythonState`` undoes what it can of its Python, so that host state evolves
-    as in a run without shadows, where replays run no Python.
+    as in a run without shadows, where replays run no Python. Like torch's, it keeps its
+    static input surface alive: the sample arguments and, for a module, its parameters
+    as they were at capture (``static_surface``).
     """
 
     def __init__(self, fn: Any, run: Callable[..., Any], label: str, static_in: list[torch.Tensor], spec: Any):
         self.fn, self.run, self.static_in, self.spec = fn, run, static_in, spec
+        self.static_surface = tuple(static_in) + (tuple(fn.parameters()) if isinstance(fn, torch.nn.Module) else ())
         self.info = protocol.GraphInfo(next(_bare_ids), label, "FULL", False, protocol.BreakOutputs.DISCARD, True)
         self.training = fn.training if isinstance(fn, torch.nn.Module) else None
         self.graph: EmulatedCUDAGraph | None = None

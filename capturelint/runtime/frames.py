@@ -71,6 +71,11 @@ def register_runtime_file(path: str) -> None:
     _hidden.clear()
 
 
+def hidden_file(filename: str) -> bool:
+    """Whether source file ``filename`` is runtime machinery (``hidden_code`` for a file)."""
+    return filename.startswith("<") or _hidden_path(os.path.abspath(filename))
+
+
 def hidden_code(code: Any) -> bool:
     """Whether frames of ``code`` are runtime machinery rather than engine or model code."""
     hidden = _hidden.get(code)
@@ -159,6 +164,30 @@ def running_frames() -> tuple[frozenset[int], list[Any]]:
         frames.append(f)
         f = f.f_back
     return frozenset(id(x) for x in frames), frames
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_RUNTIME = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def program_frames() -> list[Any]:
+    """The running frames of engine or model code, outermost first, up to where
+    capturelint called the program (a target's ``run()``, a script): capturelint's own
+    callers (the command line, a test runner) are not the program. Frames of the
+    runtime the program calls (the emulated primitive) are passed over. The caller
+    holds the frames as long as it uses them."""
+    out = []
+    f = sys._getframe(1)
+    while f is not None:
+        if out:
+            file = os.path.abspath(f.f_code.co_filename)
+            if file.startswith(_PACKAGE) and not file.startswith(_RUNTIME):
+                break
+        if not hidden_code(f.f_code):
+            out.append(f)
+        f = f.f_back
+    out.reverse()
+    return out
 
 
 def capture_stack(stack: tuple[Frame, ...], entry: tuple[Frame, ...]) -> tuple[Frame, ...]:

@@ -205,6 +205,32 @@ class StaleInputEvent:
     dtype: str
 
 
+@dataclasses.dataclass(frozen=True)
+class HeldInputEvent:
+    """At a replay of a bare graph, a name the program held a graph input by at capture
+    (``holder``: ``runner.static_x``, ``global x of module prog``) holds another tensor
+    of the same shape and dtype (``replacement``, a storage identity), while the
+    captured tensor (``storage``) is still alive and was not written since the last
+    replay: the program feeds the new tensor, the graph reads the old one.
+
+    ``held_by`` are the other holders that still hold the captured tensor (those the
+    capture found), ``rebound_at`` the assignment that most likely re-bound the holder
+    (``None`` where none was found), ``replay`` which replay of the graph found it (1:
+    the first) and ``replay_frame`` the line that called it."""
+
+    graph: GraphInfo
+    segment: int
+    storage: int
+    dtype: str
+    shape: tuple[int, ...]
+    holder: str
+    replacement: int
+    held_by: tuple[str, ...]
+    rebound_at: Frame | None
+    replay: int
+    replay_frame: Frame
+
+
 class HostSyncInCaptureError(RuntimeError):
     """A host synchronisation inside a capture: a GPU capture fails here, and so does
     the emulated one. ``event`` says which op, where."""
@@ -234,6 +260,12 @@ class CaptureObserver:
     def on_break_exit(self, call: BreakCall, result: Any) -> None: ...
 
     def on_stale_input(self, event: StaleInputEvent) -> None: ...
+
+    def on_held_input(self, event: HeldInputEvent) -> None: ...
+
+    def on_graph_names(self, graph: GraphInfo, names: dict[int, tuple[str, ...]]) -> None:
+        """A bare graph's capture ended: the names the program holds its inputs and
+        outputs by (``runner.static_x``), by storage identity, found without roots."""
 
     def before_replay(self, graph: GraphInfo, shadow: Callable[[], Any]) -> None:
         """Called before each replay of a segmented graph. ``shadow()`` runs the same

@@ -12,7 +12,11 @@ they see, all from its schema (``func._schema``), read once per overload (``op_i
 - how a recorded call is **replayed** (``ReplayKind``);
 - whether the op is **transparent**: ``aten::detach`` and the ops registered with
   ``protocol.register_transparent_op``, aliases with no kernel that stacked dispatch
-  modes and runtimes add at capture only (registered at import, before any op runs).
+  modes and runtimes add at capture only (registered at import, before any op runs);
+- whether it **reads values** of its tensor arguments: views and aliases do not, nor
+  do factories that take only a tensor's size, dtype and device (``empty_like``,
+  ``new_zeros``). The tracer's watch over graph memory (rules CL109, CL110) counts the
+  others as reads.
 """
 
 from __future__ import annotations
@@ -34,6 +38,11 @@ class ReplayKind(enum.Enum):
 
 
 _ALLOC_OPS = {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty", "aten::new_empty_strided"}
+# Ops that take a tensor for its size, dtype and device only, never its values.
+_METADATA_OPS = _ALLOC_OPS | {
+    "aten::zeros_like", "aten::ones_like", "aten::full_like", "aten::rand_like", "aten::randn_like",
+    "aten::randint_like", "aten::new_zeros", "aten::new_ones", "aten::new_full",
+}
 
 
 class OpInfo:
@@ -45,10 +54,14 @@ class OpInfo:
     ``(position, name, kwarg_only)``. ``fresh``: per schema return, whether it is a fresh
     allocation. ``allocates``: ``fresh`` for ops whose fresh returns are new storages
     (empty for views and for ops that write an argument). ``replay``: the
-    ``ReplayKind``. ``transparent``: see the module docstring.
+    ``ReplayKind``. ``transparent``: see the module docstring. ``aliases``: its returns
+    are views of (or the very tensors of) its arguments, and it writes none.
+    ``reads_values``: it reads the values of its tensor arguments that it does not
+    write (false for aliases and size-only factories).
     """
 
-    __slots__ = ("name", "args", "list_args", "writes", "fresh", "allocates", "replay", "transparent")
+    __slots__ = ("name", "args", "list_args", "writes", "fresh", "allocates", "replay", "transparent", "aliases",
+                 "reads_values")
 
     def __init__(self, func: Any):
         schema = func._schema
@@ -70,6 +83,8 @@ class OpInfo:
         else:
             self.replay = ReplayKind.COPY_OUT
         self.transparent = protocol.is_transparent_op(func.name())
+        self.aliases = self.transparent or (not self.writes and bool(schema.returns) and not any(self.fresh))
+        self.reads_values = not self.aliases and schema.name not in _METADATA_OPS
 
     def written(self, args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
         """The tensors the call ``func(*args, **kwargs)`` writes."""

@@ -1,0 +1,84 @@
+"""CL110: what a bare graph's capture returned, used before any replay computed it."""
+
+from __future__ import annotations
+
+from bare_programs import check, codes, line_of, write
+
+LAZY = """
+class Lazy:
+    def __init__(self, mode):
+        torch.manual_seed(0)
+        self.mode = mode
+        self.model = nn.Linear(4, 4).to(DEV).eval()
+        self.static_x = torch.zeros(2, 4, device=DEV)
+        self.graph = None
+
+    @torch.no_grad()
+    def step(self, x):
+        self.static_x.copy_(x)
+        if self.graph is None:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.static_y = self.model(self.static_x)
+            if self.mode == "bug":
+                return self.static_y.softmax(-1)  # the capture ran nothing
+            if self.mode == "overwrite":  # computed eagerly into the output buffer first
+                self.static_y.copy_(self.model(self.static_x))
+                return self.static_y.softmax(-1)
+            if self.mode == "shape":  # only its size, dtype and device are read
+                return torch.zeros_like(self.static_y)
+        self.graph.replay()
+        return self.static_y.softmax(-1)
+
+    def serve(self):
+        return [self.step(torch.full((2, 4), float(i), device=DEV)) for i in range(3)]
+
+    @torch.no_grad()
+    def eager(self):
+        return [self.model(torch.full((2, 4), float(i), device=DEV)).softmax(-1) for i in range(3)]
+
+
+def targets():
+    return Target(run=Lazy("bug").serve, runner="plain", mode="graph")
+
+
+def fixed():
+    return Target(run=Lazy("replay").serve, runner="plain", mode="graph")
+
+
+def edges():
+    return [Target(run=Lazy(m).serve, runner="plain", mode=m) for m in ("overwrite", "shape")]
+
+
+def with_twin():
+    lazy = Lazy("bug")
+    return Target(run=lazy.serve, eager=lazy.eager, runner="plain", mode="graph")
+"""
+
+
+def test_the_capturing_calls_result_returned_as_the_first_step(tmp_path, capsys):
+    path = write(tmp_path, LAZY)
+    code, doc = check(capsys, path)
+    assert code == 1 and codes(doc) == ["CL110"]
+    (f,) = doc["findings"]
+    assert (f["tensor"], f["op"], f["condition"]) == ("lazy.static_y", "aten._softmax.default", "R7")
+    assert f["capture_frame"]["line"] == line_of(path, "self.static_y = self.model(self.static_x)")
+    assert f["shadow_frame"]["line"] == line_of(path, "return self.static_y.softmax(-1)  # the capture")
+    assert f"graph cudagraph@{f['capture_frame']['file']}:{line_of(path, 'with torch.cuda.graph')}" in f["message"]
+    assert doc["numerical"] == []  # rules only: nothing numerical was compared
+
+
+def test_replaying_after_the_capture_is_clean(tmp_path, capsys):
+    code, doc = check(capsys, write(tmp_path, LAZY), "fixed")
+    assert code == 0 and doc["findings"] == []
+
+
+def test_an_output_written_eagerly_first_or_read_for_its_shape_only_is_clean(tmp_path, capsys):
+    code, doc = check(capsys, write(tmp_path, LAZY), "edges")
+    assert code == 0 and doc["findings"] == [] and len(doc["configurations"]) == 2
+
+
+def test_with_an_eager_twin_the_divergence_is_cl110_not_cl901(tmp_path, capsys):
+    code, doc = check(capsys, write(tmp_path, LAZY), "with_twin")
+    assert code == 1 and codes(doc) == ["CL110"]
+    assert doc["numerical"][0]["max_logit_error"] == "inf"  # the NaN the capture returned
