@@ -59,7 +59,8 @@ EAGER_REGIONS = ("narrow", "wide", "per-runner")
 KERNELS = ("torch", "triton")
 BREAK_OUTPUTS = ("copy", "discard")
 FORMATS = ("rich", "json", "sarif", "github")
-ENGINES = ("bundled", "vllm")
+ENGINE_KEYS = ("engine", "runners", "modes", "eager-region", "layers", "steps", "seed", "kernels", "break-outputs")
+"""The keys that configure capturelint's engines (an engine of ``--target`` says its own)."""
 RULE_CODE = re.compile(r"^CL\d{1,3}$")  # a code (CL101) or a code prefix (CL1)
 
 T = TypeVar("T")
@@ -228,6 +229,15 @@ class _Reader:
             raise self.fail(key, what, value, f'"{choices[0]}"')
         return normalise(value)
 
+    def name(self, key: str) -> str | None:
+        """A name another part checks (``engine``: the adapter registry knows the engines)."""
+        value = self.table.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(key, "a name (a non-empty string)", value, '"bundled"')
+        return value.strip().lower()
+
     def empty(self, key: str, what: str) -> CapturelintError:
         return CapturelintError(
             f"{shown(self.file)}: [tool.capturelint] {key} is an empty list; list at least one {what}, "
@@ -366,7 +376,7 @@ def _settings(path: Path, table: dict[str, Any]) -> Settings:
         kernels=r.choice("kernels", KERNELS, str.lower),
         break_outputs=r.choice("break-outputs", BREAK_OUTPUTS, str.lower),
         format=r.choice("format", FORMATS, str.lower),
-        engine=r.choice("engine", ENGINES, str.lower),
+        engine=r.name("engine"),
         jobs=r.jobs("jobs"),
         invariants=_invariants(path, table),
         source=path.resolve(),

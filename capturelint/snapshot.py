@@ -54,7 +54,7 @@ replay does outside the graph, independent of how many graphs are captured.
 loader that validates a file and the writer. Comparing two maps is
 ``capturelint.region_changes``; the gate (a run against its baseline) and accepting a
 change (``snapshot --update``) are ``capturelint.baseline``; recording a map from the
-bundled engine is ``capturelint.adapters.bundled.record_regions``.
+engine is each adapter's ``record_regions`` (``capturelint.adapters.registry``).
 
 **Reading is bounded** (``capturelint.inputs``): a file larger than
 ``capturelint.limits.MAX_SNAPSHOT_BYTES`` (64 MiB) is refused before it is read, and so
@@ -75,6 +75,7 @@ from typing import Any
 from capturelint.errors import CapturelintError
 from capturelint.inputs import InputProblem, parse_json, read_text
 from capturelint.limits import MAX_SNAPSHOT_BYTES
+from capturelint.options import DEFAULT_ENGINE
 from capturelint.output import write_file
 from capturelint.regions import GraphMap, SegmentMap
 from capturelint.report import ConfigReport, Report, dumps_json
@@ -131,16 +132,16 @@ class EngineParams:
     kernels: str
     fresh_metadata: bool
     copy_break_outputs: bool
-    name: str = "bundled"  # the engine family (--engine); written only when not the bundled engine
+    name: str = DEFAULT_ENGINE  # the engine family (--engine); written only when not the default engine
 
     @classmethod
     def of(cls, plan: Any) -> "EngineParams":
         return cls(plan.layers, plan.steps, plan.seed, plan.kernels, plan.fresh_metadata, plan.copy_break_outputs,
-                   getattr(plan, "engine", "bundled"))
+                   plan.engine)
 
     def to_json(self) -> dict[str, Any]:
         doc = dataclasses.asdict(self)
-        if self.name == "bundled":
+        if self.name == DEFAULT_ENGINE:
             del doc["name"]
         return doc
 
@@ -334,7 +335,7 @@ def parse_snapshot(doc: Any, path: str) -> RegionMap:
         kernels=f.field(eng, "kernels", "engine", (str,), "a string"),
         fresh_metadata=f.field(eng, "fresh_metadata", "engine", (bool,), "true or false"),
         copy_break_outputs=f.field(eng, "copy_break_outputs", "engine", (bool,), "true or false"),
-        name=f.field(eng, "name", "engine", (str,), "a string") if "name" in eng else "bundled",
+        name=f.field(eng, "name", "engine", (str,), "a string") if "name" in eng else DEFAULT_ENGINE,
     )
     raw_configs = f.field(doc, "configurations", "", (list,), "a list")
     configs: list[ConfigMap] = []

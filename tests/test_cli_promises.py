@@ -632,11 +632,12 @@ def test_minor_engine_run_refuses_fresh_metadata_without_v1(capsys):
 def test_minor_eager_break_names_are_whole_on_80_columns(capsys, memo_runs, monkeypatch):
     from rich.console import Console
 
-    from capturelint.adapters.bundled import make_plan, run_check
+    from capturelint.adapters.registry import make_plan, run_check
+    from capturelint.options import EngineOptions
     from capturelint.render.report import render_rich
     from capturelint.settings import Settings
 
-    plan = make_plan(Settings(), runner="v1", modes=("PIECEWISE",), eager_region="wide", layers=2, steps=6)
+    plan = make_plan(Settings(), EngineOptions(runner="v1", modes=("PIECEWISE",), eager_region="wide", layers=2, steps=6))
     console = Console(width=80, record=True, file=io.StringIO())
     render_rich(run_check(plan), console)
     text = console.export_text()

@@ -211,10 +211,11 @@ def test_mode_names_match_the_engine():
 
 
 def test_break_outputs_setting_and_its_flag(tmp_path):
-    from capturelint.adapters.bundled import make_plan
+    from capturelint.adapters.registry import make_plan
+    from capturelint.options import EngineOptions
 
     settings = read_settings(write(tmp_path, '[tool.capturelint]\nbreak-outputs = "discard"\nrunners = ["v1"]\n'))
     assert settings.break_outputs == "discard"
-    assert make_plan(settings).copy_break_outputs is False
-    assert make_plan(settings, break_outputs="copy").copy_break_outputs is True  # the flag wins
-    assert make_plan(Settings(), runner="v1").copy_break_outputs is True  # the default
+    assert make_plan(settings, EngineOptions()).copy_break_outputs is False
+    assert make_plan(settings, EngineOptions(break_outputs="copy")).copy_break_outputs is True  # the flag wins
+    assert make_plan(Settings(), EngineOptions(runner="v1")).copy_break_outputs is True  # the default

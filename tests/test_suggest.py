@@ -80,13 +80,14 @@ def test_bad_input_is_one_line_and_exit_2(capsys, args):
 
 def test_eager_breaks_wrap_the_class_attribute_and_restore_it():
     import suggest_engines as engines
+    from capturelint.adapters.common import runtime_break
     from capturelint.suggest import FunctionRef, eager_breaks
 
     original = engines.TwoBranches.__dict__["first"]
     code = original.__code__
     ref = FunctionRef("tests/suggest_engines.py", 42, "TwoBranches.first", engines.__name__, code.co_filename,
                       code.co_firstlineno)
-    with eager_breaks([ref]):
+    with eager_breaks([ref], runtime_break()):
         assert engines.TwoBranches.first.__capturelint_break__ == "TwoBranches.first"
         assert engines.TwoBranches.first.__wrapped__ is original
     assert engines.TwoBranches.__dict__["first"] is original
@@ -104,13 +105,14 @@ def test_bundled_v1_narrow_gets_a_verified_region_no_wider_than_wide(capsys):
     assert top["runners"]["v2"] == {"modes": {"PIECEWISE": "clean"}, "needs_fix": False, "safe": True}
     assert top["per_runner"]["needed"] is False and top["per_runner"]["use"] == {"v1": "suggested", "v2": "current"}
     # the narrow region with the top suggestion applied checks clean, every replay step checked
+    from capturelint.adapters.common import runtime_break
     from capturelint.suggest import FunctionRef, eager_breaks
     import capturelint.engine.dsv4.attention as attention
 
     code_obj = attention.DeepseekV4Attention._prepare_and_attn.__code__
     ref = FunctionRef(top["region"][0]["file"], top["region"][0]["line"], "DeepseekV4Attention._prepare_and_attn",
                       attention.__name__, code_obj.co_filename, code_obj.co_firstlineno)
-    with eager_breaks([ref]):
+    with eager_breaks([ref], runtime_break()):
         code, out, _ = run(capsys, "check", *opts, "--eager-region", "narrow", "--format", "json")
     assert code == 0
     checked = json.loads(out)

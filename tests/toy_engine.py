@@ -163,7 +163,7 @@ class ToyRunner:
 
 def check_toy(hazard: str, fixed: bool = False, mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE, steps: int = 4,
               copy_break_outputs: bool = True, rules: Sequence[type] | None = None) -> tuple[TraceResult, ToyRunner]:
-    from capturelint.adapters.bundled import forward_context_probe, layer_scope_group
+    from capturelint.adapters.common import forward_context_probe, layer_scope_group
 
     runner = ToyRunner(hazard, fixed, mode, steps, copy_break_outputs)
     result = trace_run(runner.run, {"model": runner.model, "runner": runner}, RunLabel("toy", str(mode)),

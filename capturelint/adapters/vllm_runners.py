@@ -57,7 +57,6 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from capturelint.engine.dsv4.ops import rms_norm
 from capturelint.runtime import frames
 
 frames.register_runtime_file(__file__)
@@ -170,7 +169,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+        """``x / sqrt(mean(x^2) + eps) * weight``, in float32 (the norms are ours, not vLLM's)."""
+        xf = x.to(torch.float32)
+        y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (y * self.weight.to(torch.float32)).to(x.dtype)
 
 
 class DecoderLayer(nn.Module):

@@ -1,4 +1,4 @@
-"""Options shared by the commands that run the bundled engine, and output helpers.
+"""Options shared by the commands that run an engine, and output helpers.
 
 Nothing here imports torch or the engine at import time: the commands' ``-h`` and
 argument errors answer at once, and the engine loads only when a command runs it.
@@ -13,12 +13,13 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from capturelint.adapters import registry
+from capturelint.options import ENGINE_OPTIONS, EngineOptions
 from capturelint.output import stderr_console, stdout_console  # noqa: F401  (the commands' consoles)
-from capturelint.errors import CapturelintError
-from capturelint.settings import MODES, Settings, load_settings, shown
+from capturelint.settings import MODES, Settings, load_settings
 
 if TYPE_CHECKING:
-    from capturelint.adapters.bundled import CheckPlan
+    from capturelint.adapters.registry import CheckPlan
 
 CHECK_MODES = tuple(m for m in MODES if m != "NONE")  # capturelint.adapters.bundled.CHECK_MODES (a test keeps them equal)
 
@@ -35,11 +36,28 @@ def _csv(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> 
     return tuple(out)
 
 
+class _Engines(click.Choice):
+    """``--engine``'s choices: the adapter registry's engine names, read when asked (an
+    engine registered after the commands were built is one too)."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property  # type: ignore[override]
+    def choices(self) -> tuple[str, ...]:
+        return registry.names()
+
+    @choices.setter
+    def choices(self, value: Any) -> None:
+        pass
+
+
 def engine_options(fn: Callable) -> Callable:
-    """``--runner --mode --eager-region --fresh-metadata --layers --steps --seed --kernels
-    --platform --config``: which configurations of the bundled engine to run."""
+    """``--engine --jobs --no-reuse --runner --mode --eager-region --fresh-metadata
+    --layers --steps --seed --kernels --break-outputs --platform --config``: which engine
+    and which of its configurations to run."""
     opts = [
-        click.option("--engine", type=click.Choice(["bundled", "vllm"]),
+        click.option("--engine", type=_Engines(),
                      help="Engine to check: the bundled DeepSeek V4 model of vLLM (default), or vLLM's own DeepSeek V4 "
                           "attention as Python imports it (vLLM 0.33.0; settings: engine)."),
         click.option("--jobs", "-j", type=int, metavar="N",
@@ -69,11 +87,13 @@ def engine_options(fn: Callable) -> Callable:
     return fn
 
 
-def resolve_plan(settings: Settings, kw: dict[str, Any], select: tuple[str, ...] = (), ignore: tuple[str, ...] = ()) -> CheckPlan:
-    from capturelint.adapters.engines import make_plan
-
-    return make_plan(
-        settings,
+def resolve_plan(settings: Settings, kw: dict[str, Any], select: tuple[str, ...] = (), ignore: tuple[str, ...] = (),
+                 target: str | None = None) -> CheckPlan:
+    """The plan of the command's options (``kw``: its parameters) over ``settings``,
+    from the adapter registry; the plan's warnings are said here."""
+    plan = registry.make_plan(settings, EngineOptions(
+        engine=kw.get("engine"),
+        target=target,
         runner=kw.get("runner"),
         modes=kw.get("modes") or (),
         eager_region=kw.get("eager_region"),
@@ -84,47 +104,35 @@ def resolve_plan(settings: Settings, kw: dict[str, Any], select: tuple[str, ...]
         kernels=kw.get("kernels"),
         break_outputs=kw.get("break_outputs"),
         platform=kw.get("platform") or "cuda",
-        engine=kw.get("engine"),
-        jobs=kw.get("jobs"),
-        reuse=not kw.get("no_reuse", False),
         select=select,
         ignore=ignore,
         invariants_file=kw.get("invariants_file"),
-    )
+        jobs=kw.get("jobs"),
+        reuse=not kw.get("no_reuse", False),
+        given=given_engine_options(),
+    ))
+    for text in plan.warnings:
+        warn(text)
+    return plan
+
+
+def given_engine_options() -> tuple[str, ...]:
+    """The engine options (``ENGINE_OPTIONS``) given on the command line of the command
+    running now, in its order; defaults are not "given"."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return ()
+    given = []
+    for param in ctx.command.params:
+        flag = max(param.opts, key=len)
+        source = ctx.get_parameter_source(param.name) if param.name else None
+        if flag in ENGINE_OPTIONS and source not in (None, click.core.ParameterSource.DEFAULT):
+            given.append(flag)
+    return tuple(given)
 
 
 def settings_for(kw: dict[str, Any]) -> Settings:
     return load_settings(kw.get("config_path"))
-
-
-# What ``engine_options`` (and the settings) say of the bundled or vLLM's engine; a
-# ``--target`` engine says it itself. Option parameter name -> settings key (None: no key).
-_ENGINE_ONLY = {
-    "engine": "engine", "runner": "runners", "modes": "modes", "eager_region": "eager-region", "fresh_metadata": None,
-    "layers": "layers", "steps": "steps", "seed": "seed", "kernels": "kernels", "break_outputs": "break-outputs",
-    "platform": None, "no_reuse": None,
-}
-
-
-def refuse_engine_options(settings: Settings) -> None:
-    """With ``--target``, an engine option given on the command line would be ignored:
-    a one-line error naming it instead (defaults are not "given"). Engine keys of the
-    settings are project-wide (the same table serves ``check`` of capturelint's engines
-    and ``--target``): a warning names them."""
-    ctx = click.get_current_context()
-    for param in ctx.command.params:
-        source = ctx.get_parameter_source(param.name) if param.name else None
-        if param.name in _ENGINE_ONLY and source not in (None, click.core.ParameterSource.DEFAULT):
-            option = max(param.opts, key=len)
-            raise CapturelintError(
-                f"{option} configures capturelint's engines, and --target checks yours (its Target objects say their "
-                f"runner, mode and workload), so {option} would be ignored; drop {option}"
-            )
-    keys = [key for key in filter(None, _ENGINE_ONLY.values()) if getattr(settings, key.replace("-", "_")) is not None]
-    if keys and settings.source is not None:
-        warn(f"{shown(settings.source)}: [tool.capturelint] {', '.join(keys)} configure{'s' * (len(keys) == 1)} "
-             "capturelint's engines and do not apply to --target (its Target objects say their runner, mode and "
-             "workload)")
 
 
 def say(text: str) -> None:

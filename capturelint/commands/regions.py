@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from capturelint.adapters import registry
 from capturelint.commands.common import (
     ProgressReporter,
     _csv,
@@ -49,7 +50,6 @@ def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_check: bo
     the run (--format dot writes the DOT text). Exit status: 0 shown (findings do not
     change it), 2 usage or engine error, 130 interrupted.
     """
-    from capturelint.adapters.engines import run_check
     from capturelint.render.view import report_views
 
     if fmt == "png" and is_stdout(output):
@@ -61,7 +61,7 @@ def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_check: bo
         require_dot(fmt)
     plan = resolve_plan(settings_for(kw), kw)
     with ProgressReporter(len(plan.configurations)) as progress:
-        report = run_check(plan, progress, shadow=not no_check, keep_captures=True)  # drawn from the captures
+        report = registry.run_check(plan, progress, shadow=not no_check, keep_captures=True)  # drawn from the captures
     views = report_views(report, all_graphs)
     options = Options(ops=ops)
     rep = reporter("show", fmt)
@@ -122,14 +122,12 @@ def diff(snapshots: tuple[str, ...], against_runner: str | None, against_modes: 
     if len(snapshots) == 2:
         result = diff_by_key(load_snapshot(snapshots[0]), load_snapshot(snapshots[1]), snapshots[0], snapshots[1])
     else:
-        from capturelint.adapters.engines import record_regions
-
         settings = settings_for(kw)
         left = resolve_plan(settings, kw)
         if snapshots:
             before = load_snapshot(snapshots[0])  # fail on a bad file before running anything
             with ProgressReporter(len(left.configurations)) as progress:
-                result = diff_by_key(before, record_regions(left, progress), snapshots[0], "the current engine")
+                result = diff_by_key(before, registry.record_regions(left, progress), snapshots[0], "the current engine")
         else:
             right = resolve_plan(settings, {**kw, **against})
             with ProgressReporter(len(left.configurations) + len(right.configurations)) as progress:
@@ -138,7 +136,7 @@ def diff(snapshots: tuple[str, ...], against_runner: str | None, against_modes: 
                         f"the two sides have {len(left.configurations)} and {len(right.configurations)} configurations, "
                         "so they cannot be paired; change one option at a time (e.g. --runner v1 --against-runner v2)"
                     )
-                a, b = record_regions(left, progress), record_regions(right, progress)
+                a, b = registry.record_regions(left, progress), registry.record_regions(right, progress)
                 result = diff_by_position(a, b, _describe_side(kw), _describe_side({**kw, **against}))
     rep = reporter("diff", fmt)
     emit(rep, result, output, Options(title=_title(result.before, result.after)))
@@ -190,7 +188,6 @@ def snapshot(output: str | None, update: str | None, **kw: Any) -> int:
 
     Exit status: 0 written, 2 usage, snapshot or engine error, 130 interrupted.
     """
-    from capturelint.adapters.engines import record_regions
     from capturelint.baseline import check_update_target, update_snapshot
 
     if output and update:
@@ -204,7 +201,7 @@ def snapshot(output: str | None, update: str | None, **kw: Any) -> int:
         kw = {**kw, "runner": "all"}
     plan = resolve_plan(settings, kw)
     with ProgressReporter(len(plan.configurations)) as progress:
-        rmap = record_regions(plan, progress)
+        rmap = registry.record_regions(plan, progress)
     n_graphs = sum(len(c.graphs) for c in rmap.configs)
     if update:
         result = update_snapshot(update, rmap)

@@ -51,10 +51,11 @@ def test_toy_findings_do_not_depend_on_rule_order(hazard, mode, copy, codes):
 def test_bundled_engine_findings_do_not_depend_on_rule_order(mode, fresh, codes):
     from capturelint.adapters import bundled
     from capturelint.harness import trace_run
+    from capturelint.options import EngineOptions
     from capturelint.settings import Settings
 
-    plan = bundled.make_plan(Settings(), runner="v1", modes=[mode], eager_region="narrow", layers=1, steps=6,
-                             fresh_metadata=fresh)
+    plan = bundled.make_plan(Settings(), EngineOptions(runner="v1", modes=(mode,), eager_region="narrow", layers=1, steps=6,
+                                                       fresh_metadata=fresh))
 
     def check(rules):
         c = bundled.configuration(plan, "v1", mode)
