@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from capturelint.errors import CapturelintError
 from capturelint.inputs import InputProblem, load_toml
+from capturelint.options import CUDAGraphMode, Runner
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -69,9 +70,8 @@ if TYPE_CHECKING:
 
 InvariantId = str
 
-KNOWN_RUNNERS = ("v1", "v2")
-# capturelint.settings.MODES (the configuration modes) and the graphs' runtime modes
-KNOWN_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+KNOWN_RUNNERS = tuple(r.value for r in Runner)
+KNOWN_MODES = tuple(m.value for m in CUDAGraphMode)  # the configuration modes and the graphs' runtime modes
 _ID = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 _SELECTOR_KEYS = ("scope", "op", "function", "writes", "reads")
 _KEYS = ("require", "max-eager-ops", "per", "runners", "modes", "when-context", "why", "select", "enabled") + _SELECTOR_KEYS

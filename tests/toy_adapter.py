@@ -24,20 +24,20 @@ from capturelint.adapters.common import (
 )
 from capturelint.analyzer import RunLabel
 from capturelint.pipeline import Configuration, check_configuration
-from capturelint.runtime.forward_context import CUDAGraphMode
+from capturelint.options import CUDAGraphMode, Runner
 
 NAME = "toy"
 OPTIONS = frozenset({"--engine", "--runner", "--mode", "--steps"})
 OTHER_OPTIONS = "configures an engine knob the toy engine does not have"
 UNIT = "configuration"
-MODES = ("PIECEWISE", "FULL")
+MODES = (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL)
 
 
 def make_plan(settings: Any, options: Any) -> CheckPlan:
-    def refused(mode: str) -> str | None:
+    def refused(mode: CUDAGraphMode) -> str | None:
         return None if mode in MODES else f"the toy engine captures PIECEWISE or FULL graphs, not {mode}"
 
-    return resolve_plan(settings, options, NAME, default_runners=lambda: ("v1", "v2"), default_modes=MODES,
+    return resolve_plan(settings, options, NAME, default_runners=lambda: tuple(Runner), default_modes=MODES,
                         invariants=default_invariants, mode_refused=refused)
 
 
@@ -45,15 +45,15 @@ def load(plan: CheckPlan) -> CheckPlan:
     return plan
 
 
-def configuration(plan: CheckPlan, runner: str, mode: str) -> Configuration:
+def configuration(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Configuration:
     from toy_engine import ToyRunner
 
-    toy = ToyRunner("stale_input", fixed=runner == "v2", mode=CUDAGraphMode.parse(mode), steps=plan.steps or 4)
-    return Configuration(RunLabel(runner, mode), toy.run, {"model": toy.model, "runner": toy}, "-",
+    toy = ToyRunner("stale_input", fixed=runner is Runner.V2, mode=mode, steps=plan.steps or 4)
+    return Configuration(RunLabel(str(runner), str(mode)), toy.run, {"model": toy.model, "runner": toy}, "-",
                          forward_context_probe, layer_scope_group, require_replays=True, invariants=plan.invariants)
 
 
-def check_one(plan: CheckPlan, runner: str, mode: str, shadow: bool = True, static: bool = False) -> Any:
+def check_one(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode, shadow: bool = True, static: bool = False) -> Any:
     return check_configuration(configuration(plan, runner, mode), plan.codes, shadow=shadow, static=static)
 
 

@@ -28,11 +28,9 @@ from capturelint.adapters.common import (
 from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
 from capturelint.harness import TwinResult
-from capturelint.options import ENGINE_OPTIONS, EngineOptions
+from capturelint.options import CAPTURE_MODES, ENGINE_OPTIONS, BreakOutputs, CUDAGraphMode, EngineOptions, Runner
 from capturelint.pipeline import Configuration, check_configuration
 from capturelint.report import ConfigReport, Report
-from capturelint.runtime.forward_context import CUDAGraphMode
-from capturelint.runtime.protocol import BreakOutputs
 from capturelint.settings import Settings, merge
 
 if TYPE_CHECKING:
@@ -43,44 +41,38 @@ NAME = "bundled"
 OPTIONS = frozenset(ENGINE_OPTIONS)
 OTHER_OPTIONS = ""  # it reads them all
 UNIT = "configuration"
-CHECK_MODES = ("PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+CHECK_MODES = tuple(str(m) for m in CAPTURE_MODES)  # their names, for scripts (examples/)
 
 
 # ------------------------------------------------------------------ the plan
 
 
-def default_runner(platform: str) -> str:
+def default_runner(platform: str) -> Runner:
     from capturelint.engine.config import EngineConfig
 
-    return str(EngineConfig(platform=platform).resolved_runner)
+    return EngineConfig(platform=platform).resolved_runner
 
 
-def make_plan(settings: Settings, options: EngineOptions | None = None, **fields: Any) -> CheckPlan:
+def make_plan(settings: Settings, options: EngineOptions | None = None, **spelled: Any) -> CheckPlan:
     """Command-line values over settings over the engine's defaults, validated; the
     invariants in force start from the bundled engine's own (``bundled_invariants``).
-    Scripts may give the ``EngineOptions`` as keywords instead: ``make_plan(Settings(),
-    runner="v1", modes=("PIECEWISE",))``."""
-    options = options if options is not None else EngineOptions(**fields)
+    Scripts may spell the options as keywords instead (``EngineOptions.of``):
+    ``make_plan(Settings(), runner="v1", modes=("PIECEWISE",))``."""
+    options = options if options is not None else EngineOptions.of(**spelled)
 
-    def fresh_needs_v1(runners: tuple[str, ...]) -> None:
-        if options.fresh_metadata and "v1" not in runners:
+    def fresh_needs_v1(runners: tuple[Runner, ...]) -> None:
+        if options.fresh_metadata and Runner.V1 not in runners:
             raise CapturelintError(
                 "--fresh-metadata changes Model Runner V1's metadata builders, and no runner here is v1; "
                 "add --runner v1 (or all), or drop --fresh-metadata"
             )
 
-    policy = merge(options.break_outputs, settings.break_outputs, None)
-    if policy is not None:
-        try:
-            copy = BreakOutputs.parse(policy) is BreakOutputs.COPY
-        except ValueError as e:
-            raise CapturelintError(f"--break-outputs: {e}") from None
-    else:
-        copy = True
     return resolve_plan(
-        settings, options, NAME, default_runners=lambda: (default_runner(options.platform),), default_modes=CHECK_MODES,
-        invariants=default_invariants, check_runners=fresh_needs_v1, fresh_metadata=options.fresh_metadata,
-        kernels=merge(options.kernels, settings.kernels, "torch"), platform=options.platform, copy_break_outputs=copy,
+        settings, options, NAME, default_runners=lambda: (default_runner(options.platform),),
+        default_modes=CAPTURE_MODES, invariants=default_invariants, check_runners=fresh_needs_v1,
+        fresh_metadata=options.fresh_metadata, kernels=merge(options.kernels, settings.kernels, "torch"),
+        platform=options.platform,
+        break_outputs=merge(options.break_outputs, settings.break_outputs, BreakOutputs.COPY),
     )
 
 
@@ -92,18 +84,18 @@ def load(plan: CheckPlan) -> CheckPlan:
 # ------------------------------------------------------------ configurations
 
 
-def engine_config(plan: CheckPlan, runner: str, mode: str) -> Any:
+def engine_config(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Any:
     from capturelint.engine.config import EngineConfig
 
     kw: dict = dict(
         runner=runner,
         platform=plan.platform,
-        cudagraph_mode=CUDAGraphMode.parse(mode),
+        cudagraph_mode=mode,
         eager_region=plan.eager_region,
         fresh_metadata=plan.fresh_metadata,
         kernels=plan.kernels,
         seed=plan.seed,
-        copy_break_outputs=plan.copy_break_outputs,
+        break_outputs=plan.break_outputs,
     )
     if plan.layers is not None:
         kw["num_layers"] = plan.layers
@@ -112,7 +104,7 @@ def engine_config(plan: CheckPlan, runner: str, mode: str) -> Any:
     return EngineConfig(**kw).validate()
 
 
-def configuration(plan: CheckPlan, runner: str, mode: str) -> Configuration:
+def configuration(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Configuration:
     """Build the engine for one runner and mode, and describe it to the pipeline."""
     from capturelint.engine.llm import Engine, compare
 
@@ -125,9 +117,9 @@ def configuration(plan: CheckPlan, runner: str, mode: str) -> Configuration:
         return TwinResult(agreement, logit_error)
 
     roots = {"model": engine.model, "state": list(engine.runner.named_state_tensors())}
-    return Configuration(RunLabel(runner, mode), engine.generate, roots, str(cfg.effective_eager_region),
+    return Configuration(RunLabel(str(runner), str(mode)), engine.generate, roots, str(cfg.effective_eager_region),
                          forward_context_probe, layer_scope_group, twin, require_replays=True,
-                         eager_region_option=plan.eager_region, invariants=plan.invariants,
+                         eager_region_option=str(plan.eager_region), invariants=plan.invariants,
                          capture_only=engine.capture_model)
 
 
@@ -162,7 +154,8 @@ def _prepare_twins(plan: CheckPlan) -> None:
     _eager_runs.update(zip(missing, results))
 
 
-def run_configuration(plan: CheckPlan, runner: str, mode: str, shadow: bool = True, static: bool = False) -> ConfigReport:
+def run_configuration(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode, shadow: bool = True,
+                      static: bool = False) -> ConfigReport:
     """Trace one runner and mode; with ``shadow`` also check every replay step and run
     the eager twin for the numerical oracle. Without it, only the captures are
     recorded (what region maps and diffs need). ``static`` captures every graph
@@ -179,7 +172,7 @@ def run_check(plan: CheckPlan, progress: Callable[[str], None] | None = None, sh
     return run_plan(plan, run_configuration, progress, shadow, static, keep_captures)
 
 
-def _fresh_check(plan: CheckPlan, runner: str, mode: str) -> ConfigReport:
+def _fresh_check(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> ConfigReport:
     return check_configuration(configuration(plan, runner, mode), plan.codes)
 
 

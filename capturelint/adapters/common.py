@@ -4,10 +4,12 @@ settings, running its configurations, and capturelint's forward-context conventi
 ``CheckPlan`` is what a command's options and ``[tool.capturelint]`` settings resolve
 into (command line over settings over defaults), once, here (``resolve_plan``): runners,
 CUDA-graph modes, the eager region, the workload counts, the rules selected and the
-invariants in force. An adapter adds what only it knows (its defaults, the options it
-refuses) and builds its configurations; ``run_plan`` runs them through the check
-pipeline, ``slots`` hands them to ``capturelint suggest``. This module imports no
-adapter, and nothing heavy when it is imported (the commands' ``-h`` stays free of torch).
+invariants in force. Its values are those of ``capturelint.options``, parsed by the
+command line and the settings reader; nothing here parses a string. An adapter adds
+what only it knows (its defaults, the options it refuses) and builds its
+configurations; ``run_plan`` runs them through the check pipeline, ``slots`` hands them
+to ``capturelint suggest``. This module imports no adapter, and nothing heavy when it is
+imported (the commands' ``-h`` stays free of torch).
 
 **Forward-context conventions** (capturelint's runtime; vLLM's are the same, so they
 live here and not in any rule): ``attn_metadata`` is a dict keyed by layer-cache prefix
@@ -26,9 +28,9 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from capturelint.errors import CapturelintError
 from capturelint.limits import count_problem, seed_problem
-from capturelint.options import DEFAULT_ENGINE, EngineOptions
+from capturelint.options import DEFAULT_ENGINE, BreakOutputs, CUDAGraphMode, EagerRegion, EngineOptions, Runner
 from capturelint.records import ContextSnapshot, ContextSummary
-from capturelint.runtime.forward_context import CUDAGraphMode, get_forward_context, has_forward_context
+from capturelint.runtime.forward_context import get_forward_context, has_forward_context
 from capturelint.settings import Settings, merge
 
 if TYPE_CHECKING:
@@ -36,8 +38,6 @@ if TYPE_CHECKING:
     from capturelint.snapshot import RegionMap
     from capturelint.suggest import BreakDecorator, Slot
 
-RUNNERS = ("v1", "v2")
-REGIONS = ("narrow", "wide", "per-runner")
 _LAYER = re.compile(r"layers\.\d+")
 
 CheckOne = Callable[..., "ConfigReport"]  # (plan, runner, mode, shadow=, static=) -> its report
@@ -98,9 +98,9 @@ class CheckPlan:
     neither takes part in comparing plans or in their fingerprint.
     """
 
-    runners: tuple[str, ...] = ()
-    modes: tuple[str, ...] = ()
-    eager_region: str = "-"
+    runners: tuple[Runner, ...] = ()
+    modes: tuple[CUDAGraphMode, ...] = ()
+    eager_region: EagerRegion = EagerRegion.PER_RUNNER
     fresh_metadata: bool = False
     layers: int | None = None
     steps: int | None = None
@@ -108,26 +108,28 @@ class CheckPlan:
     kernels: str = "torch"
     platform: str = "cuda"
     codes: frozenset[str] = frozenset()
-    copy_break_outputs: bool = True
+    break_outputs: BreakOutputs = BreakOutputs.COPY
     engine: str = DEFAULT_ENGINE
     invariants: tuple[Any, ...] = ()  # declared invariants in force (capturelint.invariants.Invariant)
     shard: tuple[int, int] | None = None  # (K, N): run the K-th of N deterministic slices (1-based)
     jobs: int = 1  # configurations checked at once, in worker processes
     reuse: bool = True  # share identical work between configurations (the eager twins)
     target: str | None = None
-    configured: tuple[tuple[str, str], ...] | None = None
+    configured: tuple[tuple[str, str], ...] | None = None  # (runner, mode) as the adapter names them
     warnings: tuple[str, ...] = dataclasses.field(default=(), compare=False)
     loaded: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
-    def all_configurations(self) -> list[tuple[str, str]]:
-        """Every configuration of the plan, in report order (runners, then modes)."""
+    def all_configurations(self) -> list[tuple[Any, Any]]:
+        """Every configuration of the plan, in report order (runners, then modes):
+        ``(Runner, CUDAGraphMode)``, or the adapter's own pairs (``str()`` of either is
+        its label)."""
         if self.configured is not None:
             return list(self.configured)
         return [(r, m) for r in self.runners for m in self.modes]
 
     @property
-    def configurations(self) -> list[tuple[str, str]]:
+    def configurations(self) -> list[tuple[Any, Any]]:
         """The configurations this run checks: all of them, or its shard's: the K-th of
         every N in report order, so the shards of one plan partition it."""
         from capturelint.shard import select
@@ -163,43 +165,31 @@ def resolve_invariants(settings: Settings, invariants_file: str | None = None,
     return in_force(tuple(defaults), settings.invariants or (), cli)
 
 
-def resolve_plan(settings: Settings, options: EngineOptions, engine: str, *, default_runners: Callable[[], tuple[str, ...]],
-                 default_modes: tuple[str, ...], invariants: Callable[[], Sequence[Any]],
-                 mode_refused: Callable[[str], str | None] = lambda mode: None, region_hint: str = "",
-                 check_runners: Callable[[tuple[str, ...]], None] = lambda runners: None, **fields: Any) -> CheckPlan:
-    """The plan of ``engine``: runners (``--runner v1|v2|all`` over settings over
+def resolve_plan(settings: Settings, options: EngineOptions, engine: str, *,
+                 default_runners: Callable[[], tuple[Runner, ...]], default_modes: tuple[CUDAGraphMode, ...],
+                 invariants: Callable[[], Sequence[Any]],
+                 mode_refused: Callable[[CUDAGraphMode], str | None] = lambda mode: None,
+                 check_runners: Callable[[tuple[Runner, ...]], None] = lambda runners: None, **fields: Any) -> CheckPlan:
+    """The plan of ``engine``: runners (``--runner`` over settings over
     ``default_runners()``), modes (over ``default_modes``; ``mode_refused(mode)`` is the
-    error for one the engine cannot check), the eager region (over ``per-runner``;
-    ``region_hint`` follows the error's list), the workload counts, the rules selected,
-    and the invariants in force (``invariants()``, the engine's defaults unless
-    ``options.default_invariants`` is false, then settings and ``--invariants FILE``). ``check_runners`` may refuse options given the runners;
-    ``fields`` are the adapter's own plan values."""
-    if options.runner is not None:
-        runners: tuple[str, ...] = RUNNERS if options.runner.lower() == "all" else (options.runner.lower(),)
-    else:
-        runners = tuple(settings.runners or ()) or default_runners()
-    for r in runners:
-        if r not in RUNNERS:
-            raise CapturelintError(f"unknown runner {r!r}; use v1, v2 or all")
-    modes = []
-    for m in tuple(options.modes) or tuple(settings.modes or ()) or default_modes:
-        try:
-            mode = str(CUDAGraphMode.parse(m))
-        except ValueError as e:
-            raise CapturelintError(str(e)) from None
+    error for one the engine cannot check), the eager region (over ``per-runner``), the
+    workload counts, the rules selected, and the invariants in force (``invariants()``,
+    the engine's defaults unless ``options.default_invariants`` is false, then settings
+    and ``--invariants FILE``). ``check_runners`` may refuse options given the runners;
+    ``fields`` are the adapter's own plan values. Every value arrives parsed
+    (``capturelint.options``)."""
+    runners = options.runners or settings.runners or default_runners()
+    modes = options.modes or settings.modes or default_modes
+    for mode in modes:
         refused = mode_refused(mode)
         if refused is not None:
             raise CapturelintError(refused)
-        modes.append(mode)
-    region = merge(options.eager_region, settings.eager_region, "per-runner")
-    if region not in REGIONS:
-        raise CapturelintError(f"unknown eager region {region!r}; use narrow, wide or per-runner{region_hint}")
     check_counts(options.layers, options.steps, options.seed)
     check_runners(runners)
     return CheckPlan(
         runners=tuple(dict.fromkeys(runners)),
         modes=tuple(dict.fromkeys(modes)),
-        eager_region=region,
+        eager_region=merge(options.eager_region, settings.eager_region, EagerRegion.PER_RUNNER),
         layers=merge(options.layers, settings.layers, None),
         steps=merge(options.steps, settings.steps, None),
         seed=merge(options.seed, settings.seed, 0),
@@ -236,7 +226,8 @@ def region_map_of(report: Report, plan: CheckPlan) -> RegionMap:
     return region_map(report, plan)
 
 
-def slots(plan: CheckPlan, check: Callable[[CheckPlan, str, str], ConfigReport], decorator: BreakDecorator) -> list[Slot]:
+def slots(plan: CheckPlan, check: Callable[[CheckPlan, Runner, CUDAGraphMode], ConfigReport],
+          decorator: BreakDecorator) -> list[Slot]:
     """``capturelint suggest``: the plan's configurations, then the same modes under the
     runners the plan leaves out (checked only to cross-check a suggestion: a region
     right under one runner can be wrong under the other). ``check`` builds a fresh
@@ -245,14 +236,14 @@ def slots(plan: CheckPlan, check: Callable[[CheckPlan, str, str], ConfigReport],
     from capturelint.suggest import Slot
 
     out = []
-    for runner in plan.runners + tuple(r for r in RUNNERS if r not in plan.runners):
+    for runner in plan.runners + tuple(r for r in Runner if r not in plan.runners):
         for mode in plan.modes:
-            out.append(Slot(f"{runner}/{mode}", runner, mode, functools.partial(check, plan, runner, mode), decorator,
-                            requested=runner in plan.runners))
+            out.append(Slot(f"{runner}/{mode}", str(runner), str(mode), functools.partial(check, plan, runner, mode),
+                            decorator, requested=runner in plan.runners))
     return out
 
 
 __all__ = [
-    "CheckPlan", "REGIONS", "RUNNERS", "check_counts", "forward_context_probe", "layer_scope_group", "region_map_of",
+    "CheckPlan", "check_counts", "forward_context_probe", "layer_scope_group", "region_map_of",
     "resolve_codes", "resolve_invariants", "resolve_plan", "run_plan", "runtime_break", "slots",
 ]

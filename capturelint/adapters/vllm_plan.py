@@ -26,7 +26,7 @@ from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
 from capturelint.harness import TwinResult
 from capturelint.objects import named_tensors
-from capturelint.options import ENGINE_OPTIONS, EngineOptions
+from capturelint.options import ENGINE_OPTIONS, BreakOutputs, CUDAGraphMode, EngineOptions, Runner
 from capturelint.pipeline import Configuration, check_configuration
 from capturelint.records import ContextSnapshot, ContextSummary
 from capturelint.report import ConfigReport, Report
@@ -40,7 +40,7 @@ NAME = "vllm"
 OPTIONS = frozenset(ENGINE_OPTIONS)  # those of the bundled engine alone are refused by value, in make_plan
 OTHER_OPTIONS = ""
 UNIT = "configuration"
-VLLM_MODES = ("PIECEWISE", "FULL")
+VLLM_MODES = (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL)
 DEFAULT_LAYERS = 2
 DEFAULT_STEPS = 6
 
@@ -62,15 +62,14 @@ def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
         raise CapturelintError("--break-outputs sets the bundled runtime's policy; vLLM 0.33.0's add_eager discards "
                                "break outputs, drop --break-outputs")
 
-    def refused(mode: str) -> str | None:
+    def refused(mode: CUDAGraphMode) -> str | None:
         if mode in VLLM_MODES:
             return None
         return (f"--engine vllm checks the PIECEWISE and FULL graphs; mode {mode} is a dispatch policy over them, use "
                 "--mode PIECEWISE,FULL")
 
-    return resolve_plan(settings, options, NAME, default_runners=lambda: ("v1", "v2"), default_modes=VLLM_MODES,
-                        invariants=default_invariants, mode_refused=refused, region_hint=" (vLLM's own choice)",
-                        copy_break_outputs=False)
+    return resolve_plan(settings, options, NAME, default_runners=lambda: tuple(Runner), default_modes=VLLM_MODES,
+                        invariants=default_invariants, mode_refused=refused, break_outputs=BreakOutputs.DISCARD)
 
 
 def load(plan: CheckPlan) -> CheckPlan:
@@ -96,11 +95,11 @@ def forward_context_probe() -> ContextSnapshot:
     return ContextSnapshot(ContextSummary("metadata", f"attn_metadata held {len(md)} entries"), tuple(tensors))
 
 
-def _spec(plan: CheckPlan, runner: str, mode: str) -> Any:
+def _spec(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Any:
     from capturelint.adapters.vllm_runners import RunSpec
 
-    return RunSpec(runner=runner, mode=mode, eager_region=None if plan.eager_region == "per-runner" else plan.eager_region,
-                   layers=plan.layers or DEFAULT_LAYERS, steps=plan.steps or DEFAULT_STEPS, seed=plan.seed)
+    return RunSpec(runner=runner, mode=mode, eager_region=plan.eager_region, layers=plan.layers or DEFAULT_LAYERS,
+                   steps=plan.steps or DEFAULT_STEPS, seed=plan.seed)
 
 
 _MISSING_OP = re.compile(r"'_OpNamespace' '(\w+)' object has no attribute '(\w+)'")
@@ -120,7 +119,7 @@ def missing_op(e: BaseException) -> CapturelintError | None:
     return None
 
 
-def configuration(plan: CheckPlan, runner: str, mode: str) -> Configuration:
+def configuration(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Configuration:
     """Build the tiny model for one runner and mode (inside ``cpu_shim``)."""
     from capturelint.adapters.vllm_runners import Runner, compare, region_of
 
@@ -131,13 +130,14 @@ def configuration(plan: CheckPlan, runner: str, mode: str) -> Configuration:
         agreement, error = compare(output, Runner(spec, graphs=False).generate())
         return TwinResult(agreement, error)
 
-    return Configuration(RunLabel(runner, mode), engine.generate, engine.roots(), region_of(engine.model),
+    return Configuration(RunLabel(str(runner), str(mode)), engine.generate, engine.roots(), region_of(engine.model),
                          forward_context_probe, layer_scope_group, twin, require_replays=True,
-                         eager_region_option=plan.eager_region, invariants=plan.invariants,
+                         eager_region_option=str(plan.eager_region), invariants=plan.invariants,
                          capture_only=engine.capture)
 
 
-def check_one(plan: CheckPlan, runner: str, mode: str, shadow: bool = True, static: bool = False) -> ConfigReport:
+def check_one(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode, shadow: bool = True,
+              static: bool = False) -> ConfigReport:
     """Build and check one configuration under ``cpu_shim``; a ``torch.ops`` kernel vLLM
     calls without a reference here (while building, running or in the eager twin) is the
     one-line error that names it."""

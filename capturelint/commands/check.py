@@ -11,7 +11,17 @@ import click
 
 from capturelint import __version__
 from capturelint.adapters import registry
-from capturelint.commands.common import ProgressReporter, _csv, engine_options, resolve_plan, say, settings_for, warn
+from capturelint.commands.common import (
+    ProgressReporter,
+    _csv,
+    engine_options,
+    resolve_plan,
+    say,
+    settings_for,
+    spelled,
+    warn,
+)
+from capturelint.options import CUDAGraphMode
 from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS, CapturelintError
 from capturelint.output import check_output_path, is_stdout
 from capturelint.reporters import Options, emit, formats, reporter
@@ -68,11 +78,11 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
         raise CapturelintError("--max-eager-growth is the budget of --baseline, and no baseline is given; "
                                "add --baseline FILE (or baseline in settings), or drop it")
     plan = resolve_plan(settings, dict(kw, invariants_file=invariants_file), select, ignore, target)
-    if "NONE" in plan.modes:
+    if CUDAGraphMode.NONE in plan.modes:
+        capturing = ", ".join(str(m) for m in plan.modes if m is not CUDAGraphMode.NONE)
         raise CapturelintError(
             "mode NONE captures no CUDA graph, so there is no replay to compare with eager execution; choose "
-            f"modes that capture ({', '.join(m for m in plan.modes if m != 'NONE') or 'PIECEWISE, FULL, ...'}) "
-            "or leave --mode out for all of them"
+            f"modes that capture ({capturing or 'PIECEWISE, FULL, ...'}) or leave --mode out for all of them"
         )
     if static:
         require_static_rules(plan.codes)
@@ -147,9 +157,9 @@ def suggest_hint(kw: dict[str, Any], select: tuple[str, ...], ignore: tuple[str,
     else:
         for name in ("engine", "runner", "eager_region", "layers", "steps", "seed", "kernels", "break_outputs"):
             if kw.get(name) is not None:
-                args += [f"--{name.replace('_', '-')}", str(kw[name])]
+                args += [f"--{name.replace('_', '-')}", spelled(kw[name])]
         if kw.get("modes"):
-            args += ["--mode", ",".join(kw["modes"])]
+            args += ["--mode", spelled(kw["modes"])]
         if kw.get("fresh_metadata"):
             args.append("--fresh-metadata")
         if kw.get("platform") not in (None, "cuda"):

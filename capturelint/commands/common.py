@@ -14,14 +14,24 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from capturelint.adapters import registry
-from capturelint.options import ENGINE_OPTIONS, EngineOptions
+from capturelint.options import (
+    CAPTURE_MODES,
+    ENGINE_OPTIONS,
+    BreakOutputs,
+    CUDAGraphMode,
+    EagerRegion,
+    EngineOptions,
+    Runner,
+    parse_modes,
+    parse_region,
+    parse_runners,
+    runners_text,
+)
 from capturelint.output import stderr_console, stdout_console  # noqa: F401  (the commands' consoles)
-from capturelint.settings import MODES, Settings, load_settings
+from capturelint.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from capturelint.adapters.registry import CheckPlan
-
-CHECK_MODES = tuple(m for m in MODES if m != "NONE")  # capturelint.adapters.bundled.CHECK_MODES (a test keeps them equal)
 
 
 def _csv(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -34,6 +44,42 @@ def _csv(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> 
             raise click.BadParameter(f"{v!r} names nothing; give a value or leave the option out", ctx=ctx, param=param)
         out.extend(parts)
     return tuple(out)
+
+
+# The engine options' values are parsed here, once (capturelint.options): the commands
+# and everything downstream hold Runner, CUDAGraphMode, EagerRegion and BreakOutputs.
+
+
+def parsed_runners(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[Runner, ...] | None:
+    """``--runner v1|v2|all``: the runners (``all``: every one)."""
+    return None if value is None else parse_runners(value)
+
+
+def parsed_modes(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[CUDAGraphMode, ...]:
+    """``--mode``, repeatable and comma-separated: the modes."""
+    return parse_modes(_csv(ctx, param, value))
+
+
+def parsed_region(ctx: click.Context, param: click.Parameter, value: str | None) -> EagerRegion | None:
+    return None if value is None else parse_region(value)
+
+
+def _break_outputs(ctx: click.Context, param: click.Parameter, value: str | None) -> BreakOutputs | None:
+    return None if value is None else BreakOutputs(value)  # one of the click choices
+
+
+RUNNER_METAVAR = "|".join([*map(str, Runner), "all"])
+REGION_METAVAR = "|".join(map(str, EagerRegion))
+
+
+def spelled(value: Any) -> str:
+    """A parsed option value as the command line spells it (hints, titles): ``all`` for
+    every runner, modes comma-separated."""
+    if isinstance(value, tuple) and value and all(isinstance(v, Runner) for v in value):
+        return runners_text(value)
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
 
 
 class _Engines(click.Choice):
@@ -65,16 +111,19 @@ def engine_options(fn: Callable) -> Callable:
                           "jobs). The report is the same for every N."),
         click.option("--no-reuse", "no_reuse", is_flag=True,
                      help="Share no work between configurations (each runs its own eager twin); the report is the same."),
-        click.option("--runner", metavar="v1|v2|all", help="Model runner; default: the platform's default runner (settings: runners)."),
-        click.option("--mode", "modes", multiple=True, callback=_csv, metavar="MODE",
-                     help=f"CUDA-graph mode, repeatable or comma-separated: {', '.join(CHECK_MODES)}; default: all of them."),
-        click.option("--eager-region", metavar="narrow|wide|per-runner", help="Eager region of the attention; default per-runner."),
+        click.option("--runner", metavar=RUNNER_METAVAR, callback=parsed_runners,
+                     help="Model runner; default: the platform's default runner (settings: runners)."),
+        click.option("--mode", "modes", multiple=True, callback=parsed_modes, metavar="MODE",
+                     help=f"CUDA-graph mode, repeatable or comma-separated: {', '.join(map(str, CAPTURE_MODES))}; "
+                          "default: all of them."),
+        click.option("--eager-region", metavar=REGION_METAVAR, callback=parsed_region,
+                     help="Eager region of the attention; default per-runner."),
         click.option("--fresh-metadata", is_flag=True, help="V1 metadata builders allocate new tensors every step."),
         click.option("--layers", type=int, metavar="N", help="Decoder layers (default 4)."),
         click.option("--steps", type=int, metavar="N", help="Engine steps of the workload, one forward each (default 24)."),
         click.option("--seed", type=int, metavar="N", help="Seed of weights and workload (default 0)."),
         click.option("--kernels", type=click.Choice(["torch", "triton"]), help="Kernel implementations (default torch)."),
-        click.option("--break-outputs", type=click.Choice(["copy", "discard"]),
+        click.option("--break-outputs", type=click.Choice([str(b) for b in BreakOutputs]), callback=_break_outputs,
                      help="What the capture runtime does with eager-break return values on replay: copy them into "
                           "static buffers (default) or discard them, as vLLM 0.33.0 does (settings: break-outputs)."),
         click.option("--platform", type=click.Choice(["cuda", "rocm", "cpu"]), default="cuda", show_default=True,
@@ -94,7 +143,7 @@ def resolve_plan(settings: Settings, kw: dict[str, Any], select: tuple[str, ...]
     plan = registry.make_plan(settings, EngineOptions(
         engine=kw.get("engine"),
         target=target,
-        runner=kw.get("runner"),
+        runners=kw.get("runner") or (),
         modes=kw.get("modes") or (),
         eager_region=kw.get("eager_region"),
         fresh_metadata=kw.get("fresh_metadata", False),

@@ -12,14 +12,20 @@ import click
 
 from capturelint.adapters import registry
 from capturelint.commands.common import (
+    REGION_METAVAR,
+    RUNNER_METAVAR,
     ProgressReporter,
-    _csv,
     engine_options,
+    parsed_modes,
+    parsed_region,
+    parsed_runners,
     resolve_plan,
     say,
     settings_for,
+    spelled,
 )
 from capturelint.errors import EXIT_CLEAN, CapturelintError
+from capturelint.options import CUDAGraphMode, EagerRegion, Runner
 from capturelint.output import check_output_path, is_stdout
 from capturelint.reporters import Options, emit, formats, reporter
 
@@ -78,15 +84,17 @@ def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_check: bo
 @click.command()
 @click.argument("snapshots", nargs=-1, metavar="[OLD.json [NEW.json]]", type=click.Path(dir_okay=False))
 @engine_options
-@click.option("--against-runner", metavar="v1|v2|all", help="Compare with this runner (other options equal).")
-@click.option("--against-mode", "against_modes", multiple=True, callback=_csv, metavar="MODE",
+@click.option("--against-runner", metavar=RUNNER_METAVAR, callback=parsed_runners,
+              help="Compare with this runner (other options equal).")
+@click.option("--against-mode", "against_modes", multiple=True, callback=parsed_modes, metavar="MODE",
               help="Compare with these CUDA-graph modes, paired in order with --mode.")
-@click.option("--against-eager-region", metavar="narrow|wide|per-runner", help="Compare with this eager region.")
+@click.option("--against-eager-region", metavar=REGION_METAVAR, callback=parsed_region,
+              help="Compare with this eager region.")
 @click.option("--against-fresh-metadata", is_flag=True, help="Compare with V1 metadata builders allocating per step.")
 @click.option("--format", "fmt", type=click.Choice(DIFF_FORMATS), default="rich", show_default=True)
 @click.option("-o", "--output", metavar="FILE", help="Write the report to FILE instead of stdout.")
-def diff(snapshots: tuple[str, ...], against_runner: str | None, against_modes: tuple[str, ...],
-         against_eager_region: str | None, against_fresh_metadata: bool, fmt: str, output: str | None, **kw: Any) -> int:
+def diff(snapshots: tuple[str, ...], against_runner: tuple[Runner, ...] | None, against_modes: tuple[CUDAGraphMode, ...],
+         against_eager_region: EagerRegion | None, against_fresh_metadata: bool, fmt: str, output: str | None, **kw: Any) -> int:
     """Compare two region recordings: ops that moved between captured and eager
     segments (by scope and op, with counts), segments added or removed, and the change
     in eager ops per step.
@@ -163,9 +171,9 @@ def _describe_side(kw: dict[str, Any]) -> str:
     parts = []
     for key, flag in (("runner", "--runner"), ("eager_region", "--eager-region")):
         if kw.get(key):
-            parts.append(f"{flag} {kw[key]}")
+            parts.append(f"{flag} {spelled(kw[key])}")
     if kw.get("modes"):
-        parts.append("--mode " + ",".join(kw["modes"]))
+        parts.append("--mode " + spelled(kw["modes"]))
     if kw.get("fresh_metadata"):
         parts.append("--fresh-metadata")
     return " ".join(parts) or "defaults"
@@ -198,7 +206,7 @@ def snapshot(output: str | None, update: str | None, **kw: Any) -> int:
         check_update_target(update)  # refuse a file that is not a snapshot before running anything
     settings = settings_for(kw)
     if kw.get("runner") is None and not settings.runners:
-        kw = {**kw, "runner": "all"}
+        kw = {**kw, "runner": tuple(Runner)}
     plan = resolve_plan(settings, kw)
     with ProgressReporter(len(plan.configurations)) as progress:
         rmap = registry.record_regions(plan, progress)

@@ -8,6 +8,7 @@ import click
 
 from capturelint.adapters import registry
 from capturelint.commands.common import ProgressReporter, _csv, engine_options, resolve_plan, say, settings_for
+from capturelint.options import CUDAGraphMode
 from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS, CapturelintError
 from capturelint.output import check_output_path, is_stdout
 from capturelint.reporters import Options, emit, formats, reporter
@@ -48,7 +49,7 @@ def suggest(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str, output: 
     if max_candidates < 1 or max_candidates > 1000:
         raise CapturelintError(f"--max-candidates must be from 1 to 1000, got {max_candidates}")
     plan = resolve_plan(settings, kw, select, ignore, target)
-    if "NONE" in plan.modes:
+    if CUDAGraphMode.NONE in plan.modes:
         raise CapturelintError("mode NONE captures no CUDA graph, so there is nothing to suggest; choose modes that "
                                "capture, or leave --mode out for all of them")
     slots = registry.suggest_slots(registry.load(plan))
