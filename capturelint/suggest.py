@@ -101,13 +101,11 @@ class FunctionRef:
         return {"function": self.qualname, "module": self.module, "file": self.file, "line": self.def_line}
 
 
-def _module_of(source: str) -> Any:
+def _modules_of(source: str) -> list[Any]:
+    """Every module loaded from ``source`` (one file may be imported under two names:
+    ``--target FILE.py`` imports it as ``capturelint_target_FILE``, a test by its own)."""
     real = os.path.realpath(source)
-    for module in list(sys.modules.values()):
-        f = getattr(module, "__file__", None)
-        if f and os.path.realpath(f) == real:
-            return module
-    return None
+    return [m for m in list(sys.modules.values()) if (f := getattr(m, "__file__", None)) and os.path.realpath(f) == real]
 
 
 def _unwrap(raw: Any) -> Any:
@@ -115,11 +113,13 @@ def _unwrap(raw: Any) -> Any:
     return getattr(fn, "__wrapped__", fn) if getattr(fn, "__capturelint_break__", None) else fn
 
 
-def _lookup(frame: Frame) -> tuple[Any, str, Any] | str:
-    """``(owner, attribute, raw value)`` holding the frame's function, or why not."""
+def _lookup(frame: Frame, module: Any = None) -> tuple[Any, str, Any] | str:
+    """``(owner, attribute, raw value)`` holding the frame's function in ``module``
+    (default: the first module loaded from its file), or why not."""
     if "<" in frame.qualname:
         return "defined inside a function (<locals>) or a lambda: no attribute holds it"
-    module = _module_of(frame.source) if frame.source else None
+    if module is None:
+        module = next(iter(_modules_of(frame.source)), None) if frame.source else None
     if module is None:
         return "its module is not imported under a name"
     owner: Any = module
@@ -173,38 +173,44 @@ def resolve(frame: Frame) -> FunctionRef | str:
 @contextlib.contextmanager
 def eager_breaks(region: Sequence[FunctionRef], decorator: BreakDecorator) -> Iterator[None]:
     """Make every function of ``region`` an eager break for the duration: the class or
-    module attribute that holds it (and every module attribute holding the same
-    function object) is replaced by the function wrapped with ``decorator``, then
-    restored. Files are never edited."""
+    module attribute that holds it, in every module loaded from its file (and every
+    module attribute holding the same function object), is replaced by the function
+    wrapped with ``decorator``, then restored. Files are never edited."""
     wrap = decorator.wrap
     saved: list[tuple[Any, str, Any]] = []
     try:
         for ref in region:
             frame = Frame(ref.file, ref.def_line, ref.qualname.rsplit(".", 1)[-1], ref.qualname, ref.source, ref.first_line)
-            found = _lookup(frame)
-            if isinstance(found, str):
-                raise LookupError(f"{ref}: {found}")
-            owner, name, raw = found
-            if isinstance(raw, staticmethod):
-                wrapped: Any = staticmethod(wrap(raw.__func__))
-            elif isinstance(raw, classmethod):
-                wrapped = classmethod(wrap(raw.__func__))
-            else:
-                wrapped = wrap(raw)
-            holders = [(owner, name)]
-            if not isinstance(owner, type):  # a module function: also where it was imported by name
-                for module in list(sys.modules.values()):
-                    d = getattr(module, "__dict__", None)
-                    if module is owner or not isinstance(d, dict):
-                        continue
-                    holders.extend((module, k) for k, v in list(d.items()) if v is raw)
-            for holder, attr in holders:
-                saved.append((holder, attr, vars(holder)[attr]))
-                setattr(holder, attr, wrapped)
+            found = [_lookup(frame, m) for m in _modules_of(ref.source)] or [_lookup(frame)]
+            if all(isinstance(f, str) for f in found):
+                raise LookupError(f"{ref}: {found[0]}")
+            for owner, name, raw in (f for f in found if not isinstance(f, str)):
+                _wrap_in_place(owner, name, raw, wrap, saved)
         yield
     finally:
         for holder, attr, value in reversed(saved):
             setattr(holder, attr, value)
+
+
+def _wrap_in_place(owner: Any, name: str, raw: Any, wrap: Callable[[Callable], Callable],
+                   saved: list[tuple[Any, str, Any]]) -> None:
+    """Replace ``owner.name`` (``raw``) by its wrapped function, noting what to restore."""
+    if isinstance(raw, staticmethod):
+        wrapped: Any = staticmethod(wrap(raw.__func__))
+    elif isinstance(raw, classmethod):
+        wrapped = classmethod(wrap(raw.__func__))
+    else:
+        wrapped = wrap(raw)
+    holders = [(owner, name)]
+    if not isinstance(owner, type):  # a module function: also where it was imported by name
+        for module in list(sys.modules.values()):
+            d = getattr(module, "__dict__", None)
+            if module is owner or not isinstance(d, dict):
+                continue
+            holders.extend((module, k) for k, v in list(d.items()) if v is raw)
+    for holder, attr in holders:
+        saved.append((holder, attr, vars(holder)[attr]))
+        setattr(holder, attr, wrapped)
 
 
 # --------------------------------------------------------------- the records

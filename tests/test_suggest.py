@@ -78,10 +78,19 @@ def test_bad_input_is_one_line_and_exit_2(capsys, args):
     assert len(err.strip().splitlines()) == 1 and err.startswith("capturelint: error:")
 
 
-def test_eager_breaks_wrap_the_class_attribute_and_restore_it():
-    import suggest_engines as engines
+def test_eager_breaks_wrap_the_class_attribute_and_restore_it(monkeypatch):
+    # loaded from its file (a --target run may have put a patched copy first on sys.path),
+    # under a name of its own, beside the copies --target imports: each copy is wrapped
+    import importlib.util
+    import sys
+
     from capturelint.adapters.common import runtime_break
     from capturelint.suggest import FunctionRef, eager_breaks
+
+    spec = importlib.util.spec_from_file_location("suggest_engines_wrapped", HERE / "suggest_engines.py")
+    engines = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "suggest_engines_wrapped", engines)
+    spec.loader.exec_module(engines)
 
     original = engines.TwoBranches.__dict__["first"]
     code = original.__code__
@@ -128,3 +137,16 @@ def test_the_help_states_the_default_budget():
     from capturelint import suggest
 
     assert DEFAULT_MAX_CANDIDATES == suggest.DEFAULT_MAX_CANDIDATES
+
+
+def test_a_copy_of_an_engine_is_named_by_its_own_file(tmp_path, capsys):
+    # Code objects compare equal across files: frames of a copy of suggest_engines.py, run
+    # after the original, must name the copy (else suggest wraps the original, and fails)
+    assert run(capsys, "check", "--target", TWO)[0] == 1
+    (tmp_path / "copy").mkdir()
+    shutil.copy(HERE / "suggest_engines.py", tmp_path / "copy" / "other_engines.py")
+    code, out, err = run(capsys, "suggest", "--target", f"{tmp_path}/copy/other_engines.py:targets", "--format", "json")
+    assert code == 0, err
+    top = json.loads(out)["suggestions"][0]
+    assert [(r["function"], r["module"]) for r in top["region"]] == [
+        ("TwoBranches.first", "capturelint_target_other_engines"), ("TwoBranches.second", "capturelint_target_other_engines")]
