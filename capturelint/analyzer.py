@@ -45,7 +45,7 @@ from types import MappingProxyType
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from capturelint.findings import Condition, Finding
-from capturelint.runtime.protocol import HeldInputEvent, HostSyncEvent, SegmentKind, StaleInputEvent
+from capturelint.runtime.protocol import BreakOutputs, HeldInputEvent, HostSyncEvent, SegmentKind, StaleInputEvent
 from capturelint.records import GraphMemoryRead, OpRecord, Segment, Stream, TensorUse
 
 
@@ -221,7 +221,7 @@ def location_problem(view: StepView, c_use: TensorUse, s_use: TensorUse, scope: 
     producer = cap.ops[c_origin.producer]
     seg = cap.segments[producer.segment]
     if seg.kind is SegmentKind.EAGER:
-        if cap.copy_break_outputs and c_use.storage in seg.returned:
+        if cap.break_outputs is BreakOutputs.COPY and c_use.storage in seg.returned:
             return None
         reason = f"it was allocated inside eager break {seg.name} and is not a return value the runtime copies back"
         return _problem(view, c_use, s_use, scope, True, reason)

@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from capturelint.errors import CapturelintError
 from capturelint.inputs import InputProblem, load_toml
+from capturelint.options import CUDAGraphMode, Runner
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -69,9 +70,8 @@ if TYPE_CHECKING:
 
 InvariantId = str
 
-KNOWN_RUNNERS = ("v1", "v2")
-# capturelint.settings.MODES (the configuration modes) and the graphs' runtime modes
-KNOWN_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+KNOWN_RUNNERS = tuple(r.value for r in Runner)
+KNOWN_MODES = tuple(m.value for m in CUDAGraphMode)  # the configuration modes and the graphs' runtime modes
 _ID = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 _SELECTOR_KEYS = ("scope", "op", "function", "writes", "reads")
 _KEYS = ("require", "max-eager-ops", "per", "runners", "modes", "when-context", "why", "select", "enabled") + _SELECTOR_KEYS
@@ -411,7 +411,41 @@ def violations(inv: Invariant, G: nx.MultiDiGraph, selected: Sequence[OpNode] | 
     return [Violation(inv, seg, group, tuple(ops), ops[0]) for (seg, group), ops in sorted(found.items(), key=lambda kv: kv[1][0])]
 
 
+def explain_selection(inv: Invariant, config: Any) -> dict[str, Any]:
+    """What ``inv`` selects in one configuration's captures (a ``ConfigReport`` that kept
+    them), for ``capturelint invariants --explain``: per graph it applies to, the selected
+    ops by scope, op and placement (``captured`` or ``eager``) with counts; graphs with
+    the same selection share an entry (listed by the first)."""
+    from collections import Counter
+
+    from capturelint.graph import build_region_graph
+    from capturelint.runtime.protocol import SegmentKind
+
+    graphs = []
+    seen: dict[tuple, dict[str, Any]] = {}
+    for capture in config.captures:
+        if not inv.applies(config.runner, config.mode, capture.runtime_mode, capture.context.key):
+            continue
+        G = build_region_graph(capture)
+        counts: Counter = Counter()
+        for n in inv.select_ops(G):
+            d = G.nodes[n]
+            where = "eager" if d["segment_kind"] is SegmentKind.EAGER else "captured"
+            counts[(d["scope"] or "<top>", d["op"], where)] += 1
+        key = tuple(sorted(counts.items()))
+        if key in seen:
+            seen[key]["graphs"].append(capture.graph)
+            continue
+        entry = {"graphs": [capture.graph], "runtime_mode": capture.runtime_mode, "selected": sum(counts.values()),
+                 "ops": [{"scope": s, "op": o, "placement": p, "count": c} for (s, o, p), c in sorted(counts.items())]}
+        seen[key] = entry
+        graphs.append(entry)
+    return {"runner": config.runner, "mode": config.mode, "eager_region": config.eager_region,
+            "applies": bool(graphs), "selections": graphs}
+
+
 __all__ = [
-    "Invariant", "Requirement", "Selector", "Violation", "group_of", "in_force", "instance_of", "parse_invariant",
+    "Invariant", "Requirement", "Selector", "Violation", "explain_selection", "group_of", "in_force", "instance_of",
+    "parse_invariant",
     "parse_invariants", "read_invariants_file", "violations",
 ]

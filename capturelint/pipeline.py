@@ -111,11 +111,11 @@ def check_configuration(config: Configuration, codes: frozenset[str], shadow: bo
 
 def check_all(configs: Iterable[Configuration], codes: frozenset[str], shadow: bool = True,
               progress: Callable[[str], None] | None = None, static: bool = False,
-              invariants: tuple[Any, ...] = (), jobs: int = 1) -> Report:
+              invariants: tuple[Any, ...] = (), jobs: int = 1, keep_captures: bool = False) -> Report:
     configs = list(configs)
     tasks = [Task(f"runner {c.label.runner} · {c.label.mode}",
                   functools.partial(check_configuration, c, codes, shadow, static)) for c in configs]
-    return Report(run_all(tasks, jobs, progress), invariants=invariants, static=static)
+    return Report(run_all(tasks, jobs, progress, keep_captures), invariants=invariants, static=static)
 
 
 # ------------------------------------------------------------------ parallel runs

@@ -38,7 +38,7 @@ import enum
 import sys
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
-from capturelint.runtime.protocol import Frame, SegmentKind
+from capturelint.runtime.protocol import BreakOutputs, Frame, SegmentKind
 
 if TYPE_CHECKING:
     import torch
@@ -271,7 +271,7 @@ class Stream:
     the stream saw to its ``Origin``. ``names`` maps storages to the human names the
     tracer's roots and the forward context gave them at the stream's start (and, for
     captures, at its end); ``static_names`` (shared by every stream of a run) those the
-    roots held when the tracer began, module parameters and buffers included. ``copy_break_outputs`` and ``breaks_eager`` are
+    roots held when the tracer began, module parameters and buffers included. ``break_outputs`` and ``breaks_eager`` are
     the graph's break policies (``runtime.protocol.GraphInfo``). ``output_storages`` are
     the storages of the run's outputs. ``allocation_frames`` (shared by a run's streams)
     maps a storage to the line that allocated it between steps and a weak reference to
@@ -293,7 +293,7 @@ class Stream:
     origins: dict[StorageId, Origin] = dataclasses.field(default_factory=dict)
     names: dict[StorageId, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     static_names: dict[StorageId, tuple[str, ...]] = dataclasses.field(default_factory=dict, repr=False)
-    copy_break_outputs: bool = True
+    break_outputs: BreakOutputs = BreakOutputs.COPY
     breaks_eager: bool = True
     output_storages: tuple[StorageId, ...] = ()
     allocation_frames: dict[StorageId, tuple[Frame, Any]] = dataclasses.field(default_factory=dict, repr=False)

@@ -297,11 +297,12 @@ def compare_configs(old: ConfigMap, new: ConfigMap, max_growth_pct: float | None
 
 def _engine_notes(old: EngineParams, new: EngineParams) -> tuple[str, ...]:
     notes = []
-    for fld in dataclasses.fields(EngineParams):
-        a, b = getattr(old, fld.name), getattr(new, fld.name)
+    before, after = old.described(), new.described()
+    for key, a in before.items():
+        b = after[key]
         if a != b:
             notes.append(
-                f"the before side was recorded with {fld.name}={a} and the after side with {fld.name}={b}, so op "
+                f"the before side was recorded with {key}={a} and the after side with {key}={b}, so op "
                 f"counts may differ for that reason alone; record both with the same options"
             )
     return tuple(notes)

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import os
 import re
 from pathlib import Path
@@ -50,33 +51,31 @@ from typing import Any, Callable, TypeVar
 from capturelint.errors import CapturelintError
 from capturelint.inputs import InputProblem, load_toml
 from capturelint.limits import count_problem, jobs_problem, seed_problem
+from capturelint.options import BreakOutputs, CUDAGraphMode, EagerRegion, Runner
 
 PYPROJECT = "pyproject.toml"
-RUNNERS = ("v1", "v2")
-# the names of capturelint.runtime.forward_context.CUDAGraphMode (a test keeps them equal);
-# spelled out so that reading settings does not import the engine and torch
-MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
-EAGER_REGIONS = ("narrow", "wide", "per-runner")
 KERNELS = ("torch", "triton")
-BREAK_OUTPUTS = ("copy", "discard")
 FORMATS = ("rich", "json", "sarif", "github")
-ENGINES = ("bundled", "vllm")
+ENGINE_KEYS = ("engine", "runners", "modes", "eager-region", "layers", "steps", "seed", "kernels", "break-outputs")
+"""The keys that configure capturelint's engines (an engine of ``--target`` says its own)."""
 RULE_CODE = re.compile(r"^CL\d{1,3}$")  # a code (CL101) or a code prefix (CL1)
 
 T = TypeVar("T")
+E = TypeVar("E", bound=enum.Enum)
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """The settings of one project; ``None`` for every key the file does not set.
 
-    Lists become tuples; ``modes`` are upper-case mode names; ``baseline`` is resolved
+    Lists become tuples; runners, modes, the eager region and the break-output policy
+    are parsed into their values (``capturelint.options``); ``baseline`` is resolved
     against the directory of ``source``; ``source`` is the file read, or ``None``.
     """
 
-    runners: tuple[str, ...] | None = None
-    modes: tuple[str, ...] | None = None
-    eager_region: str | None = None
+    runners: tuple[Runner, ...] | None = None
+    modes: tuple[CUDAGraphMode, ...] | None = None
+    eager_region: EagerRegion | None = None
     select: tuple[str, ...] | None = None
     ignore: tuple[str, ...] | None = None
     baseline: Path | None = None
@@ -85,7 +84,7 @@ class Settings:
     steps: int | None = None
     seed: int | None = None
     kernels: str | None = None
-    break_outputs: str | None = None
+    break_outputs: BreakOutputs | None = None
     format: str | None = None
     engine: str | None = None
     jobs: int | None = None
@@ -230,6 +229,24 @@ class _Reader:
             raise self.fail(key, what, value, f'"{choices[0]}"')
         return normalise(value)
 
+    def value(self, key: str, kind: type[E], normalise: Callable[[str], str] = str.lower) -> E | None:
+        """One value of ``kind`` (an enum of ``capturelint.options``), by its spelling."""
+        text = self.choice(key, tuple(m.value for m in kind), normalise)  # type: ignore[attr-defined]
+        return None if text is None else kind(text)
+
+    def values(self, key: str, kind: type[E], normalise: Callable[[str], str] = str.lower) -> tuple[E, ...] | None:
+        texts = self.choices(key, tuple(m.value for m in kind), normalise)  # type: ignore[attr-defined]
+        return None if texts is None else tuple(kind(t) for t in texts)
+
+    def name(self, key: str) -> str | None:
+        """A name another part checks (``engine``: the adapter registry knows the engines)."""
+        value = self.table.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(key, "a name (a non-empty string)", value, '"bundled"')
+        return value.strip().lower()
+
     def empty(self, key: str, what: str) -> CapturelintError:
         return CapturelintError(
             f"{shown(self.file)}: [tool.capturelint] {key} is an empty list; list at least one {what}, "
@@ -364,9 +381,9 @@ def _settings(path: Path, table: dict[str, Any]) -> Settings:
             )
     r = _Reader(path, table)
     return Settings(
-        runners=r.choices("runners", RUNNERS, str.lower),
-        modes=r.choices("modes", MODES, str.upper),
-        eager_region=r.choice("eager-region", EAGER_REGIONS, str.lower),
+        runners=r.values("runners", Runner),
+        modes=r.values("modes", CUDAGraphMode, str.upper),
+        eager_region=r.value("eager-region", EagerRegion),
         select=r.codes("select"),
         ignore=r.codes("ignore", allow_empty=True),
         baseline=r.path("baseline"),
@@ -375,9 +392,9 @@ def _settings(path: Path, table: dict[str, Any]) -> Settings:
         steps=r.count("steps"),
         seed=r.seed("seed"),
         kernels=r.choice("kernels", KERNELS, str.lower),
-        break_outputs=r.choice("break-outputs", BREAK_OUTPUTS, str.lower),
+        break_outputs=r.value("break-outputs", BreakOutputs),
         format=r.choice("format", FORMATS, str.lower),
-        engine=r.choice("engine", ENGINES, str.lower),
+        engine=r.name("engine"),
         jobs=r.jobs("jobs"),
         require_oracle=r.flag("require-oracle"),
         invariants=_invariants(path, table),

@@ -93,8 +93,8 @@ def fingerprint(*parts: Any) -> str:
 
 
 def _canonical(x: Any) -> Any:
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return {f.name: _canonical(getattr(x, f.name)) for f in dataclasses.fields(x)}
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):  # a field that takes no part in comparing, neither
+        return {f.name: _canonical(getattr(x, f.name)) for f in dataclasses.fields(x) if f.compare}
     if isinstance(x, enum.Enum):
         return _canonical(x.value)
     if isinstance(x, dict):

@@ -54,7 +54,7 @@ replay does outside the graph, independent of how many graphs are captured.
 loader that validates a file and the writer. Comparing two maps is
 ``capturelint.region_changes``; the gate (a run against its baseline) and accepting a
 change (``snapshot --update``) are ``capturelint.baseline``; recording a map from the
-bundled engine is ``capturelint.adapters.bundled.record_regions``.
+engine is each adapter's ``record_regions`` (``capturelint.adapters.registry``).
 
 **Reading is bounded** (``capturelint.inputs``): a file larger than
 ``capturelint.limits.MAX_SNAPSHOT_BYTES`` (64 MiB) is refused before it is read, and so
@@ -75,11 +75,11 @@ from typing import Any
 from capturelint.errors import CapturelintError
 from capturelint.inputs import InputProblem, parse_json, read_text
 from capturelint.limits import MAX_SNAPSHOT_BYTES
+from capturelint.options import CAPTURE_MODES, DEFAULT_ENGINE, BreakOutputs
 from capturelint.output import write_file
 from capturelint.regions import GraphMap, SegmentMap
 from capturelint.report import ConfigReport, Report, dumps_json
 from capturelint.runtime.protocol import SegmentKind
-from capturelint.settings import MODES
 
 FORMAT_MARKER = "capturelint-snapshot"
 SNAPSHOT_VERSION = 1
@@ -130,17 +130,24 @@ class EngineParams:
     seed: int
     kernels: str
     fresh_metadata: bool
-    copy_break_outputs: bool
-    name: str = "bundled"  # the engine family (--engine); written only when not the bundled engine
+    break_outputs: BreakOutputs
+    name: str = DEFAULT_ENGINE  # the engine family (--engine); written only when not the default engine
 
     @classmethod
     def of(cls, plan: Any) -> "EngineParams":
-        return cls(plan.layers, plan.steps, plan.seed, plan.kernels, plan.fresh_metadata, plan.copy_break_outputs,
-                   getattr(plan, "engine", "bundled"))
+        return cls(plan.layers, plan.steps, plan.seed, plan.kernels, plan.fresh_metadata, plan.break_outputs,
+                   plan.engine)
+
+    def described(self) -> dict[str, Any]:
+        """Every value as the file says it: the break-output policy as
+        ``copy_break_outputs`` (true or false), the name included."""
+        return {"layers": self.layers, "steps": self.steps, "seed": self.seed, "kernels": self.kernels,
+                "fresh_metadata": self.fresh_metadata, "copy_break_outputs": self.break_outputs is BreakOutputs.COPY,
+                "name": self.name}
 
     def to_json(self) -> dict[str, Any]:
-        doc = dataclasses.asdict(self)
-        if self.name == "bundled":
+        doc = self.described()
+        if self.name == DEFAULT_ENGINE:
             del doc["name"]
         return doc
 
@@ -177,7 +184,7 @@ def natural(text: str) -> tuple:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
 
 
-MODE_ORDER = tuple(m for m in MODES if m != "NONE")  # the order configurations are listed in
+MODE_ORDER = tuple(str(m) for m in CAPTURE_MODES)  # the order configurations are listed in
 
 
 def mode_order(mode: str) -> tuple[int, str]:
@@ -333,8 +340,9 @@ def parse_snapshot(doc: Any, path: str) -> RegionMap:
         seed=f.field(eng, "seed", "engine", (int,), "an integer"),
         kernels=f.field(eng, "kernels", "engine", (str,), "a string"),
         fresh_metadata=f.field(eng, "fresh_metadata", "engine", (bool,), "true or false"),
-        copy_break_outputs=f.field(eng, "copy_break_outputs", "engine", (bool,), "true or false"),
-        name=f.field(eng, "name", "engine", (str,), "a string") if "name" in eng else "bundled",
+        break_outputs=(BreakOutputs.COPY if f.field(eng, "copy_break_outputs", "engine", (bool,), "true or false")
+                       else BreakOutputs.DISCARD),
+        name=f.field(eng, "name", "engine", (str,), "a string") if "name" in eng else DEFAULT_ENGINE,
     )
     raw_configs = f.field(doc, "configurations", "", (list,), "a list")
     configs: list[ConfigMap] = []

@@ -4,7 +4,7 @@
 engine functions on its stack at capture (``Finding.capture_stack``: innermost first, up
 to the captured callable). Making one of those functions an eager break re-runs it live
 on every replay. Which one is enough is answered by experiment: wrap it with the
-runtime's ``@eager_break_during_capture`` *at run time* (``eager_breaks``: the class or
+runtime's ``@eager_break_during_capture`` (the slot's ``BreakDecorator``) *at run time* (``eager_breaks``: the class or
 module attribute is replaced for one run and restored; no file is edited), build a fresh
 engine, and re-run the full check: the structural rules and the numerical oracle.
 
@@ -53,28 +53,23 @@ from typing import Any, Callable, Iterator, Sequence
 from capturelint import __version__
 from capturelint.findings import Finding, Frame
 from capturelint.report import ConfigReport
-from capturelint.runtime.breakable import eager_break_during_capture
 from capturelint.snapshot import config_map
 
 JSON_VERSION = 1
 DEFAULT_MAX_CANDIDATES = 12
-DECORATOR = "eager_break_during_capture"
-DECORATOR_IMPORT = "from capturelint.runtime.breakable import eager_break_during_capture"
 
 
 @dataclasses.dataclass(frozen=True)
 class BreakDecorator:
     """The decorator that makes a function an eager break in the engine's own runtime:
     ``wrap`` applies it at run time, ``name`` and ``import_line`` write it in a patch.
-    capturelint's runtime by default; vLLM's ``eager_break_during_capture`` for
-    ``--engine vllm`` (vLLM's runtime knows only its own breaks)."""
+    Each adapter's slots carry their runtime's (capturelint's
+    ``@eager_break_during_capture``; vLLM's for ``--engine vllm``: vLLM's runtime knows
+    only its own breaks)."""
 
     wrap: Callable[[Callable], Callable]
-    name: str = DECORATOR
-    import_line: str = DECORATOR_IMPORT
-
-
-CAPTURELINT_BREAK = BreakDecorator(eager_break_during_capture)
+    name: str
+    import_line: str
 
 
 # ----------------------------------------------------------------- functions
@@ -106,13 +101,11 @@ class FunctionRef:
         return {"function": self.qualname, "module": self.module, "file": self.file, "line": self.def_line}
 
 
-def _module_of(source: str) -> Any:
+def _modules_of(source: str) -> list[Any]:
+    """Every module loaded from ``source`` (one file may be imported under two names:
+    ``--target FILE.py`` imports it as ``capturelint_target_FILE``, a test by its own)."""
     real = os.path.realpath(source)
-    for module in list(sys.modules.values()):
-        f = getattr(module, "__file__", None)
-        if f and os.path.realpath(f) == real:
-            return module
-    return None
+    return [m for m in list(sys.modules.values()) if (f := getattr(m, "__file__", None)) and os.path.realpath(f) == real]
 
 
 def _unwrap(raw: Any) -> Any:
@@ -120,11 +113,13 @@ def _unwrap(raw: Any) -> Any:
     return getattr(fn, "__wrapped__", fn) if getattr(fn, "__capturelint_break__", None) else fn
 
 
-def _lookup(frame: Frame) -> tuple[Any, str, Any] | str:
-    """``(owner, attribute, raw value)`` holding the frame's function, or why not."""
+def _lookup(frame: Frame, module: Any = None) -> tuple[Any, str, Any] | str:
+    """``(owner, attribute, raw value)`` holding the frame's function in ``module``
+    (default: the first module loaded from its file), or why not."""
     if "<" in frame.qualname:
         return "defined inside a function (<locals>) or a lambda: no attribute holds it"
-    module = _module_of(frame.source) if frame.source else None
+    if module is None:
+        module = next(iter(_modules_of(frame.source)), None) if frame.source else None
     if module is None:
         return "its module is not imported under a name"
     owner: Any = module
@@ -176,40 +171,46 @@ def resolve(frame: Frame) -> FunctionRef | str:
 
 
 @contextlib.contextmanager
-def eager_breaks(region: Sequence[FunctionRef], decorator: BreakDecorator | None = None) -> Iterator[None]:
+def eager_breaks(region: Sequence[FunctionRef], decorator: BreakDecorator) -> Iterator[None]:
     """Make every function of ``region`` an eager break for the duration: the class or
-    module attribute that holds it (and every module attribute holding the same
-    function object) is replaced by the function wrapped with ``decorator`` (default:
-    capturelint's ``@eager_break_during_capture``), then restored. Files are never edited."""
-    wrap = (decorator or CAPTURELINT_BREAK).wrap
+    module attribute that holds it, in every module loaded from its file (and every
+    module attribute holding the same function object), is replaced by the function
+    wrapped with ``decorator``, then restored. Files are never edited."""
+    wrap = decorator.wrap
     saved: list[tuple[Any, str, Any]] = []
     try:
         for ref in region:
             frame = Frame(ref.file, ref.def_line, ref.qualname.rsplit(".", 1)[-1], ref.qualname, ref.source, ref.first_line)
-            found = _lookup(frame)
-            if isinstance(found, str):
-                raise LookupError(f"{ref}: {found}")
-            owner, name, raw = found
-            if isinstance(raw, staticmethod):
-                wrapped: Any = staticmethod(wrap(raw.__func__))
-            elif isinstance(raw, classmethod):
-                wrapped = classmethod(wrap(raw.__func__))
-            else:
-                wrapped = wrap(raw)
-            holders = [(owner, name)]
-            if not isinstance(owner, type):  # a module function: also where it was imported by name
-                for module in list(sys.modules.values()):
-                    d = getattr(module, "__dict__", None)
-                    if module is owner or not isinstance(d, dict):
-                        continue
-                    holders.extend((module, k) for k, v in list(d.items()) if v is raw)
-            for holder, attr in holders:
-                saved.append((holder, attr, vars(holder)[attr]))
-                setattr(holder, attr, wrapped)
+            found = [_lookup(frame, m) for m in _modules_of(ref.source)] or [_lookup(frame)]
+            if all(isinstance(f, str) for f in found):
+                raise LookupError(f"{ref}: {found[0]}")
+            for owner, name, raw in (f for f in found if not isinstance(f, str)):
+                _wrap_in_place(owner, name, raw, wrap, saved)
         yield
     finally:
         for holder, attr, value in reversed(saved):
             setattr(holder, attr, value)
+
+
+def _wrap_in_place(owner: Any, name: str, raw: Any, wrap: Callable[[Callable], Callable],
+                   saved: list[tuple[Any, str, Any]]) -> None:
+    """Replace ``owner.name`` (``raw``) by its wrapped function, noting what to restore."""
+    if isinstance(raw, staticmethod):
+        wrapped: Any = staticmethod(wrap(raw.__func__))
+    elif isinstance(raw, classmethod):
+        wrapped = classmethod(wrap(raw.__func__))
+    else:
+        wrapped = wrap(raw)
+    holders = [(owner, name)]
+    if not isinstance(owner, type):  # a module function: also where it was imported by name
+        for module in list(sys.modules.values()):
+            d = getattr(module, "__dict__", None)
+            if module is owner or not isinstance(d, dict):
+                continue
+            holders.extend((module, k) for k, v in list(d.items()) if v is raw)
+    for holder, attr in holders:
+        saved.append((holder, attr, vars(holder)[attr]))
+        setattr(holder, attr, wrapped)
 
 
 # --------------------------------------------------------------- the records
@@ -226,8 +227,8 @@ class Slot:
     runner: str
     mode: str
     check: Callable[[], ConfigReport]
+    decorator: BreakDecorator  # what makes a function a break in this engine's runtime
     requested: bool = True
-    decorator: BreakDecorator = CAPTURELINT_BREAK  # what makes a function a break in this engine
 
 
 def is_clean(cfg: ConfigReport) -> bool:
@@ -413,7 +414,7 @@ class SuggestReport:
     trials: tuple[Trial, ...]
     max_candidates: int
     regions_planned: int
-    decorator: BreakDecorator = CAPTURELINT_BREAK
+    decorator: BreakDecorator | None = None  # the slots' (None: there were none)
 
     @property
     def found(self) -> bool:
@@ -430,7 +431,9 @@ class SuggestReport:
     @property
     def patch_text(self) -> str:
         """The top region as a unified diff (``patch``); empty without one."""
-        return patch(self.top.region, self.decorator) if self.top is not None else ""
+        if self.top is None or self.decorator is None:
+            return ""
+        return patch(self.top.region, self.decorator)
 
     def unsuccessful(self) -> list[Trial]:
         return [t for t in self.trials if not t.clean]
@@ -601,13 +604,13 @@ def suggest(slots: Sequence[Slot], max_candidates: int = DEFAULT_MAX_CANDIDATES,
                                       tuple(cross), tuple(current[s.label][0] for s in others), len(hidden - before)))
     return SuggestReport(tuple(current[s.label][0] for s in slots), requested, tuple(failing),
                          tuple(candidates) + tuple(extra), tuple(skipped), tuple(suggestions), tuple(trials),
-                         max_candidates, len(trials) + len(queue), slots[0].decorator if slots else CAPTURELINT_BREAK)
+                         max_candidates, len(trials) + len(queue), slots[0].decorator if slots else None)
 
 
 # -------------------------------------------------------------------- patch
 
 
-def _import_line(tree: ast.Module, name: str = DECORATOR) -> int | None:
+def _import_line(tree: ast.Module, name: str) -> int | None:
     """The line after which the decorator's import goes, or ``None`` when the module
     already binds the name."""
     last = 0
@@ -655,12 +658,10 @@ def _shown_path(source: str) -> str:
     return os.path.relpath(absolute, top).replace(os.sep, "/")
 
 
-def patch(region: Sequence[FunctionRef], decorator: BreakDecorator | None = None) -> str:
+def patch(region: Sequence[FunctionRef], decorator: BreakDecorator) -> str:
     """A unified diff (``git apply``; paths as ``_shown_path`` says) that adds
-    ``decorator`` (default ``@eager_break_during_capture`` of capturelint's runtime)
-    directly above the ``def`` of each function of ``region``, and its import where the
-    module lacks it."""
-    decorator = decorator or CAPTURELINT_BREAK
+    ``decorator`` directly above the ``def`` of each function of ``region``, and its
+    import where the module lacks it."""
     by_file: dict[str, list[FunctionRef]] = {}
     for ref in region:
         by_file.setdefault(ref.source, []).append(ref)
@@ -685,6 +686,6 @@ def patch(region: Sequence[FunctionRef], decorator: BreakDecorator | None = None
 
 
 __all__ = [
-    "BreakDecorator", "CAPTURELINT_BREAK", "Candidate", "FunctionRef", "Outcome", "Slot", "Suggestion", "SuggestReport", "Trial", "collect_candidates",
+    "BreakDecorator", "Candidate", "FunctionRef", "Outcome", "Slot", "Suggestion", "SuggestReport", "Trial", "collect_candidates",
     "eager_breaks", "is_clean", "patch", "plan_regions", "resolve", "suggest",
 ]

@@ -466,7 +466,7 @@ class Tracer(rt.CaptureObserver):
     def _new_stream(self, kind: StreamKind, graph: rt.GraphInfo) -> Stream:
         snap = self._snapshot()
         s = Stream(kind, graph.id, graph.label, graph.mode, self.step, snap.summary,
-                   copy_break_outputs=graph.break_outputs is rt.BreakOutputs.COPY, breaks_eager=graph.breaks_eager,
+                   break_outputs=graph.break_outputs, breaks_eager=graph.breaks_eager,
                    allocation_frames=self._alloc_frames, scope_group=self.scope_group)
         s.static_names = self._static_names
         names = self._root_names(s)

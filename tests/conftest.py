@@ -18,9 +18,9 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _one_job_by_default(monkeypatch):
-    import capturelint.adapters.engines as engines
+    import capturelint.adapters.registry as registry
 
-    monkeypatch.setattr(engines, "default_jobs", lambda: 1)
+    monkeypatch.setattr(registry, "default_jobs", lambda: 1)
 
 
 @pytest.fixture(scope="session")

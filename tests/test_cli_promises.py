@@ -22,12 +22,13 @@ from pathlib import Path
 import pytest
 
 from capturelint.cli import main
+from capturelint.options import BreakOutputs
 from capturelint.snapshot import ConfigMap, EngineParams, RegionMap
 
 ROOT = Path(__file__).resolve().parent.parent
 # v1 with the narrow region: CL101 findings, and replay diverges (token agreement < 1)
 NARROW = ["--runner", "v1", "--eager-region", "narrow", "--mode", "PIECEWISE", "--layers", "2", "--steps", "6"]
-TINY_MAP = RegionMap(EngineParams(2, 4, 0, "torch", False, True), (ConfigMap("v1", "PIECEWISE", "wide", ()),))
+TINY_MAP = RegionMap(EngineParams(2, 4, 0, "torch", False, BreakOutputs.COPY), (ConfigMap("v1", "PIECEWISE", "wide", ()),))
 
 
 def run(capsys, *args) -> tuple[int, str, str]:
@@ -562,11 +563,12 @@ def test_21_version_help_and_rules_do_not_import_torch(args):
     assert done.stdout
 
 
-def test_21_the_light_mode_list_is_the_adapters():
-    from capturelint.adapters.bundled import CHECK_MODES
-    from capturelint.commands import common
+def test_21_the_help_lists_the_modes_a_check_runs():
+    from capturelint.cli import cli
+    from capturelint.options import CAPTURE_MODES
 
-    assert common.CHECK_MODES == CHECK_MODES
+    mode = next(p for p in cli.get_command(None, "check").params if p.name == "modes")  # type: ignore[union-attr]
+    assert ", ".join(map(str, CAPTURE_MODES)) + "; default: all of them" in mode.help
 
 
 def test_21_the_help_lists_each_command_with_its_own_summary():
@@ -632,11 +634,12 @@ def test_minor_engine_run_refuses_fresh_metadata_without_v1(capsys):
 def test_minor_eager_break_names_are_whole_on_80_columns(capsys, memo_runs, monkeypatch):
     from rich.console import Console
 
-    from capturelint.adapters.bundled import make_plan, run_check
+    from capturelint.adapters.registry import make_plan, run_check
+    from capturelint.options import EngineOptions
     from capturelint.render.report import render_rich
     from capturelint.settings import Settings
 
-    plan = make_plan(Settings(), runner="v1", modes=("PIECEWISE",), eager_region="wide", layers=2, steps=6)
+    plan = make_plan(Settings(), EngineOptions.of(runner="v1", modes=("PIECEWISE",), eager_region="wide", layers=2, steps=6))
     console = Console(width=80, record=True, file=io.StringIO())
     render_rich(run_check(plan), console)
     text = console.export_text()

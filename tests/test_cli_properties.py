@@ -116,7 +116,8 @@ def settings_files(draw) -> bytes | None:
 
 def _fake_report(plan, progress=None, shadow=True, static=False, keep_captures=False) -> Report:
     configs = [
-        ConfigReport(runner, mode, plan.eager_region, [], Numerical(runner, mode, 1.0, 0.0, 0.0, 3) if shadow else None, [],
+        ConfigReport(str(runner), str(mode), str(plan.eager_region), [],
+                     Numerical(str(runner), str(mode), 1.0, 0.0, 0.0, 3) if shadow else None, [],
                      checked=Checked(("CL101",), (), 3, 0, True) if shadow else Checked())
         for runner, mode in plan.configurations
     ]
@@ -124,8 +125,8 @@ def _fake_report(plan, progress=None, shadow=True, static=False, keep_captures=F
 
 
 def _fake_regions(plan, progress=None) -> RegionMap:
-    engine = EngineParams(plan.layers, plan.steps, plan.seed, plan.kernels, plan.fresh_metadata, plan.copy_break_outputs)
-    return RegionMap(engine, tuple(ConfigMap(r, m, plan.eager_region, ()) for r, m in plan.configurations))
+    engine = EngineParams(plan.layers, plan.steps, plan.seed, plan.kernels, plan.fresh_metadata, plan.break_outputs)
+    return RegionMap(engine, tuple(ConfigMap(str(r), str(m), str(plan.eager_region), ()) for r, m in plan.configurations))
 
 
 @pytest.fixture(scope="module")

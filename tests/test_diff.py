@@ -8,11 +8,12 @@ import pytest
 
 from capturelint.cli import main
 from capturelint.runtime.breakable import SegmentKind
+from capturelint.options import BreakOutputs
 from capturelint.region_changes import compare_maps
 from capturelint.snapshot import ConfigMap, EngineParams, GraphMap, RegionMap, SegmentMap
 
 ENGINE = ["--runner", "v1", "--mode", "PIECEWISE", "--layers", "2", "--steps", "4"]
-PARAMS = EngineParams(2, 4, 0, "torch", False, True)
+PARAMS = EngineParams(2, 4, 0, "torch", False, BreakOutputs.COPY)
 
 
 def run(args, capsys) -> tuple[int, str, str]:

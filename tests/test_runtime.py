@@ -12,6 +12,7 @@ from torch import nn
 
 from capturelint.runtime import breakable as rt
 from capturelint.runtime.breakable import (
+    BreakOutputs,
     BreakableGraph,
     BreakCall,
     CaptureObserver,
@@ -377,14 +378,14 @@ def fresh_output(x: torch.Tensor) -> torch.Tensor:
     return x * get_forward_context().attn_metadata["scale"]
 
 
-@pytest.mark.parametrize("copy_break_outputs", [True, False])
-def test_copy_break_outputs(copy_break_outputs):
+@pytest.mark.parametrize("policy", list(BreakOutputs))
+def test_copy_break_outputs(policy):
     engine = TinyEngine(brk=fresh_output)
-    graph = capture(engine, PIECEWISE, scale=2.0, break_outputs=copy_break_outputs)
+    graph = capture(engine, PIECEWISE, scale=2.0, break_outputs=policy)
     captured_output = graph.output.clone()
     engine.refresh()
     replayed, eager = replay_and_eager(engine, graph, scale=3.0)
-    if copy_break_outputs:
+    if policy is BreakOutputs.COPY:
         assert torch.equal(replayed, eager)
     else:
         # downstream captured ops read the capture-time break output, a tensor nobody

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from capturelint.runtime.forward_context import CUDAGraphMode
 from capturelint.errors import CapturelintError
-from capturelint.settings import MODES, Settings, find_config, load_settings, merge, read_settings
+from capturelint.options import BreakOutputs, CUDAGraphMode, EagerRegion, Runner
+from capturelint.settings import Settings, find_config, load_settings, merge, read_settings
 
 FULL_TABLE = """
 [project]
@@ -40,9 +40,9 @@ def write(directory: Path, text: str, name: str = "pyproject.toml") -> Path:
 def test_valid_table(tmp_path):
     path = write(tmp_path, FULL_TABLE)
     assert read_settings(path) == Settings(
-        runners=("v1", "v2"),
-        modes=("PIECEWISE", "FULL_DECODE_ONLY"),
-        eager_region="narrow",
+        runners=(Runner.V1, Runner.V2),
+        modes=(CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL_DECODE_ONLY),
+        eager_region=EagerRegion.NARROW,
         select=("CL1", "CL901"),
         ignore=(),
         baseline=(tmp_path / "ci" / "capturelint-baseline.json").resolve(),
@@ -64,7 +64,7 @@ def test_search_walks_up_and_skips_pyprojects_without_the_table(tmp_path, monkey
     deep.mkdir(parents=True)
     monkeypatch.chdir(deep)
     settings = load_settings()
-    assert settings.runners == ("v2",)
+    assert settings.runners == (Runner.V2,)
     assert settings.source == root.resolve()
     assert find_config(deep) == (root.resolve(), {"runners": ["v2"]})
 
@@ -200,21 +200,27 @@ def test_merge_precedence(cli_value, setting_value, default, expected):
 def test_precedence_with_a_project(tmp_path):
     path = write(tmp_path, '[tool.capturelint]\neager-region = "wide"\nsteps = 3\n')
     settings = read_settings(path)
-    assert merge(None, settings.eager_region, "per-runner") == "wide"
-    assert merge("narrow", settings.eager_region, "per-runner") == "narrow"
+    assert merge(None, settings.eager_region, EagerRegion.PER_RUNNER) is EagerRegion.WIDE
+    assert merge(EagerRegion.NARROW, settings.eager_region, EagerRegion.PER_RUNNER) is EagerRegion.NARROW
     assert merge(None, settings.layers, 2) == 2
     assert merge(5, settings.steps, 16) == 5
 
 
-def test_mode_names_match_the_engine():
-    assert MODES == tuple(m.value for m in CUDAGraphMode)
+def test_settings_hold_the_values_of_the_options(tmp_path):
+    # parsed once, by the reader, into capturelint.options' values (any case)
+    path = write(tmp_path, '[tool.capturelint]\nmodes = ["full_and_piecewise"]\nbreak-outputs = "Discard"\n'
+                           'eager-region = "PER-RUNNER"\n')
+    settings = read_settings(path)
+    assert settings.modes == (CUDAGraphMode.FULL_AND_PIECEWISE,)
+    assert settings.break_outputs is BreakOutputs.DISCARD and settings.eager_region is EagerRegion.PER_RUNNER
 
 
 def test_break_outputs_setting_and_its_flag(tmp_path):
-    from capturelint.adapters.bundled import make_plan
+    from capturelint.adapters.registry import make_plan
+    from capturelint.options import EngineOptions
 
     settings = read_settings(write(tmp_path, '[tool.capturelint]\nbreak-outputs = "discard"\nrunners = ["v1"]\n'))
-    assert settings.break_outputs == "discard"
-    assert make_plan(settings).copy_break_outputs is False
-    assert make_plan(settings, break_outputs="copy").copy_break_outputs is True  # the flag wins
-    assert make_plan(Settings(), runner="v1").copy_break_outputs is True  # the default
+    assert settings.break_outputs is BreakOutputs.DISCARD
+    assert make_plan(settings, EngineOptions()).break_outputs is BreakOutputs.DISCARD
+    assert make_plan(settings, EngineOptions(break_outputs=BreakOutputs.COPY)).break_outputs is BreakOutputs.COPY  # the flag wins
+    assert make_plan(Settings(), EngineOptions(runners=(Runner.V1,))).break_outputs is BreakOutputs.COPY  # the default

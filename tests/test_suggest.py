@@ -78,15 +78,25 @@ def test_bad_input_is_one_line_and_exit_2(capsys, args):
     assert len(err.strip().splitlines()) == 1 and err.startswith("capturelint: error:")
 
 
-def test_eager_breaks_wrap_the_class_attribute_and_restore_it():
-    import suggest_engines as engines
+def test_eager_breaks_wrap_the_class_attribute_and_restore_it(monkeypatch):
+    # loaded from its file (a --target run may have put a patched copy first on sys.path),
+    # under a name of its own, beside the copies --target imports: each copy is wrapped
+    import importlib.util
+    import sys
+
+    from capturelint.adapters.common import runtime_break
     from capturelint.suggest import FunctionRef, eager_breaks
+
+    spec = importlib.util.spec_from_file_location("suggest_engines_wrapped", HERE / "suggest_engines.py")
+    engines = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "suggest_engines_wrapped", engines)
+    spec.loader.exec_module(engines)
 
     original = engines.TwoBranches.__dict__["first"]
     code = original.__code__
     ref = FunctionRef("tests/suggest_engines.py", 42, "TwoBranches.first", engines.__name__, code.co_filename,
                       code.co_firstlineno)
-    with eager_breaks([ref]):
+    with eager_breaks([ref], runtime_break()):
         assert engines.TwoBranches.first.__capturelint_break__ == "TwoBranches.first"
         assert engines.TwoBranches.first.__wrapped__ is original
     assert engines.TwoBranches.__dict__["first"] is original
@@ -104,13 +114,14 @@ def test_bundled_v1_narrow_gets_a_verified_region_no_wider_than_wide(capsys):
     assert top["runners"]["v2"] == {"modes": {"PIECEWISE": "clean"}, "needs_fix": False, "safe": True}
     assert top["per_runner"]["needed"] is False and top["per_runner"]["use"] == {"v1": "suggested", "v2": "current"}
     # the narrow region with the top suggestion applied checks clean, every replay step checked
+    from capturelint.adapters.common import runtime_break
     from capturelint.suggest import FunctionRef, eager_breaks
     import capturelint.engine.dsv4.attention as attention
 
     code_obj = attention.DeepseekV4Attention._prepare_and_attn.__code__
     ref = FunctionRef(top["region"][0]["file"], top["region"][0]["line"], "DeepseekV4Attention._prepare_and_attn",
                       attention.__name__, code_obj.co_filename, code_obj.co_firstlineno)
-    with eager_breaks([ref]):
+    with eager_breaks([ref], runtime_break()):
         code, out, _ = run(capsys, "check", *opts, "--eager-region", "narrow", "--format", "json")
     assert code == 0
     checked = json.loads(out)
@@ -126,3 +137,16 @@ def test_the_help_states_the_default_budget():
     from capturelint import suggest
 
     assert DEFAULT_MAX_CANDIDATES == suggest.DEFAULT_MAX_CANDIDATES
+
+
+def test_a_copy_of_an_engine_is_named_by_its_own_file(tmp_path, capsys):
+    # Code objects compare equal across files: frames of a copy of suggest_engines.py, run
+    # after the original, must name the copy (else suggest wraps the original, and fails)
+    assert run(capsys, "check", "--target", TWO)[0] == 1
+    (tmp_path / "copy").mkdir()
+    shutil.copy(HERE / "suggest_engines.py", tmp_path / "copy" / "other_engines.py")
+    code, out, err = run(capsys, "suggest", "--target", f"{tmp_path}/copy/other_engines.py:targets", "--format", "json")
+    assert code == 0, err
+    top = json.loads(out)["suggestions"][0]
+    assert [(r["function"], r["module"]) for r in top["region"]] == [
+        ("TwoBranches.first", "capturelint_target_other_engines"), ("TwoBranches.second", "capturelint_target_other_engines")]

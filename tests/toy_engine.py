@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from capturelint.analyzer import RunLabel
-from capturelint.runtime.breakable import CUDAGraphWrapper, eager_break_during_capture
+from capturelint.runtime.breakable import BreakOutputs, CUDAGraphWrapper, eager_break_during_capture
 from capturelint.runtime.forward_context import BatchDescriptor, CUDAGraphMode, get_forward_context, set_forward_context
 from capturelint.harness import TraceResult, trace_run
 
@@ -107,10 +107,10 @@ class ToyRunner:
     """Persistent input buffer, per-step metadata, capture on the first step."""
 
     def __init__(self, hazard: str, fixed: bool = False, mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE, steps: int = 4,
-                 copy_break_outputs: bool = True):
+                 break_outputs: BreakOutputs = BreakOutputs.COPY):
         self.model = Toy(hazard, fixed)
         self.hazard, self.fixed, self.mode, self.steps = hazard, fixed, mode, steps
-        self.wrapper = CUDAGraphWrapper(self.model, break_outputs=copy_break_outputs)
+        self.wrapper = CUDAGraphWrapper(self.model, break_outputs=break_outputs)
         self.input = torch.zeros(SIZE, DIM)
         self.bias = torch.zeros(SIZE, DIM)  # persistent metadata buffer
         self.scale_t = torch.ones(())
@@ -162,10 +162,10 @@ class ToyRunner:
 
 
 def check_toy(hazard: str, fixed: bool = False, mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE, steps: int = 4,
-              copy_break_outputs: bool = True, rules: Sequence[type] | None = None) -> tuple[TraceResult, ToyRunner]:
-    from capturelint.adapters.bundled import forward_context_probe, layer_scope_group
+              break_outputs: BreakOutputs = BreakOutputs.COPY, rules: Sequence[type] | None = None) -> tuple[TraceResult, ToyRunner]:
+    from capturelint.adapters.common import forward_context_probe, layer_scope_group
 
-    runner = ToyRunner(hazard, fixed, mode, steps, copy_break_outputs)
+    runner = ToyRunner(hazard, fixed, mode, steps, break_outputs)
     result = trace_run(runner.run, {"model": runner.model, "runner": runner}, RunLabel("toy", str(mode)),
                        probe=forward_context_probe, scope_group=layer_scope_group, rules=rules)
     return result, runner

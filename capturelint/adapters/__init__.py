@@ -6,8 +6,13 @@ forward context (a probe returning a generic summary and named tensors), how to 
 scopes, and an eager twin where it can build one. The check pipeline and the rules
 know no engine; a new engine family is one adapter module plus its tests.
 
-- ``bundled``: the bundled DeepSeek V4 engine (``capturelint.engine``), and the
-  conventions of capturelint's forward context (``attn_metadata`` dict-or-None,
-  ``layers.N`` scopes) that it shares with vLLM.
+- ``registry``: the adapters keyed by engine name, the ``Adapter`` interface, and what
+  the commands ask of them (the commands import nothing else of this package);
+- ``common``: what adapters share (the plan and its resolution, running it,
+  capturelint's forward-context conventions); it imports no adapter, and no adapter
+  imports another;
+- ``bundled``: the bundled DeepSeek V4 engine (``capturelint.engine``);
+- ``vllm_plan`` (with ``vllm``, ``vllm_runners``, ``vllm_kernels``): vLLM's own
+  attention, ``--engine vllm``;
 - ``target``: a user's engine, named on the command line with ``--target``.
 """

@@ -38,21 +38,41 @@ import importlib
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from capturelint.adapters.bundled import forward_context_probe, layer_scope_group
+from capturelint.adapters.common import (
+    CheckPlan,
+    forward_context_probe,
+    layer_scope_group,
+    region_map_of,
+    resolve_codes,
+    resolve_invariants,
+    runtime_break,
+)
 from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
 from capturelint.harness import TwinResult
+from capturelint.options import EngineOptions
 from capturelint.pipeline import Configuration, check_all, check_configuration
+from capturelint.records import ContextProbe, ScopeGroup
 from capturelint.report import Report
 from capturelint.runtime import frames
 from capturelint.runtime.emulated import emulate_cuda
 from capturelint.runtime.protocol import flatten_tensors
-from capturelint.records import ContextProbe, ScopeGroup
+from capturelint.settings import ENGINE_KEYS, Settings, shown
+from capturelint.shard import select
 
+if TYPE_CHECKING:
+    from capturelint.snapshot import RegionMap
+    from capturelint.suggest import Slot
 
 frames.register_runtime_file(__file__)  # findings point at the target's code, not at its wrappers here
+
+NAME = "target"
+OPTIONS: frozenset[str] = frozenset()  # a target says its runner, mode and workload itself
+OTHER_OPTIONS = ("configures capturelint's engines, and --target checks yours (its Target objects say their runner, mode "
+                 "and workload)")
+UNIT = "target"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,14 +192,16 @@ def _import(where: str, spec: str) -> Any:
         module = importlib.util.module_from_spec(loader_spec)  # type: ignore[arg-type]
         sys.modules[module_name] = module
         try:
-            loader_spec.loader.exec_module(module)  # type: ignore[union-attr]
+            with emulate_cuda():  # module-level code may use the device (Net().cuda(), torch.device("cuda"))
+                loader_spec.loader.exec_module(module)  # type: ignore[union-attr]
         except SystemExit as e:
             raise _exited(spec, f"importing {where}", e) from None
         except Exception as e:
             raise CapturelintError(f"--target {spec!r}: importing {where} raised {type(e).__name__}: {e}") from e
         return module
     try:
-        return importlib.import_module(where)
+        with emulate_cuda():
+            return importlib.import_module(where)
     except SystemExit as e:
         raise _exited(spec, f"importing {where}", e) from None
     except Exception as e:
@@ -209,28 +231,83 @@ def configuration(t: Target, invariants: tuple[Any, ...] = ()) -> Configuration:
 
 
 def run_targets(targets: list[Target], codes: frozenset[str], progress: Callable[[str], None] | None = None,
-                invariants: tuple[Any, ...] = (), static: bool = False, jobs: int = 1) -> Report:
+                invariants: tuple[Any, ...] = (), static: bool = False, jobs: int = 1, shadow: bool = True,
+                keep_captures: bool = False) -> Report:
     """Check each target; ``invariants`` (settings and command line: a target has no
     defaults) are checked on its captures; ``static`` checks captures only; ``jobs``
     targets at once, in worker processes forked after the targets were built."""
-    return check_all((configuration(t, invariants) for t in targets), codes, progress=progress, static=static,
-                     invariants=invariants, jobs=jobs)
+    return check_all((configuration(t, invariants) for t in targets), codes, shadow, progress=progress, static=static,
+                     invariants=invariants, jobs=jobs, keep_captures=keep_captures)
 
 
-def suggest_slots(spec: str, codes: frozenset[str]) -> list[Any]:
+# ------------------------------------------------------------------ the adapter
+
+
+def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
+    """The plan of ``--target SPEC``: the rules selected and the invariants in force
+    (settings and ``--invariants FILE``; a target has no defaults). Engine keys of the
+    settings are project-wide (the same table serves ``check`` of capturelint's engines
+    and ``--target``): a warning names them."""
+    warnings: tuple[str, ...] = ()
+    keys = [key for key in ENGINE_KEYS if getattr(settings, key.replace("-", "_")) is not None]
+    if keys and settings.source is not None:
+        warnings = (f"{shown(settings.source)}: [tool.capturelint] {', '.join(keys)} configure{'s' * (len(keys) == 1)} "
+                    "capturelint's engines and do not apply to --target (its Target objects say their runner, mode and "
+                    "workload)",)
+    return CheckPlan(codes=resolve_codes(options, settings), engine=NAME,
+                     invariants=resolve_invariants(settings, options.invariants_file), target=options.target,
+                     warnings=warnings)
+
+
+def load(plan: CheckPlan) -> CheckPlan:
+    """Import the target's file or module and build its targets, once: the plan's
+    configurations are theirs (``runner``, ``mode``)."""
+    if plan.loaded is not None:
+        return plan
+    make = target_factory(str(plan.target))
+    targets = tuple(make())
+    return dataclasses.replace(plan, configured=tuple((t.runner, t.mode) for t in targets), loaded=(make, targets))
+
+
+def run_check(plan: CheckPlan, progress: Callable[[str], None] | None = None, shadow: bool = True,
+              static: bool = False, keep_captures: bool = False) -> Report:
+    """Check the plan's targets (its shard's), ``plan.jobs`` at once."""
+    plan = load(plan)
+    targets = select(plan.loaded[1], plan.shard)
+    return run_targets(targets, plan.codes, progress, invariants=plan.invariants, static=static, jobs=plan.jobs,
+                       shadow=shadow, keep_captures=keep_captures)
+
+
+def record_regions(plan: CheckPlan, progress: Callable[[str], None] | None = None) -> RegionMap:
+    """The targets' captures, recorded without the shadow."""
+    return region_map_of(run_check(plan, progress, shadow=False), plan)
+
+
+def suggest_slots(plan: CheckPlan) -> list[Slot]:
     """``capturelint suggest --target SPEC``: one slot per target; each check calls the
-    factory again, so the engine it checks is built with the region in place."""
+    factory again, so the engine it checks is built with the region in place (breaks
+    are capturelint's runtime's)."""
     from capturelint.suggest import Slot
 
-    make = target_factory(spec)
-    targets = make()
+    plan = load(plan)
+    make, targets = plan.loaded
     labels = [f"{t.runner}/{t.mode}" for t in targets]
-    slots = []
+    decorator = runtime_break()
+    out = []
     for i, t in enumerate(targets):
         label = labels[i] if labels.count(labels[i]) == 1 else f"{labels[i]}#{i}"
 
         def check(i: int = i) -> Any:
-            return check_configuration(configuration(make()[i]), codes)
+            return check_configuration(configuration(make()[i]), plan.codes)
 
-        slots.append(Slot(label, t.runner, t.mode, check))
-    return slots
+        out.append(Slot(label, t.runner, t.mode, check, decorator))
+    return out
+
+
+def default_invariants() -> tuple[Any, ...]:
+    """None: a user's engine declares its invariants in its settings."""
+    return ()
+
+
+__all__ = ["NAME", "OPTIONS", "Target", "default_invariants", "load", "load_targets", "make_plan", "record_regions",
+           "run_check", "run_targets", "suggest_slots", "target_factory"]

@@ -17,84 +17,64 @@ engine and are refused (vLLM 0.33.0's ``add_eager`` discards break outputs).
 
 from __future__ import annotations
 
-import functools
 import re
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable
 
-from capturelint.adapters.bundled import CheckPlan, check_counts, layer_scope_group, resolve_invariants
-from capturelint.adapters.vllm_invariants import default_invariants as vllm_defaults
+from capturelint.adapters.common import CheckPlan, layer_scope_group, region_map_of, resolve_plan, run_plan, slots
+from capturelint.adapters.vllm_invariants import default_invariants
 from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
 from capturelint.harness import TwinResult
 from capturelint.objects import named_tensors
+from capturelint.options import ENGINE_OPTIONS, BreakOutputs, CUDAGraphMode, EngineOptions, Runner
 from capturelint.pipeline import Configuration, check_configuration
 from capturelint.records import ContextSnapshot, ContextSummary
 from capturelint.report import ConfigReport, Report
-from capturelint.rules import select_codes
-from capturelint.runtime.forward_context import CUDAGraphMode
-from capturelint.settings import Settings, merge
+from capturelint.settings import Settings
 
-VLLM_MODES = ("PIECEWISE", "FULL")
+if TYPE_CHECKING:
+    from capturelint.snapshot import RegionMap
+    from capturelint.suggest import Slot
+
+NAME = "vllm"
+OPTIONS = frozenset(ENGINE_OPTIONS)  # those of the bundled engine alone are refused by value, in make_plan
+OTHER_OPTIONS = ""
+UNIT = "configuration"
+VLLM_MODES = (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL)
 DEFAULT_LAYERS = 2
 DEFAULT_STEPS = 6
 
 
-def vllm_plan(settings: Settings, runner: str | None = None, modes: Sequence[str] = (), eager_region: str | None = None,
-              fresh_metadata: bool = False, layers: int | None = None, steps: int | None = None, seed: int | None = None,
-              kernels: str | None = None, break_outputs: str | None = None, platform: str = "cuda",
-              select: Sequence[str] = (), ignore: Sequence[str] = (), invariants_file: str | None = None,
-              default_invariants: bool = True) -> CheckPlan:
+def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
     """The plan of a vLLM check; options that describe the bundled engine are refused.
     The default invariants are vLLM's (``vllm_invariants``): the bundled engine's region
     decisions, selecting vLLM's functions."""
-    if platform != "cuda":
-        raise CapturelintError(f"--platform {platform} picks the bundled engine's default runner; --engine vllm checks "
-                               "the CUDA path of vLLM's DeepSeek V4 attention, drop --platform")
-    if fresh_metadata:
+    if options.platform != "cuda":
+        raise CapturelintError(f"--platform {options.platform} picks the bundled engine's default runner; --engine vllm "
+                               "checks the CUDA path of vLLM's DeepSeek V4 attention, drop --platform")
+    if options.fresh_metadata:
         raise CapturelintError("--fresh-metadata changes the bundled engine's metadata builders; it does not apply to "
                                "--engine vllm, drop it")
-    if kernels not in (None, "torch"):
+    if options.kernels not in (None, "torch"):
         raise CapturelintError("--kernels selects the bundled engine's kernels; --engine vllm runs vLLM's kernels' CPU "
                                "references, drop --kernels")
-    if break_outputs is not None:
+    if options.break_outputs is not None:
         raise CapturelintError("--break-outputs sets the bundled runtime's policy; vLLM 0.33.0's add_eager discards "
                                "break outputs, drop --break-outputs")
-    if runner is not None:
-        runners = ("v1", "v2") if runner.lower() == "all" else (runner.lower(),)
-    else:
-        runners = tuple(settings.runners or ("v1", "v2"))
-    for r in runners:
-        if r not in ("v1", "v2"):
-            raise CapturelintError(f"unknown runner {r!r}; use v1, v2 or all")
-    parsed = []
-    for m in tuple(modes) or tuple(settings.modes or ()) or VLLM_MODES:
-        try:
-            mode = str(CUDAGraphMode.parse(m))
-        except ValueError as e:
-            raise CapturelintError(str(e)) from None
-        if mode not in VLLM_MODES:
-            raise CapturelintError(f"--engine vllm checks the PIECEWISE and FULL graphs; mode {mode} is a dispatch "
-                                   "policy over them, use --mode PIECEWISE,FULL")
-        parsed.append(mode)
-    region = merge(eager_region, settings.eager_region, "per-runner")
-    if region not in ("narrow", "wide", "per-runner"):
-        raise CapturelintError(f"unknown eager region {region!r}; use narrow, wide or per-runner (vLLM's own choice)")
-    check_counts(layers, steps, seed)
-    return CheckPlan(
-        runners=tuple(dict.fromkeys(runners)),
-        modes=tuple(dict.fromkeys(parsed)),
-        eager_region=region,
-        fresh_metadata=False,
-        layers=merge(layers, settings.layers, None),
-        steps=merge(steps, settings.steps, None),
-        seed=merge(seed, settings.seed, 0),
-        kernels="torch",
-        platform="cuda",
-        codes=select_codes(list(select) or list(settings.select or ()), list(ignore) or list(settings.ignore or ())),
-        copy_break_outputs=False,
-        engine="vllm",
-        invariants=resolve_invariants(settings, invariants_file, vllm_defaults() if default_invariants else ()),
-    )
+
+    def refused(mode: CUDAGraphMode) -> str | None:
+        if mode in VLLM_MODES:
+            return None
+        return (f"--engine vllm checks the PIECEWISE and FULL graphs; mode {mode} is a dispatch policy over them, use "
+                "--mode PIECEWISE,FULL")
+
+    return resolve_plan(settings, options, NAME, default_runners=lambda: tuple(Runner), default_modes=VLLM_MODES,
+                        invariants=default_invariants, mode_refused=refused, break_outputs=BreakOutputs.DISCARD)
+
+
+def load(plan: CheckPlan) -> CheckPlan:
+    """Nothing to load: vLLM's attention is built per configuration."""
+    return plan
 
 
 def forward_context_probe() -> ContextSnapshot:
@@ -115,11 +95,11 @@ def forward_context_probe() -> ContextSnapshot:
     return ContextSnapshot(ContextSummary("metadata", f"attn_metadata held {len(md)} entries"), tuple(tensors))
 
 
-def _spec(plan: CheckPlan, runner: str, mode: str) -> Any:
+def _spec(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Any:
     from capturelint.adapters.vllm_runners import RunSpec
 
-    return RunSpec(runner=runner, mode=mode, eager_region=None if plan.eager_region == "per-runner" else plan.eager_region,
-                   layers=plan.layers or DEFAULT_LAYERS, steps=plan.steps or DEFAULT_STEPS, seed=plan.seed)
+    return RunSpec(runner=runner, mode=mode, eager_region=plan.eager_region, layers=plan.layers or DEFAULT_LAYERS,
+                   steps=plan.steps or DEFAULT_STEPS, seed=plan.seed)
 
 
 _MISSING_OP = re.compile(r"'_OpNamespace' '(\w+)' object has no attribute '(\w+)'")
@@ -139,7 +119,7 @@ def missing_op(e: BaseException) -> CapturelintError | None:
     return None
 
 
-def configuration(plan: CheckPlan, runner: str, mode: str) -> Configuration:
+def configuration(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Configuration:
     """Build the tiny model for one runner and mode (inside ``cpu_shim``)."""
     from capturelint.adapters.vllm_runners import Runner, compare, region_of
 
@@ -150,13 +130,14 @@ def configuration(plan: CheckPlan, runner: str, mode: str) -> Configuration:
         agreement, error = compare(output, Runner(spec, graphs=False).generate())
         return TwinResult(agreement, error)
 
-    return Configuration(RunLabel(runner, mode), engine.generate, engine.roots(), region_of(engine.model),
+    return Configuration(RunLabel(str(runner), str(mode)), engine.generate, engine.roots(), region_of(engine.model),
                          forward_context_probe, layer_scope_group, twin, require_replays=True,
-                         eager_region_option=plan.eager_region, invariants=plan.invariants,
+                         eager_region_option=str(plan.eager_region), invariants=plan.invariants,
                          capture_only=engine.capture)
 
 
-def check_one(plan: CheckPlan, runner: str, mode: str, shadow: bool = True, static: bool = False) -> ConfigReport:
+def check_one(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode, shadow: bool = True,
+              static: bool = False) -> ConfigReport:
     """Build and check one configuration under ``cpu_shim``; a ``torch.ops`` kernel vLLM
     calls without a reference here (while building, running or in the eager twin) is the
     one-line error that names it."""
@@ -172,44 +153,37 @@ def check_one(plan: CheckPlan, runner: str, mode: str, shadow: bool = True, stat
             raise error from None
 
 
-def run_vllm_check(plan: CheckPlan, progress: Callable[[str], None] | None = None, shadow: bool = True,
-                   static: bool = False, keep_captures: bool = False) -> Report:
+def run_check(plan: CheckPlan, progress: Callable[[str], None] | None = None, shadow: bool = True,
+              static: bool = False, keep_captures: bool = False) -> Report:
     """Run the plan's configurations, each under ``cpu_shim`` (``plan.jobs`` at once: vLLM
     is imported before the workers are forked, and each worker builds its own model)."""
     from capturelint.adapters.vllm import require_vllm
-    from capturelint.pipeline import Task, run_all
 
     require_vllm()
-
-    def task(runner: str, mode: str) -> Task:
-        return Task(f"vLLM · runner {runner} · {mode}", functools.partial(check_one, plan, runner, mode, shadow, static))
-
-    tasks = [task(r, m) for r, m in plan.configurations]
-    return Report(run_all(tasks, plan.jobs, progress, keep_captures), invariants=plan.invariants, static=static)
+    return run_plan(plan, check_one, progress, shadow, static, keep_captures, title="vLLM · ")
 
 
-def suggest_slots(plan: CheckPlan) -> list[Any]:
-    """``capturelint suggest --engine vllm``: the plan's configurations, then the same
-    modes under the runner the plan leaves out (to cross-check a suggestion). Each check
-    builds vLLM's attention afresh, so ``_prepare_and_attn_fn`` binds the functions made
-    breaks at that moment; breaks are made with vLLM's own ``eager_break_during_capture``,
-    the decorator its runtime knows (whose replays discard return values)."""
+def record_regions(plan: CheckPlan, progress: Callable[[str], None] | None = None) -> RegionMap:
+    """Every configuration's captures, recorded without the shadow."""
+    return region_map_of(run_check(plan, progress, shadow=False), plan)
+
+
+def suggest_slots(plan: CheckPlan) -> list[Slot]:
+    """``capturelint suggest --engine vllm``: each check builds vLLM's attention afresh,
+    so ``_prepare_and_attn_fn`` binds the functions made breaks at that moment; breaks
+    are made with vLLM's own ``eager_break_during_capture``, the decorator its runtime
+    knows (whose replays discard return values)."""
     from capturelint.adapters.vllm import require_vllm
-    from capturelint.suggest import BreakDecorator, Slot
+    from capturelint.suggest import BreakDecorator
 
     require_vllm()  # for the CPU target, before anything of vLLM is imported
     from vllm.compilation.breakable_cudagraph import eager_break_during_capture
 
     decorator = BreakDecorator(eager_break_during_capture, "eager_break_during_capture",
                                "from vllm.compilation.breakable_cudagraph import eager_break_during_capture")
-    slots = []
-    for runner in plan.runners + tuple(r for r in ("v1", "v2") if r not in plan.runners):
-        for mode in plan.modes:
-            check = functools.partial(check_one, plan, runner, mode)
-            slots.append(Slot(f"{runner}/{mode}", runner, mode, check, requested=runner in plan.runners,
-                              decorator=decorator))
-    return slots
+    return slots(plan, check_one, decorator)
 
 
-__all__ = ["DEFAULT_LAYERS", "DEFAULT_STEPS", "VLLM_MODES", "check_one", "configuration", "forward_context_probe",
-           "missing_op", "run_vllm_check", "suggest_slots", "vllm_plan"]
+__all__ = ["DEFAULT_LAYERS", "DEFAULT_STEPS", "NAME", "OPTIONS", "VLLM_MODES", "check_one", "configuration",
+           "default_invariants", "forward_context_probe", "load", "make_plan", "missing_op", "record_regions",
+           "run_check", "suggest_slots"]

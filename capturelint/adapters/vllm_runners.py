@@ -57,7 +57,8 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from capturelint.engine.dsv4.ops import rms_norm
+from capturelint.options import CUDAGraphMode, EagerRegion
+from capturelint.options import Runner as RunnerName  # this module's Runner is the step loop
 from capturelint.runtime import frames
 
 frames.register_runtime_file(__file__)
@@ -68,7 +69,6 @@ HEADS = 8
 WINDOW = 8
 SWA_BLOCK = 64
 PAD_SLOT_ID = -1
-REGIONS = ("narrow", "wide")
 COMPRESS_TYPES = {1: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
 
 
@@ -90,13 +90,13 @@ def hf_config(num_layers: int, ratios: tuple[int, ...] | None = None) -> types.S
 _distributed_ready = False
 
 
-def vllm_config(num_layers: int, runner: str, ratios: tuple[int, ...] | None = None) -> Any:
+def vllm_config(num_layers: int, runner: RunnerName, ratios: tuple[int, ...] | None = None) -> Any:
     """A fresh ``VllmConfig`` (each build registers its layers by name in it)."""
     from vllm.config import VllmConfig
 
     vc = VllmConfig()
     mc = types.SimpleNamespace(hf_config=hf_config(num_layers, ratios), max_model_len=256, is_moe=False,
-                               dtype=torch.bfloat16, runner=runner, sleep_mode_offload_cudagraph=False,
+                               dtype=torch.bfloat16, runner=str(runner), sleep_mode_offload_cudagraph=False,
                                enable_sleep_mode=False)
     object.__setattr__(vc, "model_config", mc)
     # None trips an assert in the indexer's metadata builder (v1/attention/backends/mla/indexer.py:919).
@@ -130,12 +130,12 @@ def _ensure_distributed(vc: Any) -> None:
 
 
 @contextlib.contextmanager
-def _runner_env(runner: str) -> Iterator[None]:
+def _runner_env(runner: RunnerName) -> Iterator[None]:
     """``VLLM_USE_V2_MODEL_RUNNER`` for the block: what selects the runner in
     ``VllmConfig.use_v2_model_runner`` (config/vllm.py:731-750); without Triton vLLM
     would otherwise choose V1."""
     saved = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
-    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner == "v2" else "0"
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner is RunnerName.V2 else "0"
     try:
         yield
     finally:
@@ -170,7 +170,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+        """``x / sqrt(mean(x^2) + eps) * weight``, in float32 (the norms are ours, not vLLM's)."""
+        xf = x.to(torch.float32)
+        y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (y * self.weight.to(torch.float32)).to(x.dtype)
 
 
 class DecoderLayer(nn.Module):
@@ -241,11 +244,12 @@ def _randomize(model: nn.Module, seed: int) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
-    """One configuration: runner, CUDA-graph mode, region, size, seed."""
+    """One configuration: runner, CUDA-graph mode, region (``per-runner``: vLLM's own
+    choice), size, seed."""
 
-    runner: str = "v1"
-    mode: str = "PIECEWISE"
-    eager_region: str | None = None  # None: vLLM's own choice
+    runner: RunnerName = RunnerName.V1
+    mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE
+    eager_region: EagerRegion = EagerRegion.PER_RUNNER
     layers: int = 2
     steps: int = 6
     batch: int = 2
@@ -267,9 +271,9 @@ def build_model(spec: RunSpec) -> tuple[TinyDeepseekV4, Any]:
     _randomize(model, spec.seed)
     model.requires_grad_(False)  # vLLM serves under inference mode
     for attn in attns:
-        if spec.eager_region == "narrow":
+        if spec.eager_region is EagerRegion.NARROW:
             attn._prepare_and_attn_fn = attn._prepare_and_attn
-        elif spec.eager_region == "wide":
+        elif spec.eager_region is EagerRegion.WIDE:
             attn._prepare_and_attn_fn = attn._prepare_and_attn_eager
     return model, vc
 
@@ -277,7 +281,7 @@ def build_model(spec: RunSpec) -> tuple[TinyDeepseekV4, Any]:
 def region_of(model: TinyDeepseekV4) -> str:
     """The region the layers run with: ``wide`` or ``narrow`` (or ``mixed``)."""
     names = {layer.attn._prepare_and_attn_fn.__name__ for layer in model.layers}
-    kinds = {"wide" if n == "_prepare_and_attn_eager" else "narrow" for n in names}
+    kinds = {str(EagerRegion.WIDE if n == "_prepare_and_attn_eager" else EagerRegion.NARROW) for n in names}
     return kinds.pop() if len(kinds) == 1 else "mixed"
 
 
@@ -324,19 +328,19 @@ class Runner:
 
     def __init__(self, spec: RunSpec, graphs: bool = True):
         from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
-        from vllm.config import CUDAGraphMode
+        from vllm.config import CUDAGraphMode as VllmMode
         from vllm.forward_context import BatchDescriptor
 
         self.spec = spec
         self.model, self.vc = build_model(spec)
         self.buffers = Buffers(spec.batch)
         self.caches = self._bind_caches()
-        self.mode = CUDAGraphMode[spec.mode] if graphs else CUDAGraphMode.NONE
+        self.mode = VllmMode[spec.mode.value] if graphs else VllmMode.NONE
         # V1 wraps for PIECEWISE dispatch only (gpu_model_runner.py:5139); V2 for any
         # non-NONE mode (cudagraph_utils.py:570). FULL: see the module docstring.
-        runtime_mode = CUDAGraphMode.PIECEWISE if spec.runner == "v1" and self.mode is CUDAGraphMode.PIECEWISE else None
+        runtime_mode = VllmMode.PIECEWISE if spec.runner is RunnerName.V1 and self.mode is VllmMode.PIECEWISE else None
         self.wrapper = BreakableCUDAGraphWrapper(self.model, self.vc, runtime_mode=runtime_mode)
-        self.descriptor = BatchDescriptor(num_tokens=spec.batch, num_reqs=spec.batch if self.mode is CUDAGraphMode.FULL else None,
+        self.descriptor = BatchDescriptor(num_tokens=spec.batch, num_reqs=spec.batch if self.mode is VllmMode.FULL else None,
                                           uniform=True)
         self.gen = torch.Generator().manual_seed(spec.seed + 1)
         self.prompts = torch.randint(0, VOCAB, (spec.prompt, spec.batch), generator=self.gen)
@@ -381,13 +385,13 @@ class Runner:
 
     def capture(self) -> None:
         """Warm up, then capture the decode batch the steps will replay."""
-        from vllm.config import CUDAGraphMode
+        from vllm.config import CUDAGraphMode as VllmMode
 
-        if self.mode is CUDAGraphMode.NONE:
+        if self.mode is VllmMode.NONE:
             return
         self.buffers.fill(torch.zeros(self.spec.batch, dtype=torch.long), None)
-        with_metadata = self.spec.runner == "v2" or self.mode is CUDAGraphMode.FULL
-        self._forward(self.metadata() if with_metadata else None, CUDAGraphMode.NONE)  # warmup
+        with_metadata = self.spec.runner is RunnerName.V2 or self.mode is VllmMode.FULL
+        self._forward(self.metadata() if with_metadata else None, VllmMode.NONE)  # warmup
         self._forward(self.metadata() if with_metadata else None, self.mode)  # capture
 
     def generate(self) -> torch.Tensor:
@@ -414,5 +418,5 @@ def compare(graphs: torch.Tensor, eager: torch.Tensor) -> tuple[float, float]:
     return agree, float("inf") if diff.isnan() else float(diff)
 
 
-__all__ = ["Buffers", "REGIONS", "RunSpec", "Runner", "TinyDeepseekV4", "build_attention", "build_model", "compare",
+__all__ = ["Buffers", "RunSpec", "Runner", "TinyDeepseekV4", "build_attention", "build_model", "compare",
            "hf_config", "region_of", "vllm_config"]

@@ -10,22 +10,23 @@ from typing import Any
 import click
 
 from capturelint import __version__
+from capturelint.adapters import registry
 from capturelint.commands.common import (
     ProgressReporter,
     _csv,
     engine_options,
-    refuse_engine_options,
     resolve_plan,
     say,
     settings_for,
+    spelled,
     warn,
 )
+from capturelint.options import CUDAGraphMode
 from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS, CapturelintError
 from capturelint.output import check_output_path, is_stdout
 from capturelint.reporters import Options, emit, formats, reporter
 from capturelint.rules import rule_infos
 from capturelint.shard import ShardInfo, fingerprint, parse_shard, require_selection
-from capturelint.shard import select as shard_select
 
 FORMATS = formats("check")
 
@@ -80,33 +81,20 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
                                "drop one of them")
     if static and (baseline is not None or max_eager_growth is not None):
         raise CapturelintError("--baseline gates the regions of a full check; drop --static, or drop --baseline")
-    if target is not None:
-        if baseline is not None or max_eager_growth is not None:
-            raise CapturelintError("--baseline and --max-eager-growth gate the bundled engine's regions, not --target; drop them")
-        refuse_engine_options(settings)  # engine options do not apply to a target: only the rule selection does
-        from capturelint.rules import select_codes
-
-        from capturelint.invariants import in_force, read_invariants_file
-
-        codes = select_codes(list(select) or list(settings.select or ()), list(ignore) or list(settings.ignore or ()))
-        invariants = in_force(settings.invariants or (),
-                              read_invariants_file(invariants_file) if invariants_file is not None else ())
-        plan = None
-    else:
-        if max_eager_growth is not None and baseline_path is None:
-            raise CapturelintError("--max-eager-growth is the budget of --baseline, and no baseline is given; "
-                                   "add --baseline FILE (or baseline in settings), or drop it")
-        plan = resolve_plan(settings, dict(kw, invariants_file=invariants_file), select, ignore)
-        invariants = plan.invariants
-        if "NONE" in plan.modes:
-            raise CapturelintError(
-                "mode NONE captures no CUDA graph, so there is no replay to compare with eager execution; choose "
-                f"modes that capture ({', '.join(m for m in plan.modes if m != 'NONE') or 'PIECEWISE, FULL, ...'}) "
-                "or leave --mode out for all of them"
-            )
-        codes = plan.codes
+    if target is not None and (baseline is not None or max_eager_growth is not None):
+        raise CapturelintError("--baseline and --max-eager-growth gate the bundled engine's regions, not --target; drop them")
+    if target is None and max_eager_growth is not None and baseline_path is None:
+        raise CapturelintError("--max-eager-growth is the budget of --baseline, and no baseline is given; "
+                               "add --baseline FILE (or baseline in settings), or drop it")
+    plan = resolve_plan(settings, dict(kw, invariants_file=invariants_file), select, ignore, target)
+    if CUDAGraphMode.NONE in plan.modes:
+        capturing = ", ".join(str(m) for m in plan.modes if m is not CUDAGraphMode.NONE)
+        raise CapturelintError(
+            "mode NONE captures no CUDA graph, so there is no replay to compare with eager execution; choose "
+            f"modes that capture ({capturing or 'PIECEWISE, FULL, ...'}) or leave --mode out for all of them"
+        )
     if static:
-        require_static_rules(codes)
+        require_static_rules(plan.codes)
     growth = max_eager_growth if max_eager_growth is not None else settings.max_eager_growth
     gate = None
     if baseline_path is not None and shard is not None and target is None and not static:
@@ -116,37 +104,20 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
         from capturelint.snapshot import load_snapshot
 
         gate = load_snapshot(baseline_path)  # fail on a bad baseline before running anything
-    if target is not None:
-        from capturelint.adapters.engines import resolve_jobs
-        from capturelint.target import load_targets, run_targets
-
-        targets = load_targets(target)
-        if shard is not None:
-            labels = [f"{t.runner}/{t.mode}" for t in targets]
-            require_selection(shard, labels, "target")
-            targets = shard_select(targets, shard)
-        with ProgressReporter(len(targets)) as progress:
-            report = run_targets(targets, codes, progress, invariants=invariants, static=static,
-                                 jobs=resolve_jobs(kw.get("jobs"), settings))
-    else:
-        from capturelint.adapters.engines import run_check
-
-        if shard is not None:
-            labels = [f"{r}/{m}" for r, m in plan.all_configurations]
-            require_selection(shard, labels)
-            plan = dataclasses.replace(plan, shard=shard)
-        with ProgressReporter(len(plan.configurations)) as progress:
-            report = run_check(plan, progress, static=static)
+    plan = registry.load(plan)  # a target's engines are built here: its configurations are theirs
+    if shard is not None:
+        labels = [f"{r}/{m}" for r, m in plan.all_configurations]
+        require_selection(shard, labels, registry.unit(plan))
+        plan = dataclasses.replace(plan, shard=shard)
+    with ProgressReporter(len(plan.configurations)) as progress:
+        report = registry.run_check(plan, progress, static=static)
     # A result without a location is rejected by GitHub's upload; CL901 has no source
     # line, so SARIF points it at the configuration file that asked for the check.
     fallback = str(settings.source.name) if settings.source else "pyproject.toml"
     if shard is not None:
         # everything that shapes the report (not how many jobs ran it), so that merge
         # joins only the shards of one check
-        if plan is not None:
-            shaped: Any = dataclasses.replace(plan, shard=None, jobs=1, reuse=True)
-        else:
-            shaped = {"target": target, "codes": codes, "invariants": invariants}
+        shaped = dataclasses.replace(plan, shard=None, jobs=1, reuse=True)
         check_id = fingerprint(__version__, shaped, static, fallback)
         report.shard = ShardInfo(shard[0], shard[1], tuple(labels), check_id)
     empty = report.empty_invariants
@@ -198,9 +169,9 @@ def suggest_hint(kw: dict[str, Any], select: tuple[str, ...], ignore: tuple[str,
     else:
         for name in ("engine", "runner", "eager_region", "layers", "steps", "seed", "kernels", "break_outputs"):
             if kw.get(name) is not None:
-                args += [f"--{name.replace('_', '-')}", str(kw[name])]
+                args += [f"--{name.replace('_', '-')}", spelled(kw[name])]
         if kw.get("modes"):
-            args += ["--mode", ",".join(kw["modes"])]
+            args += ["--mode", spelled(kw["modes"])]
         if kw.get("fresh_metadata"):
             args.append("--fresh-metadata")
         if kw.get("platform") not in (None, "cuda"):

@@ -1,4 +1,4 @@
-"""Options shared by the commands that run the bundled engine, and output helpers.
+"""Options shared by the commands that run an engine, and output helpers.
 
 Nothing here imports torch or the engine at import time: the commands' ``-h`` and
 argument errors answer at once, and the engine loads only when a command runs it.
@@ -13,14 +13,25 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from capturelint.adapters import registry
+from capturelint.options import (
+    CAPTURE_MODES,
+    ENGINE_OPTIONS,
+    BreakOutputs,
+    CUDAGraphMode,
+    EagerRegion,
+    EngineOptions,
+    Runner,
+    parse_modes,
+    parse_region,
+    parse_runners,
+    runners_text,
+)
 from capturelint.output import stderr_console, stdout_console  # noqa: F401  (the commands' consoles)
-from capturelint.errors import CapturelintError
-from capturelint.settings import MODES, Settings, load_settings, shown
+from capturelint.settings import Settings, load_settings
 
 if TYPE_CHECKING:
-    from capturelint.adapters.bundled import CheckPlan
-
-CHECK_MODES = tuple(m for m in MODES if m != "NONE")  # capturelint.adapters.bundled.CHECK_MODES (a test keeps them equal)
+    from capturelint.adapters.registry import CheckPlan
 
 
 def _csv(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -35,11 +46,64 @@ def _csv(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> 
     return tuple(out)
 
 
+# The engine options' values are parsed here, once (capturelint.options): the commands
+# and everything downstream hold Runner, CUDAGraphMode, EagerRegion and BreakOutputs.
+
+
+def parsed_runners(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[Runner, ...] | None:
+    """``--runner v1|v2|all``: the runners (``all``: every one)."""
+    return None if value is None else parse_runners(value)
+
+
+def parsed_modes(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[CUDAGraphMode, ...]:
+    """``--mode``, repeatable and comma-separated: the modes."""
+    return parse_modes(_csv(ctx, param, value))
+
+
+def parsed_region(ctx: click.Context, param: click.Parameter, value: str | None) -> EagerRegion | None:
+    return None if value is None else parse_region(value)
+
+
+def _break_outputs(ctx: click.Context, param: click.Parameter, value: str | None) -> BreakOutputs | None:
+    return None if value is None else BreakOutputs(value)  # one of the click choices
+
+
+RUNNER_METAVAR = "|".join([*map(str, Runner), "all"])
+REGION_METAVAR = "|".join(map(str, EagerRegion))
+
+
+def spelled(value: Any) -> str:
+    """A parsed option value as the command line spells it (hints, titles): ``all`` for
+    every runner, modes comma-separated."""
+    if isinstance(value, tuple) and value and all(isinstance(v, Runner) for v in value):
+        return runners_text(value)
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+class _Engines(click.Choice):
+    """``--engine``'s choices: the adapter registry's engine names, read when asked (an
+    engine registered after the commands were built is one too)."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property  # type: ignore[override]
+    def choices(self) -> tuple[str, ...]:
+        return registry.names()
+
+    @choices.setter
+    def choices(self, value: Any) -> None:
+        pass
+
+
 def engine_options(fn: Callable) -> Callable:
-    """``--runner --mode --eager-region --fresh-metadata --layers --steps --seed --kernels
-    --platform --config``: which configurations of the bundled engine to run."""
+    """``--engine --jobs --no-reuse --runner --mode --eager-region --fresh-metadata
+    --layers --steps --seed --kernels --break-outputs --platform --config``: which engine
+    and which of its configurations to run."""
     opts = [
-        click.option("--engine", type=click.Choice(["bundled", "vllm"]),
+        click.option("--engine", type=_Engines(),
                      help="Engine to check: the bundled DeepSeek V4 model of vLLM (default), or vLLM's own DeepSeek V4 "
                           "attention as Python imports it (vLLM 0.33.0; settings: engine)."),
         click.option("--jobs", "-j", type=int, metavar="N",
@@ -47,16 +111,19 @@ def engine_options(fn: Callable) -> Callable:
                           "jobs). The report is the same for every N."),
         click.option("--no-reuse", "no_reuse", is_flag=True,
                      help="Share no work between configurations (each runs its own eager twin); the report is the same."),
-        click.option("--runner", metavar="v1|v2|all", help="Model runner; default: the platform's default runner (settings: runners)."),
-        click.option("--mode", "modes", multiple=True, callback=_csv, metavar="MODE",
-                     help=f"CUDA-graph mode, repeatable or comma-separated: {', '.join(CHECK_MODES)}; default: all of them."),
-        click.option("--eager-region", metavar="narrow|wide|per-runner", help="Eager region of the attention; default per-runner."),
+        click.option("--runner", metavar=RUNNER_METAVAR, callback=parsed_runners,
+                     help="Model runner; default: the platform's default runner (settings: runners)."),
+        click.option("--mode", "modes", multiple=True, callback=parsed_modes, metavar="MODE",
+                     help=f"CUDA-graph mode, repeatable or comma-separated: {', '.join(map(str, CAPTURE_MODES))}; "
+                          "default: all of them."),
+        click.option("--eager-region", metavar=REGION_METAVAR, callback=parsed_region,
+                     help="Eager region of the attention; default per-runner."),
         click.option("--fresh-metadata", is_flag=True, help="V1 metadata builders allocate new tensors every step."),
         click.option("--layers", type=int, metavar="N", help="Decoder layers (default 4)."),
         click.option("--steps", type=int, metavar="N", help="Engine steps of the workload, one forward each (default 24)."),
         click.option("--seed", type=int, metavar="N", help="Seed of weights and workload (default 0)."),
         click.option("--kernels", type=click.Choice(["torch", "triton"]), help="Kernel implementations (default torch)."),
-        click.option("--break-outputs", type=click.Choice(["copy", "discard"]),
+        click.option("--break-outputs", type=click.Choice([str(b) for b in BreakOutputs]), callback=_break_outputs,
                      help="What the capture runtime does with eager-break return values on replay: copy them into "
                           "static buffers (default) or discard them, as vLLM 0.33.0 does (settings: break-outputs)."),
         click.option("--platform", type=click.Choice(["cuda", "rocm", "cpu"]), default="cuda", show_default=True,
@@ -69,12 +136,14 @@ def engine_options(fn: Callable) -> Callable:
     return fn
 
 
-def resolve_plan(settings: Settings, kw: dict[str, Any], select: tuple[str, ...] = (), ignore: tuple[str, ...] = ()) -> CheckPlan:
-    from capturelint.adapters.engines import make_plan
-
-    return make_plan(
-        settings,
-        runner=kw.get("runner"),
+def resolve_plan(settings: Settings, kw: dict[str, Any], select: tuple[str, ...] = (), ignore: tuple[str, ...] = (),
+                 target: str | None = None) -> CheckPlan:
+    """The plan of the command's options (``kw``: its parameters) over ``settings``,
+    from the adapter registry; the plan's warnings are said here."""
+    plan = registry.make_plan(settings, EngineOptions(
+        engine=kw.get("engine"),
+        target=target,
+        runners=kw.get("runner") or (),
         modes=kw.get("modes") or (),
         eager_region=kw.get("eager_region"),
         fresh_metadata=kw.get("fresh_metadata", False),
@@ -84,47 +153,35 @@ def resolve_plan(settings: Settings, kw: dict[str, Any], select: tuple[str, ...]
         kernels=kw.get("kernels"),
         break_outputs=kw.get("break_outputs"),
         platform=kw.get("platform") or "cuda",
-        engine=kw.get("engine"),
-        jobs=kw.get("jobs"),
-        reuse=not kw.get("no_reuse", False),
         select=select,
         ignore=ignore,
         invariants_file=kw.get("invariants_file"),
-    )
+        jobs=kw.get("jobs"),
+        reuse=not kw.get("no_reuse", False),
+        given=given_engine_options(),
+    ))
+    for text in plan.warnings:
+        warn(text)
+    return plan
+
+
+def given_engine_options() -> tuple[str, ...]:
+    """The engine options (``ENGINE_OPTIONS``) given on the command line of the command
+    running now, in its order; defaults are not "given"."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return ()
+    given = []
+    for param in ctx.command.params:
+        flag = max(param.opts, key=len)
+        source = ctx.get_parameter_source(param.name) if param.name else None
+        if flag in ENGINE_OPTIONS and source not in (None, click.core.ParameterSource.DEFAULT):
+            given.append(flag)
+    return tuple(given)
 
 
 def settings_for(kw: dict[str, Any]) -> Settings:
     return load_settings(kw.get("config_path"))
-
-
-# What ``engine_options`` (and the settings) say of the bundled or vLLM's engine; a
-# ``--target`` engine says it itself. Option parameter name -> settings key (None: no key).
-_ENGINE_ONLY = {
-    "engine": "engine", "runner": "runners", "modes": "modes", "eager_region": "eager-region", "fresh_metadata": None,
-    "layers": "layers", "steps": "steps", "seed": "seed", "kernels": "kernels", "break_outputs": "break-outputs",
-    "platform": None, "no_reuse": None,
-}
-
-
-def refuse_engine_options(settings: Settings) -> None:
-    """With ``--target``, an engine option given on the command line would be ignored:
-    a one-line error naming it instead (defaults are not "given"). Engine keys of the
-    settings are project-wide (the same table serves ``check`` of capturelint's engines
-    and ``--target``): a warning names them."""
-    ctx = click.get_current_context()
-    for param in ctx.command.params:
-        source = ctx.get_parameter_source(param.name) if param.name else None
-        if param.name in _ENGINE_ONLY and source not in (None, click.core.ParameterSource.DEFAULT):
-            option = max(param.opts, key=len)
-            raise CapturelintError(
-                f"{option} configures capturelint's engines, and --target checks yours (its Target objects say their "
-                f"runner, mode and workload), so {option} would be ignored; drop {option}"
-            )
-    keys = [key for key in filter(None, _ENGINE_ONLY.values()) if getattr(settings, key.replace("-", "_")) is not None]
-    if keys and settings.source is not None:
-        warn(f"{shown(settings.source)}: [tool.capturelint] {', '.join(keys)} configure{'s' * (len(keys) == 1)} "
-             "capturelint's engines and do not apply to --target (its Target objects say their runner, mode and "
-             "workload)")
 
 
 def say(text: str) -> None:

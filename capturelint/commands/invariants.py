@@ -4,11 +4,11 @@ from, and (``--explain ID``) the graph query one runs and the ops it selects."""
 from __future__ import annotations
 
 import json
-from collections import Counter
 from typing import Any
 
 import click
 
+from capturelint.adapters import registry
 from capturelint.commands.common import ProgressReporter, engine_options, resolve_plan, say, settings_for, stdout_console
 from capturelint.errors import EXIT_CLEAN, CapturelintError
 
@@ -40,11 +40,12 @@ def invariants(invariants_file: str | None, explain_id: str | None, fmt: str, **
         known = ", ".join(by_id) or "none"
         raise CapturelintError(f"--explain {explain_id!r}: no invariant with that id is in force (in force: {known}); "
                                "run capturelint invariants to list them")
-    from capturelint.adapters.engines import run_check
+    from capturelint.invariants import explain_selection
 
     with ProgressReporter(len(plan.configurations)) as progress:
-        report = run_check(plan, progress, static=True, keep_captures=True)  # --explain reads the captures
-    explained = {**_row(inv), "query": inv.query(), "configurations": [_explain(inv, c) for c in report.configs]}
+        report = registry.run_check(plan, progress, static=True, keep_captures=True)  # --explain reads the captures
+    explained = {**_row(inv), "query": inv.query(),
+                 "configurations": [explain_selection(inv, c) for c in report.configs]}
     if fmt == "json":
         click.echo(json.dumps(explained, indent=2, sort_keys=True))
     else:
@@ -55,35 +56,6 @@ def invariants(invariants_file: str | None, explain_id: str | None, fmt: str, **
 def _row(inv: Any) -> dict[str, Any]:
     return {"id": inv.id, "source": inv.source, "requires": inv.requirement_text(), "applies_to": inv.scope_text(),
             "selects": " | ".join(s.describe() for s in inv.selectors), "why": inv.why}
-
-
-def _explain(inv: Any, config: Any) -> dict[str, Any]:
-    """What ``inv`` selects in one configuration's captures: per graph it applies to,
-    the selected ops by scope and placement (the first graph of each distinct selection)."""
-    from capturelint.graph import build_region_graph
-    from capturelint.runtime.protocol import SegmentKind
-
-    graphs = []
-    seen: dict[tuple, dict[str, Any]] = {}
-    for capture in config.captures:
-        if not inv.applies(config.runner, config.mode, capture.runtime_mode, capture.context.key):
-            continue
-        G = build_region_graph(capture)
-        counts: Counter = Counter()
-        for n in inv.select_ops(G):
-            d = G.nodes[n]
-            where = "eager" if d["segment_kind"] is SegmentKind.EAGER else "captured"
-            counts[(d["scope"] or "<top>", d["op"], where)] += 1
-        key = tuple(sorted(counts.items()))
-        if key in seen:
-            seen[key]["graphs"].append(capture.graph)
-            continue
-        entry = {"graphs": [capture.graph], "runtime_mode": capture.runtime_mode, "selected": sum(counts.values()),
-                 "ops": [{"scope": s, "op": o, "placement": p, "count": c} for (s, o, p), c in sorted(counts.items())]}
-        seen[key] = entry
-        graphs.append(entry)
-    return {"runner": config.runner, "mode": config.mode, "eager_region": config.eager_region,
-            "applies": bool(graphs), "selections": graphs}
 
 
 def _table(rows: list[dict[str, Any]]) -> None:

@@ -10,15 +10,22 @@ from typing import Any
 
 import click
 
+from capturelint.adapters import registry
 from capturelint.commands.common import (
+    REGION_METAVAR,
+    RUNNER_METAVAR,
     ProgressReporter,
-    _csv,
     engine_options,
+    parsed_modes,
+    parsed_region,
+    parsed_runners,
     resolve_plan,
     say,
     settings_for,
+    spelled,
 )
 from capturelint.errors import EXIT_CLEAN, CapturelintError
+from capturelint.options import CUDAGraphMode, EagerRegion, Runner
 from capturelint.output import check_output_path, is_stdout
 from capturelint.reporters import Options, emit, formats, reporter
 
@@ -49,7 +56,6 @@ def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_check: bo
     the run (--format dot writes the DOT text). Exit status: 0 shown (findings do not
     change it), 2 usage or engine error, 130 interrupted.
     """
-    from capturelint.adapters.engines import run_check
     from capturelint.render.view import report_views
 
     if fmt == "png" and is_stdout(output):
@@ -61,7 +67,7 @@ def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_check: bo
         require_dot(fmt)
     plan = resolve_plan(settings_for(kw), kw)
     with ProgressReporter(len(plan.configurations)) as progress:
-        report = run_check(plan, progress, shadow=not no_check, keep_captures=True)  # drawn from the captures
+        report = registry.run_check(plan, progress, shadow=not no_check, keep_captures=True)  # drawn from the captures
     views = report_views(report, all_graphs)
     options = Options(ops=ops)
     rep = reporter("show", fmt)
@@ -78,15 +84,17 @@ def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_check: bo
 @click.command()
 @click.argument("snapshots", nargs=-1, metavar="[OLD.json [NEW.json]]", type=click.Path(dir_okay=False))
 @engine_options
-@click.option("--against-runner", metavar="v1|v2|all", help="Compare with this runner (other options equal).")
-@click.option("--against-mode", "against_modes", multiple=True, callback=_csv, metavar="MODE",
+@click.option("--against-runner", metavar=RUNNER_METAVAR, callback=parsed_runners,
+              help="Compare with this runner (other options equal).")
+@click.option("--against-mode", "against_modes", multiple=True, callback=parsed_modes, metavar="MODE",
               help="Compare with these CUDA-graph modes, paired in order with --mode.")
-@click.option("--against-eager-region", metavar="narrow|wide|per-runner", help="Compare with this eager region.")
+@click.option("--against-eager-region", metavar=REGION_METAVAR, callback=parsed_region,
+              help="Compare with this eager region.")
 @click.option("--against-fresh-metadata", is_flag=True, help="Compare with V1 metadata builders allocating per step.")
 @click.option("--format", "fmt", type=click.Choice(DIFF_FORMATS), default="rich", show_default=True)
 @click.option("-o", "--output", metavar="FILE", help="Write the report to FILE instead of stdout.")
-def diff(snapshots: tuple[str, ...], against_runner: str | None, against_modes: tuple[str, ...],
-         against_eager_region: str | None, against_fresh_metadata: bool, fmt: str, output: str | None, **kw: Any) -> int:
+def diff(snapshots: tuple[str, ...], against_runner: tuple[Runner, ...] | None, against_modes: tuple[CUDAGraphMode, ...],
+         against_eager_region: EagerRegion | None, against_fresh_metadata: bool, fmt: str, output: str | None, **kw: Any) -> int:
     """Compare two region recordings: ops that moved between captured and eager
     segments (by scope and op, with counts), segments added or removed, and the change
     in eager ops per step.
@@ -122,14 +130,12 @@ def diff(snapshots: tuple[str, ...], against_runner: str | None, against_modes: 
     if len(snapshots) == 2:
         result = diff_by_key(load_snapshot(snapshots[0]), load_snapshot(snapshots[1]), snapshots[0], snapshots[1])
     else:
-        from capturelint.adapters.engines import record_regions
-
         settings = settings_for(kw)
         left = resolve_plan(settings, kw)
         if snapshots:
             before = load_snapshot(snapshots[0])  # fail on a bad file before running anything
             with ProgressReporter(len(left.configurations)) as progress:
-                result = diff_by_key(before, record_regions(left, progress), snapshots[0], "the current engine")
+                result = diff_by_key(before, registry.record_regions(left, progress), snapshots[0], "the current engine")
         else:
             right = resolve_plan(settings, {**kw, **against})
             with ProgressReporter(len(left.configurations) + len(right.configurations)) as progress:
@@ -138,7 +144,7 @@ def diff(snapshots: tuple[str, ...], against_runner: str | None, against_modes: 
                         f"the two sides have {len(left.configurations)} and {len(right.configurations)} configurations, "
                         "so they cannot be paired; change one option at a time (e.g. --runner v1 --against-runner v2)"
                     )
-                a, b = record_regions(left, progress), record_regions(right, progress)
+                a, b = registry.record_regions(left, progress), registry.record_regions(right, progress)
                 result = diff_by_position(a, b, _describe_side(kw), _describe_side({**kw, **against}))
     rep = reporter("diff", fmt)
     emit(rep, result, output, Options(title=_title(result.before, result.after)))
@@ -165,9 +171,9 @@ def _describe_side(kw: dict[str, Any]) -> str:
     parts = []
     for key, flag in (("runner", "--runner"), ("eager_region", "--eager-region")):
         if kw.get(key):
-            parts.append(f"{flag} {kw[key]}")
+            parts.append(f"{flag} {spelled(kw[key])}")
     if kw.get("modes"):
-        parts.append("--mode " + ",".join(kw["modes"]))
+        parts.append("--mode " + spelled(kw["modes"]))
     if kw.get("fresh_metadata"):
         parts.append("--fresh-metadata")
     return " ".join(parts) or "defaults"
@@ -190,7 +196,6 @@ def snapshot(output: str | None, update: str | None, **kw: Any) -> int:
 
     Exit status: 0 written, 2 usage, snapshot or engine error, 130 interrupted.
     """
-    from capturelint.adapters.engines import record_regions
     from capturelint.baseline import check_update_target, update_snapshot
 
     if output and update:
@@ -201,10 +206,10 @@ def snapshot(output: str | None, update: str | None, **kw: Any) -> int:
         check_update_target(update)  # refuse a file that is not a snapshot before running anything
     settings = settings_for(kw)
     if kw.get("runner") is None and not settings.runners:
-        kw = {**kw, "runner": "all"}
+        kw = {**kw, "runner": tuple(Runner)}
     plan = resolve_plan(settings, kw)
     with ProgressReporter(len(plan.configurations)) as progress:
-        rmap = record_regions(plan, progress)
+        rmap = registry.record_regions(plan, progress)
     n_graphs = sum(len(c.graphs) for c in rmap.configs)
     if update:
         result = update_snapshot(update, rmap)

@@ -6,15 +6,9 @@ from typing import Any
 
 import click
 
-from capturelint.commands.common import (
-    ProgressReporter,
-    _csv,
-    engine_options,
-    refuse_engine_options,
-    resolve_plan,
-    say,
-    settings_for,
-)
+from capturelint.adapters import registry
+from capturelint.commands.common import ProgressReporter, _csv, engine_options, resolve_plan, say, settings_for
+from capturelint.options import CUDAGraphMode
 from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS, CapturelintError
 from capturelint.output import check_output_path, is_stdout
 from capturelint.reporters import Options, emit, formats, reporter
@@ -54,23 +48,11 @@ def suggest(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str, output: 
     check_output_path(output)
     if max_candidates < 1 or max_candidates > 1000:
         raise CapturelintError(f"--max-candidates must be from 1 to 1000, got {max_candidates}")
-    if target is not None:
-        refuse_engine_options(settings)
-        from capturelint.adapters.target import suggest_slots as target_slots
-        from capturelint.rules import select_codes
-
-        codes = select_codes(list(select) or list(settings.select or ()), list(ignore) or list(settings.ignore or ()))
-        slots = target_slots(target, codes)
-    else:
-        plan = resolve_plan(settings, kw, select, ignore)
-        if plan.engine == "vllm":
-            from capturelint.adapters.vllm_plan import suggest_slots
-        else:
-            from capturelint.adapters.bundled import suggest_slots
-        if "NONE" in plan.modes:
-            raise CapturelintError("mode NONE captures no CUDA graph, so there is nothing to suggest; choose modes that "
-                                   "capture, or leave --mode out for all of them")
-        slots = suggest_slots(plan)
+    plan = resolve_plan(settings, kw, select, ignore, target)
+    if CUDAGraphMode.NONE in plan.modes:
+        raise CapturelintError("mode NONE captures no CUDA graph, so there is nothing to suggest; choose modes that "
+                               "capture, or leave --mode out for all of them")
+    slots = registry.suggest_slots(registry.load(plan))
     from capturelint.suggest import suggest as find
 
     with ProgressReporter(len(slots)) as progress:

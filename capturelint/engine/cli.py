@@ -12,10 +12,10 @@ import json
 
 import click
 
-from capturelint.engine.config import EagerRegion, EngineConfig, Kernels, Platform, Runner
+from capturelint.engine.config import EngineConfig, Kernels, Platform
 from capturelint.errors import CapturelintError
+from capturelint.options import BreakOutputs, CUDAGraphMode, EagerRegion, Runner
 from capturelint.runtime.breakable import GraphBackend
-from capturelint.runtime.forward_context import CUDAGraphMode
 from capturelint.engine.llm import EQUAL_LOGIT_TOLERANCE, TwinReport, run_with_eager_twin
 
 
@@ -51,7 +51,9 @@ def engine_group() -> None:
 @click.option("--capture-sizes", callback=_parse_sizes, default=None, help="Comma-separated padded sizes that get a graph [default: 1,2,4,8,16,32].")
 @click.option("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs, show_default=True, help="Requests running at once.")
 @click.option("--graph-backend", type=_choice(GraphBackend), default=str(GraphBackend.EMULATED), show_default=True, help="Graph backend (cuda needs a GPU).")
-@click.option("--copy-break-outputs/--no-copy-break-outputs", default=True, show_default=True, help="Copy eager-break return values back on replay.")
+@click.option("--copy-break-outputs/--no-copy-break-outputs", "break_outputs", default=True, show_default=True,
+              callback=lambda ctx, param, copy: BreakOutputs.COPY if copy else BreakOutputs.DISCARD,
+              help="Copy eager-break return values back on replay.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of a table.")
 def run_command(
     runner: str | None,
@@ -66,7 +68,7 @@ def run_command(
     capture_sizes: tuple[int, ...] | None,
     max_num_seqs: int,
     graph_backend: str,
-    copy_break_outputs: bool,
+    break_outputs: BreakOutputs,
     as_json: bool,
 ) -> None:
     """Run a configuration and its eager twin and compare them.
@@ -89,7 +91,7 @@ def run_command(
         platform=platform,
         max_num_seqs=max_num_seqs,
         graph_backend=graph_backend,
-        copy_break_outputs=copy_break_outputs,
+        break_outputs=break_outputs,
     )
     if capture_sizes is not None:
         options["capture_sizes"] = capture_sizes

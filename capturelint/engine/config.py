@@ -32,10 +32,10 @@ import enum
 import math
 from typing import Any, Mapping
 
-from capturelint.runtime.breakable import GraphBackend
-from capturelint.runtime.forward_context import CUDAGraphMode
 from capturelint.errors import CapturelintError
 from capturelint.limits import MAX_LAYERS, MAX_STEPS, seed_problem
+from capturelint.options import BreakOutputs, Choice, CUDAGraphMode, EagerRegion, Runner  # noqa: F401  (the engine's too)
+from capturelint.runtime.breakable import GraphBackend
 
 DEEPSEEK_V4 = "DeepseekV4ForCausalLM"
 SUPPORTED_ARCHITECTURES = (DEEPSEEK_V4,)
@@ -45,35 +45,7 @@ an indexer layer, a large-ratio layer and another indexer layer, so four layers 
 exercise every attention kind."""
 
 
-class _Choice(enum.Enum):
-    """An enum parsed from user text; ``__str__`` is the spelling users type."""
-
-    def __str__(self) -> str:
-        return self.value
-
-    @classmethod
-    def parse(cls, text: Any) -> Any:
-        if isinstance(text, cls):
-            return text
-        try:
-            return cls(str(text).lower())
-        except ValueError:
-            return None
-
-    @classmethod
-    def spellings(cls) -> str:
-        return ", ".join(m.value for m in cls)
-
-
-class Runner(_Choice):
-    """Model runner: V1 (legacy persistent input buffers, metadata-less PIECEWISE
-    capture) or V2 (capture always builds real metadata into persistent buffers)."""
-
-    V1 = "v1"
-    V2 = "v2"
-
-
-class Platform(_Choice):
+class Platform(Choice):
     """Platform the engine pretends to run on. It only selects the default runner; the
     device is chosen by the graph backend (``cuda`` needs a GPU, ``emulated`` runs on
     the CPU)."""
@@ -83,20 +55,7 @@ class Platform(_Choice):
     CPU = "cpu"
 
 
-class EagerRegion(_Choice):
-    """Which part of the attention is an eager break in a PIECEWISE capture.
-
-    ``narrow``: only the sparse indexer and the attention kernel (after vLLM PR #51430);
-    ``wide``: the whole input preparation plus attention (before #51430);
-    ``per-runner``: wide under V1, narrow under V2 (vLLM PR #52401).
-    """
-
-    NARROW = "narrow"
-    WIDE = "wide"
-    PER_RUNNER = "per-runner"
-
-
-class Kernels(_Choice):
+class Kernels(Choice):
     """Implementation of the KV-insert and sparse-attention kernels."""
 
     TORCH = "torch"
@@ -162,9 +121,10 @@ class EngineConfig:
       V2 builders always write persistent buffers and ignore it.
     - ``kernels``: ``torch`` reference ops or ``triton`` ones.
     - ``graph_backend``: ``emulated`` (CPU) or ``cuda`` (needs a GPU).
-    - ``copy_break_outputs``: the runtime copies eager-break return values back into
-      the capture-time tensors on replay (vLLM's newer runtime); ``False`` models the
-      older runtime that discards them.
+    - ``break_outputs``: ``COPY``, the runtime copies eager-break return values back
+      into the capture-time tensors on replay (vLLM's newer runtime); ``DISCARD`` models
+      the older runtime that discards them (``to_dict`` says it as
+      ``copy_break_outputs``, true or false, as it always has).
     - ``capture_sizes``: padded token counts that get a graph.
 
     Workload: ``seed`` (weights and workload), ``steps`` (engine steps; every step runs
@@ -195,7 +155,7 @@ class EngineConfig:
     fresh_metadata: bool = False
     kernels: Kernels | str = Kernels.TORCH
     graph_backend: GraphBackend | str = GraphBackend.EMULATED
-    copy_break_outputs: bool = True
+    break_outputs: BreakOutputs = BreakOutputs.COPY
     capture_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     seed: int = 0
     steps: int = 24
@@ -299,6 +259,9 @@ class EngineConfig:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
+            if f.name == "break_outputs":
+                out["copy_break_outputs"] = v is BreakOutputs.COPY
+                continue
             if isinstance(v, enum.Enum):
                 v = str(v)
             elif isinstance(v, tuple):

@@ -116,7 +116,7 @@ class ModelRunner(abc.ABC):
         self.dispatcher = CudagraphDispatcher(config.cudagraph_mode, config.capture_sizes)
         self.input_ids = torch.zeros(self.max_num_tokens, dtype=torch.int64, device=device)
         self.positions = torch.zeros(self.max_num_tokens, dtype=torch.int64, device=device)
-        self.cudagraph_wrapper = CUDAGraphWrapper(model.model, config.graph_backend, config.copy_break_outputs)
+        self.cudagraph_wrapper = CUDAGraphWrapper(model.model, config.graph_backend, config.break_outputs)
         self.cache_layout = model.model.cache_layout()
         self.cache_kinds = tuple(k for k in CacheKind if any(k in kinds for _, kinds in self.cache_layout))
         self.builders: dict[CacheKind, AttentionMetadataBuilder] = {}

@@ -24,11 +24,11 @@ from Python values (the forward context, a tensor's value read on the host, a li
 length) is frozen at capture. Put such code inside an eager break.
 
 **Break outputs reach the graph through static buffers.** With
-``break_outputs="copy"`` (the default, as vLLM's newer runtime does) tensors returned by
+``break_outputs=BreakOutputs.COPY`` (the default, as vLLM's newer runtime does) tensors returned by
 a break are copied back on replay into the tensors the break returned at capture, so
 downstream captured ops read fresh values. Anything else a break allocates (``self.x =
 torch.empty(...)``) escapes: at replay the break allocates a new tensor and the graph
-still reads the old one. With ``break_outputs="discard"`` (vLLM 0.33.0's ``add_eager``)
+still reads the old one. With ``BreakOutputs.DISCARD`` (vLLM 0.33.0's ``add_eager``)
 return values are discarded as well: write results in place into a pre-existing buffer.
 
 **Break arguments are frozen.** On replay a break receives the capture-time arguments.
@@ -206,7 +206,7 @@ class BreakableGraph:
         runtime_mode: CUDAGraphMode,
         descriptor: BatchDescriptor | None = None,
         backend: GraphBackend = GraphBackend.EMULATED,
-        break_outputs: BreakOutputs | str | bool = BreakOutputs.COPY,
+        break_outputs: BreakOutputs = BreakOutputs.COPY,
         pool: Any = None,
     ):
         if runtime_mode not in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
@@ -215,7 +215,7 @@ class BreakableGraph:
         self.runtime_mode = runtime_mode
         self.descriptor = descriptor
         self.backend = backend
-        self.break_outputs = BreakOutputs.parse(break_outputs)
+        self.break_outputs = break_outputs
         self.pool = pool
         self.segments: list[CapturedSegment | EagerSegment] = []
         self.capturing = False
@@ -224,10 +224,6 @@ class BreakableGraph:
         self._stream: Any = None
         label = str(descriptor) if descriptor is not None else f"graph{self.id}"
         self.info = GraphInfo(self.id, label, str(runtime_mode), runtime_mode is CUDAGraphMode.PIECEWISE, self.break_outputs)
-
-    @property
-    def copy_break_outputs(self) -> bool:
-        return self.break_outputs is BreakOutputs.COPY
 
     # -- capture
     @property
@@ -306,7 +302,7 @@ class BreakableGraph:
         protocol.announce("on_break_enter", call)
         result = fn(*args, **kwargs)
         protocol.announce("on_break_exit", call, result)
-        if self.copy_break_outputs:
+        if self.break_outputs is BreakOutputs.COPY:
             seg.outputs = list(flatten_tensors(result))
         if self.backend is GraphBackend.EMULATED:
             # Replay calls the break with its capture-time arguments, which the runtime
@@ -397,11 +393,11 @@ class CUDAGraphWrapper:
         self,
         runnable: Callable,
         backend: GraphBackend = GraphBackend.EMULATED,
-        break_outputs: BreakOutputs | str | bool = BreakOutputs.COPY,
+        break_outputs: BreakOutputs = BreakOutputs.COPY,
     ):
         self.runnable = runnable
         self.backend = backend
-        self.break_outputs = BreakOutputs.parse(break_outputs)
+        self.break_outputs = break_outputs
         self.graphs: dict[tuple[CUDAGraphMode, BatchDescriptor], BreakableGraph] = {}
         self._pool: Any = None
 

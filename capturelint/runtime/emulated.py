@@ -336,7 +336,8 @@ class EmulatedCUDAGraph:
         if self._info is None:
             where = self._where or protocol.UNKNOWN_FRAME
             label = f"cudagraph@{where.file}:{where.line}"
-            self._info = protocol.GraphInfo(next(_bare_ids), label, "FULL", False, protocol.BreakOutputs.DISCARD, False)
+            self._info = protocol.GraphInfo(next(_bare_ids), label, str(protocol.CUDAGraphMode.FULL), False,
+                                             protocol.BreakOutputs.DISCARD, False)
         return self._info
 
     # -- capture

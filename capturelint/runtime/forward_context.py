@@ -10,30 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
 import threading
 from typing import Any, Iterator
 
-
-class CUDAGraphMode(enum.Enum):
-    """Configured capture policy; ``runtime`` modes are NONE, PIECEWISE and FULL."""
-
-    NONE = "NONE"
-    PIECEWISE = "PIECEWISE"
-    FULL = "FULL"
-    FULL_DECODE_ONLY = "FULL_DECODE_ONLY"
-    FULL_AND_PIECEWISE = "FULL_AND_PIECEWISE"
-
-    def __str__(self) -> str:
-        return self.value
-
-    @classmethod
-    def parse(cls, text: str) -> "CUDAGraphMode":
-        try:
-            return cls(text.upper())
-        except ValueError:
-            names = ", ".join(m.value for m in cls)
-            raise ValueError(f"unknown CUDA-graph mode {text!r}; use one of {names}") from None
+from capturelint.runtime.protocol import CUDAGraphMode  # noqa: F401  (defined with the vocabulary; used here)
 
 
 @dataclasses.dataclass(frozen=True, order=True)

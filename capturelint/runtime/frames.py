@@ -22,8 +22,10 @@ from typing import Any
 from capturelint.runtime.protocol import UNKNOWN_FRAME, Frame
 
 _skip_prefixes: tuple[str, ...] = ()
-_hidden: dict[Any, bool] = {}  # code object -> machinery?
-_frames: dict[tuple[Any, int], Frame] = {}  # (code object, line) -> its Frame
+# Keyed by code object *and* file: code objects compare equal across files (their
+# equality leaves out co_filename), and a copy of an engine's file is another engine.
+_hidden: dict[tuple[Any, str], bool] = {}  # (code object, file) -> machinery?
+_frames: dict[tuple[Any, str, int], Frame] = {}  # (code object, file, line) -> its Frame
 _display_cache: dict[str, str] = {}
 
 
@@ -78,10 +80,11 @@ def hidden_file(filename: str) -> bool:
 
 def hidden_code(code: Any) -> bool:
     """Whether frames of ``code`` are runtime machinery rather than engine or model code."""
-    hidden = _hidden.get(code)
+    key = (code, code.co_filename)
+    hidden = _hidden.get(key)
     if hidden is None:
         name = code.co_filename
-        hidden = _hidden[code] = name.startswith("<") or _hidden_path(os.path.abspath(name))
+        hidden = _hidden[key] = name.startswith("<") or _hidden_path(os.path.abspath(name))
     return hidden
 
 
@@ -118,7 +121,7 @@ def display_path(filename: str) -> str:
 def code_frame(code: Any, line: int) -> Frame:
     """The ``Frame`` of ``code`` running ``line``, with where its function is defined;
     one object per code object and line."""
-    key = (code, line)
+    key = (code, code.co_filename, line)
     frame = _frames.get(key)
     if frame is None:
         frame = _frames[key] = Frame(display_path(code.co_filename), line, code.co_name,
@@ -133,7 +136,7 @@ def user_frame(skip: int = 1) -> Frame:
     f = sys._getframe(skip)
     while f is not None:
         code = f.f_code
-        hidden = _hidden.get(code)
+        hidden = _hidden.get((code, code.co_filename))
         if not (hidden_code(code) if hidden is None else hidden):
             return code_frame(code, f.f_lineno)
         f = f.f_back
@@ -148,7 +151,7 @@ def user_stack(skip: int = 1, stop: frozenset[int] = frozenset()) -> tuple[Frame
     f, out = sys._getframe(skip), []
     while f is not None and id(f) not in stop:
         code = f.f_code
-        hidden = _hidden.get(code)
+        hidden = _hidden.get((code, code.co_filename))
         if not (hidden_code(code) if hidden is None else hidden):
             out.append(code_frame(code, f.f_lineno))
         f = f.f_back

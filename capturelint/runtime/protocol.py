@@ -32,6 +32,10 @@ of ops that need a value on the host; the emulated primitive refuses them at cap
 (raising ``HostSyncInCaptureError`` with a ``HostSyncEvent``) and rule CL106 reports
 them from traces.
 
+**Policies.** ``CUDAGraphMode`` (the configured capture policy) and ``BreakOutputs``
+(what replay does with a break's return values) are the runtime's own values;
+``capturelint.options`` re-exports them beside the checker's other option values.
+
 **Frames.** ``Frame`` is a source location in engine or model code; the one frame
 walker (``runtime.frames``) finds them, skipping runtime machinery.
 """
@@ -66,6 +70,27 @@ class Phase(enum.Enum):
         return self.value
 
 
+class CUDAGraphMode(enum.Enum):
+    """Configured capture policy; ``runtime`` modes are NONE, PIECEWISE and FULL."""
+
+    NONE = "NONE"
+    PIECEWISE = "PIECEWISE"
+    FULL = "FULL"
+    FULL_DECODE_ONLY = "FULL_DECODE_ONLY"
+    FULL_AND_PIECEWISE = "FULL_AND_PIECEWISE"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, text: str) -> "CUDAGraphMode":
+        try:
+            return cls(text.upper())
+        except ValueError:
+            names = ", ".join(m.value for m in cls)
+            raise ValueError(f"unknown CUDA-graph mode {text!r}; use one of {names}") from None
+
+
 class BreakOutputs(enum.Enum):
     """What a runtime does with an eager break's return values on replay.
 
@@ -82,15 +107,11 @@ class BreakOutputs(enum.Enum):
         return self.value
 
     @classmethod
-    def parse(cls, value: "str | BreakOutputs | bool") -> "BreakOutputs":
-        if isinstance(value, BreakOutputs):
-            return value
-        if isinstance(value, bool):
-            return cls.COPY if value else cls.DISCARD
+    def parse(cls, text: str) -> "BreakOutputs":
         try:
-            return cls(str(value).lower())
+            return cls(text.lower())
         except ValueError:
-            raise ValueError(f"unknown break-outputs policy {value!r}; use copy or discard") from None
+            raise ValueError(f"unknown break-outputs policy {text!r}; use copy or discard") from None
 
 
 @dataclasses.dataclass(frozen=True, order=True)

@@ -1,5 +1,6 @@
 """CL105: a tensor allocated in an eager break, read by a later captured op."""
 
+from capturelint.runtime.protocol import BreakOutputs
 from toy_engine import check_toy
 
 
@@ -21,8 +22,8 @@ def test_break_writing_in_place_into_a_buffer_passes():
 
 
 def test_returned_tensor_is_safe_only_when_the_runtime_copies_returns_back():
-    copied, runner = check_toy("returned_output", copy_break_outputs=True)
+    copied, runner = check_toy("returned_output", break_outputs=BreakOutputs.COPY)
     assert copied.findings == [] and runner.max_error() == 0.0
-    discarded, runner = check_toy("returned_output", copy_break_outputs=False)
+    discarded, runner = check_toy("returned_output", break_outputs=BreakOutputs.DISCARD)
     assert [f.code for f in discarded.findings] == ["CL105"]
     assert runner.max_error() > 0.1

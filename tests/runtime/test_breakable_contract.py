@@ -531,7 +531,7 @@ def scaled_by_context(t: torch.Tensor) -> torch.Tensor:
     return t * get_forward_context().attn_metadata["scale"]
 
 
-@pytest.mark.parametrize("policy", ["copy", "discard"])
+@pytest.mark.parametrize("policy", list(BreakOutputs))
 def test_break_return_values_are_copied_or_discarded_on_replay(policy):
     x = torch.arange(4.0)
     returned: list[torch.Tensor] = []  # values only: holding the tensors would keep them alive
@@ -543,7 +543,7 @@ def test_break_return_values_are_copied_or_discarded_on_replay(policy):
         return r
 
     graph = BreakableGraph(PIECEWISE, DECODE2, break_outputs=policy)
-    assert graph.info.break_outputs is BreakOutputs(policy)
+    assert graph.info.break_outputs is policy
     with set_forward_context({"scale": 2.0}):
         out = graph.capture(lambda t: brk(t) + 1, x)
     assert torch.isnan(out).all()  # a capture computes nothing downstream
@@ -559,7 +559,7 @@ def test_break_return_values_are_copied_or_discarded_on_replay(policy):
     assert len(returned) == 2  # the break re-ran either way
     assert torch.equal(returned[1], x * 3.0)
 
-    if policy == "copy":
+    if policy is BreakOutputs.COPY:
         (static,) = segment.outputs
         assert torch.equal(static, x * 3.0)  # copied into the tensor the break returned at capture
         assert torch.equal(out, x * 3.0 + 1)
@@ -584,7 +584,7 @@ def test_discard_policy_works_for_a_break_that_writes_in_place_into_a_static_buf
         scale_into(t, static)
         return static + 1
 
-    graph = BreakableGraph(PIECEWISE, DECODE2, break_outputs="discard")
+    graph = BreakableGraph(PIECEWISE, DECODE2, break_outputs=BreakOutputs.DISCARD)
     with set_forward_context({"scale": 2.0}):
         out = graph.capture(forward, x)
     for scale in (3.0, -0.5):

@@ -373,3 +373,43 @@ def test_check_target_finds_the_hazard_in_a_program_written_for_a_gpu(capsys, gp
     out, err = capsys.readouterr()
     assert code == 1 and err == "", out + err
     assert "CL104" in out and "server.static_x" in out
+
+
+def test_a_target_whose_module_level_code_uses_the_device_is_checked(tmp_path, capsys):
+    """``check --target`` imports the file under the emulated device: a program that
+    builds its model with ``.cuda()`` at module level runs as written."""
+    from capturelint.cli import main
+
+    path = tmp_path / "gpu_prog.py"
+    path.write_text(textwrap.dedent('''
+        import torch
+        from torch.cuda import CUDAGraph
+        from capturelint.target import Target
+
+        DEVICE = torch.device("cuda")
+        model = torch.nn.Linear(8, 8).cuda().eval()
+        static_x = torch.zeros(4, 8, device=DEVICE)
+
+        @torch.no_grad()
+        def run():
+            g = CUDAGraph()
+            model(static_x)
+            with torch.cuda.graph(g):
+                y = model(static_x)
+            outs = []
+            for step in range(3):
+                static_x.copy_(torch.full((4, 8), float(step), device=DEVICE))
+                g.replay()
+                outs.append(y.clone())
+            return outs
+
+        @torch.no_grad()
+        def eager():
+            return [model(torch.full((4, 8), float(step), device=DEVICE)) for step in range(3)]
+
+        def targets():
+            return Target(run=run, eager=eager, runner="gpu", mode="module-level")
+    '''))
+    assert main(["check", "--target", f"{path}:targets"]) == 0
+    out, err = capsys.readouterr()
+    assert "no findings in 1 configuration: replay matches eager execution" in out and err == ""

@@ -212,9 +212,10 @@ def test_compressor_and_indexer_layers_build_through_vllms_init():
 
     from capturelint.adapters.vllm import cpu_shim
     from capturelint.adapters.vllm_runners import _ensure_distributed, build_attention, vllm_config
+    from capturelint.options import Runner
 
     with cpu_shim():
-        vc = vllm_config(3, "v1", ratios=(1, 4, 128))
+        vc = vllm_config(3, Runner.V1, ratios=(1, 4, 128))
         with set_current_vllm_config(vc):
             _ensure_distributed(vc)
             topk = torch.zeros(64, 16, dtype=torch.int32)
