@@ -51,7 +51,7 @@ from capturelint.records import (
 from capturelint.runtime import protocol as rt
 from capturelint.runtime.frames import register_runtime_file, running_frames, user_frame, user_stack
 from capturelint.runtime.protocol import Frame, SegmentKind
-from capturelint.runtime.schema import OpInfo, op_info
+from capturelint.runtime.schema import OpInfo, ReplayKind, op_info
 
 register_runtime_file(__file__)
 
@@ -97,10 +97,16 @@ class Tracer(rt.CaptureObserver):
     forward context (an adapter's); ``scope_group`` maps a module scope to the name
     prefix of the tensors it owns. ``on_stale(capture, event)`` hears a graph that
     found a storage it reads freed by the engine, for graphs that get no shadow.
+    ``on_hazard(event, captures)`` hears what the emulated runtime saw happen rather
+    than what a step computes: a read of graph-pool memory that another graph's replay
+    overwrote (``OverwrittenRead``), a stream or event crossing a capture boundary
+    (``StreamCaptureEvent``), with the capture streams by graph id.
 
     Between steps the dispatch mode stays on in a cheap *watch* state that only notes
     which source line allocated each new storage, so that a finding about a
-    re-allocated tensor can name the line that re-allocated it.
+    re-allocated tensor can name the line that re-allocated it. While graph-pool memory
+    that another graph's replay overwrote awaits its own graph's next replay, the watch
+    state also looks for ops that read it.
     """
 
     def __init__(
@@ -111,12 +117,15 @@ class Tracer(rt.CaptureObserver):
         probe: ContextProbe | None = None,
         scope_group: ScopeGroup | None = None,
         on_stale: Callable[[Stream, rt.StaleInputEvent], None] | None = None,
+        on_hazard: Callable[[Any, dict[int, Stream]], None] | None = None,
     ):
         self.roots = roots or {}
         self._mode = _OpMode(self)
         self._mode_on = False
         self.on_step = on_step
         self.on_stale = on_stale
+        self.on_hazard = on_hazard
+        self._overwritten: dict[StorageId, rt.PoolOverwriteEvent] = {}  # until their graph's next replay
         self.shadow_enabled = shadow
         self.probe = probe
         self.scope_group = scope_group
@@ -215,6 +224,8 @@ class Tracer(rt.CaptureObserver):
         info = op_info(func)
         stream = self.stream
         if stream is None:
+            if self._overwritten and info.replay is not ReplayKind.SKIP and not info.transparent:
+                self._reads_overwritten(info, args, kwargs)
             out = func(*args, **kwargs)
             if info.allocates and not info.transparent:
                 self._watch(info.allocates, out)
@@ -246,6 +257,26 @@ class Tracer(rt.CaptureObserver):
             if is_fresh and isinstance(o, torch.Tensor):
                 st = o.untyped_storage()  # the same Python object for the storage's life
                 self._alloc_frames[st._cdata] = (user_frame(3), weakref.ref(st))
+
+    def _reads_overwritten(self, info: OpInfo, args: tuple, kwargs: dict) -> None:
+        """Between steps: an op that reads overwritten graph-pool memory observed the
+        hazard (once per overwrite); one that writes it refreshed it. Views are not
+        reads: the op that reads through one is."""
+        written = {id(t) for t in info.written(args, kwargs)}
+        for value in (*args, *kwargs.values()):
+            for t in value if isinstance(value, (list, tuple)) else (value,):
+                if not isinstance(t, torch.Tensor):
+                    continue
+                event = self._overwritten.pop(t.untyped_storage()._cdata, None)
+                if event is not None and id(t) not in written:
+                    self._hazard(rt.OverwrittenRead(event, info.name, user_frame(3)))
+
+    def _hazard(self, event: Any) -> None:
+        if self.on_hazard is not None:
+            captures = self.captures
+            if self.stream is not None and self.stream.kind is StreamKind.CAPTURE:  # the capture under way
+                captures = {**captures, self.stream.graph_id: self.stream}
+            self.on_hazard(event, captures)
 
     def _copy_before_write(self, info: OpInfo, args: tuple, kwargs: dict, stream: Stream) -> None:
         for t in info.written(args, kwargs):
@@ -360,6 +391,8 @@ class Tracer(rt.CaptureObserver):
         elif phase is rt.Phase.REPLAY and not graph.segmented:
             if graph.id not in self.captures:
                 self.unseen[graph.id] = graph.label
+            elif self._overwritten:
+                self._replay_reads(graph)
             self._mode_off()  # a bare graph's replay is not traced
 
     def on_graph_end(self, graph: rt.GraphInfo, phase: rt.Phase, output: Any) -> None:
@@ -374,6 +407,8 @@ class Tracer(rt.CaptureObserver):
             self.stream = None
             self._entry, self._entry_frames = frozenset(), []
         elif phase is rt.Phase.REPLAY:
+            if self._overwritten:  # the graph rewrote its own memory
+                self._overwritten = {sid: e for sid, e in self._overwritten.items() if e.graph.id != graph.id}
             self._mode_on_()  # back to watching allocations between steps
             if not graph.segmented:
                 self.replays += 1
@@ -393,6 +428,23 @@ class Tracer(rt.CaptureObserver):
         if capture is not None and self.on_stale is not None and not event.graph.segmented:
             capture.names_now = {name: sid for sid, names in self._root_names(capture).items() for name in names}
             self.on_stale(capture, event)
+
+    def _replay_reads(self, graph: rt.GraphInfo) -> None:
+        """A bare graph about to replay reads, as inputs, overwritten memory of another graph."""
+        capture = self.captures[graph.id]
+        for op in capture.ops:
+            for use in op.inputs:
+                event = self._overwritten.get(use.storage)
+                if event is not None and not use.write and capture.origins[use.storage].external:
+                    del self._overwritten[use.storage]
+                    self._hazard(rt.OverwrittenRead(event, op.op, user_frame(3), graph))
+
+    def on_pool_overwrite(self, event: rt.PoolOverwriteEvent) -> None:
+        if event.graph.id in self.captures:
+            self._overwritten[event.storage] = event
+
+    def on_stream_hazard(self, event: rt.StreamCaptureEvent) -> None:
+        self._hazard(event)
 
     def on_segment_begin(self, info: rt.SegmentInfo) -> None:
         if self.stream is not None and info.phase is rt.Phase.CAPTURE:
