@@ -8,10 +8,11 @@ as it would on a GPU.
 
 **What is built.** ``EmulatedCUDAGraph`` (``capture_begin(pool=...)``,
 ``capture_end``, ``replay``, ``reset``, ``pool``), ``graph`` (the
-``torch.cuda.graph`` context manager), ``graph_pool_handle``, stream and event
-stand-ins, ``make_graphed_callables`` (inference only), and ``emulate_cuda()``, which
-installs all of them in ``torch.cuda`` on a machine without CUDA so that unmodified
-code written for a GPU runs.
+``torch.cuda.graph`` context manager), ``graph_pool_handle`` and the private pools'
+model (``PrivatePool``), stream and event stand-ins, ``Tensor.record_stream``,
+``make_graphed_callables`` (inference only), and ``emulate_cuda()``, which installs all
+of them in ``torch.cuda`` on a machine without CUDA so that unmodified code written for
+a GPU runs.
 
 **Capture semantics, as on a GPU.**
 
@@ -50,8 +51,67 @@ write, allocate or alias, and so how each replays, comes from the op schema
 ``torch.cuda.is_current_stream_capturing()`` answers True between ``capture_begin``
 and ``capture_end`` (see ``protocol.stream_capturing``).
 
-Limitations: streams and events are sequential stand-ins (no concurrency is emulated);
-Python garbage held in reference cycles counts as a live reference until collected.
+**Graphs that share a pool share memory.** PyTorch's caching allocator serves a
+capture's allocations from a graph-private pool; captures given the same pool
+(``pool=g1.pool()``, ``graph_pool_handle()``, a tuple handed to
+``make_graphed_callables``) share it, and "within the private pool, allocations are
+freed and reassigned as usual during capture" (c10/cuda/CUDACachingAllocator.cpp, Note
+[Interaction with CUDA graph capture]). So a later capture gets the blocks an earlier
+one freed, while that earlier graph's replays still write them; PyTorch's notes
+("Sharing memory across captures") call sharing safe only for graphs "always replayed
+in the same order they were captured, and never concurrently". ``PrivatePool`` models
+the pool of every handle that bare graphs capture into, after the allocator:
+
+- a request is rounded up to a multiple of 512 bytes (``kMinBlockSize``); up to 1 MiB
+  it is *small* (``kSmallSize``) and served from 2 MiB segments (``kSmallBuffer``),
+  under 10 MiB from 20 MiB segments (``kLargeBuffer``), from 10 MiB on from a segment
+  of its size rounded up to 2 MiB (``get_allocation_size``);
+- a request takes the best fit among the free blocks of its pool (small or large) and
+  stream: the smallest block that fits, the lowest address among equals
+  (``get_free_block``'s ``lower_bound`` over blocks ordered by stream, size, address);
+  a block freed on one stream serves that stream only;
+- the block is split when the rest is worth keeping (at least 512 bytes in the small
+  pool, more than 1 MiB in the large one: ``should_split``), and a freed block merges
+  with free neighbours of its segment (``free_block``);
+- a storage a capture produces is allocated when the op returns, and freed when
+  nothing outside the graphs references it any more (graphs hold their pool tensors
+  through aliases that are not counted), during a capture or between captures: live
+  tensors, a graph's outputs the program keeps, keep their blocks;
+- a tensor a capture frees while ``record_stream`` named another stream is freed when
+  the capture ends (the allocator defers it: ``needs_events_deferred_until_no_capture``).
+
+At each replay of a graph the bytes of every block its capture used, freed or not,
+are copied into the live tensors of other graphs that overlap them, as the GPU kernels
+would write them, and ``on_pool_overwrite`` announces each (CL111 reports a read of
+them before their own graph replays again). Addresses are virtual: only overlaps
+matter. Not modelled: expandable segments, ``max_split_size``,
+``roundup_power2_divisions``, the pools of graphs a breakable runtime owns (capturelint's,
+vLLM's: their segments are not bare graphs), and allocations outside captures (the
+default pools, which never overlap a private one).
+
+**Streams and events, as a capture sees them.** A capture begins on the current stream
+(``torch.cuda.graph`` makes a capture stream, shared by every ``graph`` as in PyTorch,
+current for the block). A stream joins the capture by waiting on an event recorded in
+it (``side.wait_stream(current)``: a fork) and must be joined back (the capture stream
+waits on an event recorded on it after its last work) before ``capture_end``, or the
+capture fails as ``cudaStreamEndCapture`` does (``cudaErrorStreamCaptureUnjoined``).
+An event remembers the capture that recorded it until a replay of that graph records
+it for real; waiting on it from outside that capture (an eager break, after the graph,
+another captured segment), making a capturing stream wait on an event recorded outside
+it, or synchronizing with or querying a captured event from the host raise
+``StreamCaptureError``, as CUDA refuses them ("It is invalid to merge two separate
+capture graphs by waiting on a captured event ... It is invalid to wait on a
+non-captured event from a stream which is being captured without specifying the
+cudaEventWaitExternal flag": CUDA Programming Guide, stream capture). An op on a
+forked stream that reads a graph-pool tensor another stream allocated is a side use:
+when the tensor is freed without ``record_stream`` and the pool hands its block to a
+stream that has not waited on the side stream since, ``on_stream_hazard`` announces the
+race (CUDA does not refuse it). ``Event(external=True)`` is exempt from the refusals.
+
+Limitations: streams and events are sequential stand-ins (no concurrency is emulated:
+a missing wait is seen only where CUDA refuses it or where it frees memory); an op
+issued on a stream that takes no part in the capture is recorded as captured; Python
+garbage held in reference cycles counts as a live reference until collected.
 """
 
 from __future__ import annotations
@@ -798,8 +858,9 @@ _ticks = itertools.count(1)  # orders the work of streams taking part in capture
 class EmulatedStream:
     """A stream stand-in. Work is sequential on a CPU, so waits only keep the capture
     bookkeeping CUDA keeps (the module docstring, **Streams and events**): which capture
-    the stream takes part in, when it last did work there (``tick``), and up to when it
-    has waited on each other stream (``seen``)."""
+    the stream takes part in (``_capture``), when it last did work there (``_tick``),
+    and up to when it has waited on each other stream (``_seen``). The bookkeeping is
+    private: break arguments that hold a stream compare its public attributes only."""
 
     def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any):
         self.device = torch.device("cpu")
@@ -847,7 +908,9 @@ class EmulatedEvent:
     it for real), at which line. Waiting on it across a capture boundary raises
     ``StreamCaptureError`` as CUDA refuses it (the module docstring)."""
 
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
+                 external: bool = False):
+        self._external = external  # captured as event record/wait nodes (cudaEventWaitExternal)
         self._recorded = False
         self._capture: Any = None  # a weak reference to the capture that recorded it
         self._stream: EmulatedStream | None = None
@@ -865,11 +928,13 @@ class EmulatedEvent:
 
     def record(self, stream: Any = None) -> None:
         stream = stream if stream is not None else _current_stream[-1]
-        self._recorded, self._stream, self.capture = True, stream, stream._capture
+        self._recorded, self._stream, self.capture = True, stream, None if self._external else stream._capture
         self._frame = frames.user_frame(2)
         if stream._capture is not None:
             stream._tick = self._tick = next(_ticks)
             stream._capture._events.append(self)
+        else:
+            self._tick = stream._tick
         self._seen = {**stream._seen, stream: self._tick}
 
     def wait(self, stream: Any = None) -> None:
@@ -881,7 +946,7 @@ class EmulatedEvent:
         if not self._recorded:
             return  # waiting on an event never recorded is a no-op
         mine, theirs = self.capture, stream._capture
-        if mine is None and theirs is not None:
+        if mine is None and theirs is not None and not self._external:
             self._refused(protocol.StreamHazard.WAIT_INTO, frame, op, stream, theirs)
         if mine is not None and (not mine.capturing or (theirs is not None and theirs is not mine)):
             self._refused(protocol.StreamHazard.WAIT_OUTSIDE, frame, op, stream, theirs)

@@ -27,6 +27,13 @@ A break that runs as plain Python (outside a capture, in a graph whose breaks ar
 eager, nested in another break, or in the shadow) is announced with
 ``on_break_enter``/``on_break_exit`` and ``BreakCall.inline`` set.
 
+The emulated primitive also announces what it sees happen to memory and streams: a
+replay that overwrote a live tensor of another graph sharing its pool
+(``on_pool_overwrite``, a ``PoolOverwriteEvent``) and a side stream's tensor whose memory
+was reused without ``record_stream`` (``on_stream_hazard``). What CUDA refuses at
+capture (a wait on an event across a capture boundary, a forked stream not joined
+back) it raises, as ``StreamCaptureError`` with a ``StreamCaptureEvent``.
+
 **Host synchronisation.** ``HOST_SYNC_OPS`` and ``host_sync_reason`` are the one table
 of ops that need a value on the host; the emulated primitive refuses them at capture
 (raising ``HostSyncInCaptureError`` with a ``HostSyncEvent``) and rule CL106 reports

@@ -272,3 +272,11 @@ def test_a_tensor_a_side_stream_reads_freed_without_record_stream(tmp_path, caps
 def test_record_stream_keeps_the_block_until_the_capture_ends(tmp_path, capsys):
     code, doc, err, _ = check(tmp_path, capsys, RECORD_STREAM.format(record="t.record_stream(side)"))
     assert code == 0, doc["findings"] if doc else err
+
+
+def test_joining_the_side_stream_before_the_memory_is_reused_is_clean(tmp_path, capsys):
+    # edge: no record_stream, but the capture stream waits on the side stream before the
+    # allocation that reuses the block, so the replayed kernels are ordered
+    body = RECORD_STREAM.format(record="torch.cuda.current_stream().wait_stream(side)")
+    code, doc, err, _ = check(tmp_path, capsys, body)
+    assert code == 0, doc["findings"] if doc else err
