@@ -16,8 +16,8 @@ class EventAcrossCapture(Rule):
     code = "CL112"
     name = "event-across-capture"
     condition = Condition.R5
-    summary = ("An event or a side stream crosses a capture boundary: a wait across it, a fork not joined, "
-               "or a side stream's tensor freed without record_stream.")
+    summary = ("An event or a side stream crosses a capture boundary: a wait across it, a fork not joined, work on "
+               "a stream outside the capture, or a side stream's tensor freed without record_stream.")
     message = (  # one per StreamHazard
         "{op} at {second} waits on an event recorded in captured segment {segment} at {first}, from {outside}: "
         "CUDA refuses a wait across a capture boundary (the capture fails with an invalid-argument or "
@@ -46,6 +46,12 @@ class EventAcrossCapture(Rule):
         "not waited on {stream}, so on replay the side stream's read races the new writes. Call "
         "tensor.record_stream(side) after the side stream uses it, or join the side stream before the tensor is freed."
     )
+    uncaptured_message = (
+        "{op} at {first} runs on {stream}, which takes no part in captured segment {segment} (begun at {second}): on a "
+        "GPU the kernel runs once, eagerly, and is not in the graph, so replays skip it (on the legacy default stream "
+        "CUDA refuses it). Fork the stream from the capture stream (side.wait_stream(torch.cuda.current_stream())) "
+        "and join it back before the capture ends."
+    )
     outside_notes = {True: "captured segment {other} (another capture)", False: "outside any capture (an eager break, or after the graph)"}
     doc = """
     ## What it does
@@ -57,9 +63,10 @@ class EventAcrossCapture(Rule):
     captured segment and waited on in an eager break, after the graph or in another
     segment; recorded outside and waited on by a capturing stream; synchronized or
     queried by the host), and a capture that ends with a forked stream not joined
-    back. It also reports a tensor a side stream read in a capture that is freed
-    without `record_stream` and whose memory the allocator hands to a stream that has
-    not waited on the side stream.
+    back. It also reports, without stopping the run, work issued during a capture on
+    a stream that was never forked into it, and a tensor a side stream read in a
+    capture that is freed without `record_stream` and whose memory the allocator hands
+    to a stream that has not waited on the side stream.
 
     ## Why is this bad?
     A capture records work without running it: an event recorded in a capture stands
@@ -67,9 +74,12 @@ class EventAcrossCapture(Rule):
     the capture (vLLM #56785: an indexer's event recorded in a piecewise segment and
     waited on after an eager break, `cudaErrorInvalidValue` at capture), and
     `cudaStreamEndCapture` fails with `cudaErrorStreamCaptureUnjoined` while a forked
-    stream is not joined. Without `record_stream`, the caching allocator reuses a
-    freed block at once on its stream; in a capture the later kernel and the side
-    stream's read become a race in every replay.
+    stream is not joined. Work on a stream that never branched out from the capture
+    stream is not captured at all (PyTorch's "Usage with multiple streams": "does not
+    branch out from or rejoin initial stream"): it runs once and replays skip it.
+    Without `record_stream`, the caching allocator reuses a freed block at once on its
+    stream; in a capture the later kernel and the side stream's read become a race in
+    every replay.
 
     ## Example
     ```python
@@ -89,7 +99,8 @@ class EventAcrossCapture(Rule):
     ## Limitations
     Streams run one after another on a CPU: a missing wait between two streams that
     CUDA would not refuse is seen only where it frees memory (`record_stream`).
-    Ops issued on a stream that is not part of the capture are recorded as captured.
+    Work on a stream outside the capture is reported but still replayed by the
+    emulation, so only the rule, not the numerical oracle, sees it.
     The capture stops at the first wait or fork CUDA refuses, so only the first is
     reported per run; fix it and run again.
     """
@@ -113,6 +124,8 @@ class EventAcrossCapture(Rule):
             message = self.host_message.format(**fields)
         elif e.kind is StreamHazard.UNJOINED:
             message = self.unjoined_message.format(**fields)
+        elif e.kind is StreamHazard.UNCAPTURED:
+            message = self.uncaptured_message.format(**fields)
         else:
             message = self.freed_message.format(**fields)
         yield Finding(self.code, self.name, self.condition, view.label.runner, view.label.mode, graph,

@@ -108,10 +108,14 @@ when the tensor is freed without ``record_stream`` and the pool hands its block 
 stream that has not waited on the side stream since, ``on_stream_hazard`` announces the
 race (CUDA does not refuse it). ``Event(external=True)`` is exempt from the refusals.
 
+An op issued during a capture on a stream that takes no part in it (never forked from
+the capture stream) runs, on a GPU, once and eagerly, outside the graph (on the legacy
+default stream CUDA refuses it): ``on_stream_hazard`` announces it, once per stream.
+
 Limitations: streams and events are sequential stand-ins (no concurrency is emulated:
-a missing wait is seen only where CUDA refuses it or where it frees memory); an op
-issued on a stream that takes no part in the capture is recorded as captured; Python
-garbage held in reference cycles counts as a live reference until collected.
+a missing wait is seen only where CUDA refuses it or where it frees memory); an op on a
+stream outside the capture is still recorded and replayed; Python garbage held in
+reference cycles counts as a live reference until collected.
 """
 
 from __future__ import annotations
@@ -300,7 +304,7 @@ class _RecordingMode(TorchDispatchMode):
                     if isinstance(t, torch.Tensor):
                         g._seen(t)
         stream = _current_stream[-1]
-        if stream is not g._origin and stream._capture is g:
+        if stream is not g._origin:
             g._side_stream_op(stream, info, args, kwargs)
         out = func(*args, **kwargs)
         for o in out if isinstance(out, (tuple, list)) else (out,):
@@ -619,6 +623,8 @@ class EmulatedCUDAGraph:
         self._origin: EmulatedStream | None = None
         self._forks: dict[EmulatedStream, protocol.Frame] = {}
         self._events: list[EmulatedEvent] = []
+        self._begun_at = protocol.UNKNOWN_FRAME
+        self._outsiders: set[EmulatedStream] = set()  # streams outside the capture that got work in it
 
     @property
     def where(self) -> tuple[protocol.GraphInfo, int]:
@@ -653,6 +659,7 @@ class EmulatedCUDAGraph:
             self._pool_model.begin(self)
         origin = self._origin = _current_stream[-1]
         origin._capture, origin._seen = self, {}
+        self._begun_at = self._where or frames.user_frame(2)
         modes = [_HostReadGuard(), _RecordingMode(self)]
         for m in modes:
             m.__enter__()
@@ -681,7 +688,7 @@ class EmulatedCUDAGraph:
         unjoined = [(s, frame) for s, frame in forks.items() if origin._seen.get(s, -1) < s._tick]
         for s in (origin, *forks):
             s._capture = None
-        self._forks = {}
+        self._forks, self._outsiders = {}, set()
         if unjoined and check_joined:
             stream, forked = unjoined[0]
             info, segment = self.where
@@ -715,9 +722,19 @@ class EmulatedCUDAGraph:
         return alias
 
     def _side_stream_op(self, stream: "EmulatedStream", info: Any, args: tuple, kwargs: dict) -> None:
-        """An op on a stream forked into this capture: the stream has work to join back,
-        and the graph-pool tensors it reads that another stream allocated are side uses
-        (``record_stream``)."""
+        """An op on another stream than the capture's own. On a stream forked into this
+        capture, it is work to join back, and the graph-pool tensors it reads that another
+        stream allocated are side uses (``record_stream``). On a stream outside the capture
+        a GPU runs it once, eagerly, and leaves it out of the graph: announced once per
+        stream (the emulation still records it)."""
+        if stream._capture is not self:
+            if stream not in self._outsiders:
+                self._outsiders.add(stream)
+                info_, segment = self.where
+                protocol.announce("on_stream_hazard", protocol.StreamCaptureEvent(
+                    protocol.StreamHazard.UNCAPTURED, frames.user_frame(3), self._begun_at, info_, segment,
+                    op=info.name, stream=stream.describe()))
+            return
         stream._tick = next(_ticks)
         if self._pool_model is None:
             return

@@ -262,6 +262,7 @@ class StreamHazard(enum.Enum):
     HOST_WAIT = "the host synchronizes with (or queries) an event recorded inside a capture"
     UNJOINED = "a stream forked into the capture is not joined back before the capture ends"
     FREED_IN_USE = "a tensor a side stream reads is freed, and its memory reused, without record_stream"
+    UNCAPTURED = "work is issued during a capture on a stream that takes no part in it"
 
     def __str__(self) -> str:
         return self.value

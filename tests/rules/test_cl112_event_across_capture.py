@@ -280,3 +280,44 @@ def test_joining_the_side_stream_before_the_memory_is_reused_is_clean(tmp_path, 
     body = RECORD_STREAM.format(record="torch.cuda.current_stream().wait_stream(side)")
     code, doc, err, _ = check(tmp_path, capsys, body)
     assert code == 0, doc["findings"] if doc else err
+
+
+# PyTorch's "Usage with multiple streams": the INCORRECT and the CORRECT side stream.
+MULTIPLE_STREAMS = '''
+def targets():
+    x = torch.randn(8, device=DEVICE)
+    s = torch.cuda.Stream()
+
+    def run():
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):                          # CAPTURE
+            {fork}
+            with torch.cuda.stream(s):
+                y = x * 2                                  # SIDE WORK
+            {join}
+        outs = []
+        for _ in range(2):
+            x.copy_(torch.randn(8))
+            g.replay()
+            outs.append(y.clone())
+        return outs
+
+    return target(run)
+'''
+
+
+def test_work_on_a_stream_that_never_branched_out_of_the_capture(tmp_path, capsys):
+    code, doc, err, lines = check(tmp_path, capsys, MULTIPLE_STREAMS.format(fork="pass", join="pass"))
+    assert code == 1, err
+    f = only(doc)
+    assert (f["op"], f["capture_frame"]["line"], f["shadow_frame"]["line"]) == (
+        "aten.mul.Tensor", line_of(lines, "# SIDE WORK"), line_of(lines, "# CAPTURE"))
+    assert "takes no part in captured segment" in f["message"]
+    assert doc["numerical"][0]["replay_steps"] == 2  # not refused: the run went on
+
+
+def test_work_on_a_stream_forked_and_joined_as_pytorch_shows_is_clean(tmp_path, capsys):
+    body = MULTIPLE_STREAMS.format(fork="s.wait_stream(torch.cuda.current_stream())",
+                                   join="torch.cuda.current_stream().wait_stream(s)")
+    code, doc, err, _ = check(tmp_path, capsys, body)
+    assert code == 0, doc["findings"] if doc else err
