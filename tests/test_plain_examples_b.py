@@ -44,6 +44,6 @@ def test_event_across_capture_side_stream_joined_after_the_capture(capsys):
 
 @pytest.mark.parametrize("example", ["shared_pool.py", "event_across_capture.py"])
 def test_the_fixed_twin_is_clean(capsys, example):
-    code, doc, err = check(capsys, f"examples/plain/{example}:targets_fixed")
+    code, doc, _ = check(capsys, f"examples/plain/{example}:targets_fixed")
     assert code == 0, doc["findings"]
     assert doc["findings"] == [] and doc["numerical"][0]["replay_steps"] > 0

@@ -52,7 +52,8 @@ class EventAcrossCapture(Rule):
         "CUDA refuses it). Fork the stream from the capture stream (side.wait_stream(torch.cuda.current_stream())) "
         "and join it back before the capture ends."
     )
-    outside_notes = {True: "captured segment {other} (another capture)", False: "outside any capture (an eager break, or after the graph)"}
+    other_capture_note = "captured segment {other} (another capture)"
+    no_capture_note = "outside any capture (an eager break, or after the graph)"
     doc = """
     ## What it does
     Follows streams and events through captures as CUDA does: which capture recorded
@@ -112,11 +113,11 @@ class EventAcrossCapture(Rule):
         graph = e.graph.label if e.graph is not None else ""
         segment = f"{graph} #{e.segment} captured" if e.graph is not None else ""
         tensor = self._tensor(view, e)
-        fields = dict(op=e.op, first=where(e.first), second=where(e.second), segment=segment or "of a capture",
-                      stream=e.stream, tensor=tensor)
+        fields = {"op": e.op, "first": where(e.first), "second": where(e.second), "segment": segment or "of a capture",
+                  "stream": e.stream, "tensor": tensor}
         if e.kind is StreamHazard.WAIT_OUTSIDE:
-            outside = self.outside_notes[e.other is not None].format(
-                other=f"{e.other.label} #{e.other_segment} captured" if e.other is not None else "")
+            outside = (self.other_capture_note.format(other=f"{e.other.label} #{e.other_segment} captured")
+                       if e.other is not None else self.no_capture_note)
             message = self.message.format(outside=outside, **fields)
         elif e.kind is StreamHazard.WAIT_INTO:
             message = self.into_message.format(**fields)

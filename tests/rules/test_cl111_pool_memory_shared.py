@@ -140,7 +140,7 @@ def test_a_third_graphs_replay_reads_the_overwritten_output(tmp_path, capsys):
     assert code == 1, err
     f = doc["findings"][0]
     assert (f["code"], f["tensor"]) == ("CL111", "prog.static_out_2")
-    assert f"the replay of graph cudagraph@" in f["message"]
+    assert "the replay of graph cudagraph@" in f["message"]
     assert f"prog.py:{line_of(lines, '# READ BY G3')} (aten.sub.Tensor)" in f["message"]
 
 

@@ -10,7 +10,12 @@ import torch
 
 from capturelint.runtime import protocol
 from capturelint.runtime.emulated import (
-    EmulatedStream, PrivatePool, emulate_cuda, private_pool, round_size, segment_size,
+    EmulatedStream,
+    PrivatePool,
+    emulate_cuda,
+    private_pool,
+    round_size,
+    segment_size,
 )
 
 MiB = 1 << 20
@@ -91,7 +96,7 @@ def test_a_capture_into_a_shared_pool_reuses_the_block_a_former_capture_freed():
 
 def test_graphs_in_separate_pools_never_share_a_block():
     with emulate_cuda(force=True), torch.no_grad(), protocol.observing(Overwrites()) as seen:
-        g1, g2, in1, in2, out1, out2 = _capture_docs_example(shared=False)
+        g1, g2, _, in2, _, out2 = _capture_docs_example(shared=False)
         assert private_pool(g1.pool()) is not private_pool(g2.pool())
         g2.replay(), g1.replay()
         assert torch.equal(out2, in2 * 3) and seen.events == []
@@ -127,7 +132,7 @@ def test_record_stream_keeps_a_block_from_reuse_until_the_capture_ends(record):
             del t
             u = x + 1
             torch.cuda.current_stream().wait_stream(side)
-        t_alloc, s_alloc, u_alloc = g._pool_allocations
+        t_alloc, _, u_alloc = g._pool_allocations
         assert (u_alloc.ptr == t_alloc.ptr) is not record
         if record:  # freed when the capture ended
             assert t_alloc.sid not in private_pool(g.pool()).live
