@@ -194,6 +194,19 @@ def bare_view(label: RunLabel, capture: Stream, event: HeldInputEvent | GraphMem
 
 
 @dataclasses.dataclass(frozen=True)
+class HazardView:
+    """A hazard the emulated runtime saw happen, for the rules that judge one
+    (``check_hazard``): ``event`` is a ``runtime.protocol.OverwrittenRead`` (graph-pool
+    memory another graph's replay overwrote, then read) or ``StreamCaptureEvent`` (a
+    stream or event across a capture boundary); ``captures`` the capture streams the
+    tracer recorded so far, by graph id (read-only)."""
+
+    label: RunLabel
+    event: Any
+    captures: Mapping[int, Stream]
+
+
+@dataclasses.dataclass(frozen=True)
 class LocationProblem:
     """Why a tensor read at replay is not the one the step reads (R4/R6)."""
 
@@ -440,6 +453,12 @@ class Analyzer:
             for rule in rules:
                 self.findings.extend(rule.check_bare(view))
 
+    def on_hazard(self, event: Any, captures: Mapping[int, Stream]) -> None:
+        """The runtime saw a hazard happen (``HazardView``)."""
+        view = HazardView(self.label, event, MappingProxyType(dict(captures)))
+        for rule in self._rules("check_hazard"):
+            self.findings.extend(rule.check_hazard(view))
+
     def check_capture(self, capture: Stream) -> None:
         """Rules that need only a capture (host syncs a backend did not reject)."""
         if capture.graph_id in self._capture_checked:
@@ -490,6 +509,7 @@ __all__ = [
     "Condition",
     "Divergence",
     "FindingSet",
+    "HazardView",
     "LocationProblem",
     "Mismatch",
     "RunLabel",

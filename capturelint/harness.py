@@ -25,7 +25,7 @@ from capturelint.findings import Finding
 from capturelint.records import ContextProbe, ScopeGroup, Stream
 from capturelint.rules import RULES
 from capturelint.runtime import frames
-from capturelint.runtime.protocol import HostSyncEvent, HostSyncInCaptureError
+from capturelint.runtime.protocol import HostSyncEvent, HostSyncInCaptureError, StreamCaptureError
 from capturelint.tracer import Tracer
 
 frames.register_runtime_file(__file__)
@@ -57,6 +57,7 @@ class TraceResult:
     bare_replays: int = 0  # replays of bare graphs: no shadow, freed inputs checked only
     rules_checked: tuple[str, ...] = ()  # structural rules that had something to check (Analyzer.rules_checked)
     rules_unchecked: tuple[str, ...] = ()  # selected structural rules that had nothing to check
+    failure: str = "a host synchronisation"  # what the capture failed on, when it did
 
 
 @contextlib.contextmanager
@@ -92,7 +93,8 @@ def trace_run(
 
     ``twin(output)``, when given, compares the run's output with an eager twin's after
     the traced run. A host synchronisation that makes the capture fail becomes a CL106
-    finding (the run stops there, as it would on a GPU); any other exception from the
+    finding, a wait or fork that CUDA refuses across a capture boundary a CL112 one (the
+    run stops there, as it would on a GPU); any other exception from the
     engine is a ``CapturelintError`` naming the configuration. ``invariants``
     (``capturelint.invariants.Invariant``) are checked on every capture's region graph
     by the CL2xx rules.
@@ -100,18 +102,23 @@ def trace_run(
     codes = select if select is not None else frozenset(r.code for r in RULES)
     analyzer = Analyzer(label, [r for r in (rules or RULES) if r.code in codes], invariants)
     tracer = Tracer(roots, on_step=analyzer.on_step, shadow=shadow, probe=probe, scope_group=scope_group,
-                    on_stale=analyzer.on_stale, on_bare=analyzer.on_bare)
+                    on_stale=analyzer.on_stale, on_bare=analyzer.on_bare, on_hazard=analyzer.on_hazard)
     output = None
     host_sync: HostSyncEvent | None = None
+    refused = False
     try:
         with torch.no_grad(), quiet_gc(), tracer:
             output = run()
-    except (HostSyncInCaptureError, CapturelintError) as raised:
+    except (HostSyncInCaptureError, StreamCaptureError, CapturelintError) as raised:
         # An engine may wrap the runtime's error in its own one-line error; unwrap it.
-        e = raised if isinstance(raised, HostSyncInCaptureError) else raised.__cause__
-        if not isinstance(e, HostSyncInCaptureError):
+        e = raised if isinstance(raised, (HostSyncInCaptureError, StreamCaptureError)) else raised.__cause__
+        if isinstance(e, StreamCaptureError):
+            analyzer.on_hazard(e.event, tracer.captures)
+            refused = True
+        elif isinstance(e, HostSyncInCaptureError):
+            host_sync = dataclasses.replace(e.event, stack=frames.capture_stack(e.event.stack, tracer.entry_stack))
+        else:
             raise
-        host_sync = dataclasses.replace(e.event, stack=frames.capture_stack(e.event.stack, tracer.entry_stack))
     except SystemExit as e:  # a check that did not finish has no verdict, whatever the code
         raise CapturelintError(
             f"the engine called sys.exit({e.code!r}) under runner {label.runner}, mode {label.mode}, so the check could "
@@ -131,16 +138,18 @@ def trace_run(
     for capture in tracer.captures.values():
         analyzer.check_capture(capture)
     steps = analyzer.steps or tracer.replays
-    verdict = twin(output) if twin is not None and host_sync is None and shadow else None
+    failed = host_sync is not None or refused
+    verdict = twin(output) if twin is not None and not failed and shadow else None
     outcome = RunOutcome(
         label, tuple(analyzer.findings.sorted()), host_sync, steps, analyzer.max_step_error,
         verdict.token_agreement if verdict else None, verdict.max_error if verdict else None,
     )
     findings = analyzer.finish(outcome)
-    checked, unchecked = analyzer.rules_checked(("check_stale", "check_bare") if tracer.bare_replays else ())
+    checked, unchecked = analyzer.rules_checked(("check_stale", "check_bare", "check_hazard") if tracer.bare_replays else ())
     return TraceResult(label, findings, list(tracer.captures.values()), steps, analyzer.max_step_error, output,
-                       host_sync is not None, verdict, dict(analyzer.invariant_selected), analyzer.steps,
-                       tracer.bare_replays, checked, unchecked)
+                       failed, verdict, dict(analyzer.invariant_selected), analyzer.steps,
+                       tracer.bare_replays, checked, unchecked,
+                       "a stream or event crossing a capture boundary" if refused else "a host synchronisation")
 
 
 __all__ = ["TraceResult", "TwinResult", "trace_run"]

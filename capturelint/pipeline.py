@@ -89,7 +89,7 @@ def check_configuration(config: Configuration, codes: frozenset[str], shadow: bo
     numerical = None
     note = STATIC_NOTE if static else None
     if result.capture_failed:
-        note = "the capture failed on a host synchronisation; replay and the numerical oracle did not run"
+        note = f"the capture failed on {result.failure}; replay and the numerical oracle did not run"
     elif shadow:
         if result.replay_steps == 0 and config.require_replays:
             raise CapturelintError(

@@ -34,6 +34,7 @@ from capturelint.snapshot import ConfigMap, EngineParams, RegionMap, natural
 
 LIST_CUT = 5
 
+
 class Direction(enum.Enum):
     TO_EAGER = "to eager"
     TO_CAPTURED = "to captured"

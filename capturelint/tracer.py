@@ -66,7 +66,7 @@ from capturelint.records import (
 from capturelint.runtime import protocol as rt
 from capturelint.runtime.frames import register_runtime_file, running_frames, user_frame, user_stack
 from capturelint.runtime.protocol import Frame, SegmentKind
-from capturelint.runtime.schema import OpInfo, op_info
+from capturelint.runtime.schema import OpInfo, ReplayKind, op_info
 
 register_runtime_file(__file__)
 
@@ -137,10 +137,16 @@ class Tracer(rt.CaptureObserver):
     ``on_bare(capture, event)`` the other hazards of such graphs (a re-bound holder of
     an input, a read of graph memory that does not hold the value meant: see the
     module docstring).
+    ``on_hazard(event, captures)`` hears what the emulated runtime saw happen rather
+    than what a step computes: a read of graph-pool memory that another graph's replay
+    overwrote (``OverwrittenRead``), a stream or event crossing a capture boundary
+    (``StreamCaptureEvent``), with the capture streams by graph id.
 
     Between steps the dispatch mode stays on in a cheap *watch* state that only notes
     which source line allocated each new storage, so that a finding about a
-    re-allocated tensor can name the line that re-allocated it.
+    re-allocated tensor can name the line that re-allocated it. While graph-pool memory
+    that another graph's replay overwrote awaits its own graph's next replay, the watch
+    state also looks for ops that read it.
     """
 
     def __init__(
@@ -152,6 +158,7 @@ class Tracer(rt.CaptureObserver):
         scope_group: ScopeGroup | None = None,
         on_stale: Callable[[Stream, rt.StaleInputEvent], None] | None = None,
         on_bare: Callable[[Stream, Any], None] | None = None,
+        on_hazard: Callable[[Any, dict[int, Stream]], None] | None = None,
     ):
         self.roots = roots or {}
         self._mode = _OpMode(self)
@@ -159,6 +166,8 @@ class Tracer(rt.CaptureObserver):
         self.on_step = on_step
         self.on_stale = on_stale
         self.on_bare = on_bare
+        self.on_hazard = on_hazard
+        self._overwritten: dict[StorageId, rt.PoolOverwriteEvent] = {}  # until their graph's next replay
         self.shadow_enabled = shadow
         self.probe = probe
         self.scope_group = scope_group
@@ -265,6 +274,8 @@ class Tracer(rt.CaptureObserver):
         info = op_info(func)
         stream = self.stream
         if stream is None:
+            if self._overwritten and info.replay is not ReplayKind.SKIP and not info.transparent:
+                self._reads_overwritten(info, args, kwargs)
             out = func(*args, **kwargs)
             if info.allocates and not info.transparent:
                 self._watch(info.allocates, out)
@@ -396,6 +407,26 @@ class Tracer(rt.CaptureObserver):
         self._unreplayed.update(owned)
         self._replay_frames[graph.id] = []
 
+    def _reads_overwritten(self, info: OpInfo, args: tuple, kwargs: dict) -> None:
+        """Between steps: an op that reads overwritten graph-pool memory observed the
+        hazard (once per overwrite); one that writes it refreshed it. Views are not
+        reads: the op that reads through one is."""
+        written = {id(t) for t in info.written(args, kwargs)}
+        for value in (*args, *kwargs.values()):
+            for t in value if isinstance(value, (list, tuple)) else (value,):
+                if not isinstance(t, torch.Tensor):
+                    continue
+                event = self._overwritten.pop(t.untyped_storage()._cdata, None)
+                if event is not None and id(t) not in written:
+                    self._hazard(rt.OverwrittenRead(event, info.name, user_frame(3)))
+
+    def _hazard(self, event: Any) -> None:
+        if self.on_hazard is not None:
+            captures = self.captures
+            if self.stream is not None and self.stream.kind is StreamKind.CAPTURE:  # the capture under way
+                captures = {**captures, self.stream.graph_id: self.stream}
+            self.on_hazard(event, captures)
+
     def _copy_before_write(self, info: OpInfo, args: tuple, kwargs: dict, stream: Stream) -> None:
         for t in info.written(args, kwargs):
             st = t.untyped_storage()
@@ -509,9 +540,12 @@ class Tracer(rt.CaptureObserver):
         elif phase is rt.Phase.REPLAY and not graph.segmented:
             if graph.id not in self.captures:
                 self.unseen[graph.id] = graph.label
-            elif graph.id in self._replay_frames:
-                self._replay_frames[graph.id].append(user_frame(2))
-                self._unreplayed.difference_update(self._graph_storages[graph.id])
+            else:
+                if graph.id in self._replay_frames:
+                    self._replay_frames[graph.id].append(user_frame(2))
+                    self._unreplayed.difference_update(self._graph_storages[graph.id])
+                if self._overwritten:
+                    self._replay_reads(graph)
             self._mode_off()  # a bare graph's replay is not traced
 
     def on_graph_end(self, graph: rt.GraphInfo, phase: rt.Phase, output: Any) -> None:
@@ -528,6 +562,8 @@ class Tracer(rt.CaptureObserver):
             self.stream = None
             self._entry, self._entry_frames = frozenset(), []
         elif phase is rt.Phase.REPLAY:
+            if self._overwritten:  # the graph rewrote its own memory
+                self._overwritten = {sid: e for sid, e in self._overwritten.items() if e.graph.id != graph.id}
             self._mode_on_()  # back to watching allocations between steps
             if self._shadow is None and not graph.segmented:
                 self.replays += 1
@@ -560,6 +596,23 @@ class Tracer(rt.CaptureObserver):
         capture = self.captures.get(event.graph.id)
         if capture is not None and self.on_bare is not None and not event.graph.segmented:
             self.on_bare(capture, event)
+
+    def _replay_reads(self, graph: rt.GraphInfo) -> None:
+        """A bare graph about to replay reads, as inputs, overwritten memory of another graph."""
+        capture = self.captures[graph.id]
+        for op in capture.ops:
+            for use in op.inputs:
+                event = self._overwritten.get(use.storage)
+                if event is not None and not use.write and capture.origins[use.storage].external:
+                    del self._overwritten[use.storage]
+                    self._hazard(rt.OverwrittenRead(event, op.op, user_frame(3), graph))
+
+    def on_pool_overwrite(self, event: rt.PoolOverwriteEvent) -> None:
+        if event.graph.id in self.captures:
+            self._overwritten[event.storage] = event
+
+    def on_stream_hazard(self, event: rt.StreamCaptureEvent) -> None:
+        self._hazard(event)
 
     def on_segment_begin(self, info: rt.SegmentInfo) -> None:
         if self.stream is not None and info.phase is rt.Phase.CAPTURE:

@@ -15,6 +15,8 @@ from capturelint.rules.cl107_stale_break_argument import StaleBreakArgument
 from capturelint.rules.cl108_stale_input_held import StaleInputHeld
 from capturelint.rules.cl109_output_overwritten import OutputOverwritten
 from capturelint.rules.cl110_capture_output_consumed import CaptureOutputConsumed
+from capturelint.rules.cl111_pool_memory_shared import PoolMemoryShared
+from capturelint.rules.cl112_event_across_capture import EventAcrossCapture
 from capturelint.rules.cl201_declared_eager_captured import DeclaredEagerCaptured
 from capturelint.rules.cl202_declared_captured_eager import DeclaredCapturedEager
 from capturelint.rules.cl203_eager_budget_exceeded import EagerBudgetExceeded
@@ -24,8 +26,8 @@ from capturelint.rules.cl901_unexplained_divergence import UnexplainedDivergence
 # analyzer calls each rule where it has a check method (``Rule.hooks``).
 RULES: tuple[type[Rule], ...] = (
     BakedControlFlow, BakedHostValue, BakedShape, StaleInput, EscapedEagerOutput, HostSyncInCapture,
-    StaleBreakArgument, StaleInputHeld, OutputOverwritten, CaptureOutputConsumed, DeclaredEagerCaptured,
-    DeclaredCapturedEager, EagerBudgetExceeded, UnexplainedDivergence,
+    StaleBreakArgument, StaleInputHeld, OutputOverwritten, CaptureOutputConsumed, PoolMemoryShared, EventAcrossCapture,
+    DeclaredEagerCaptured, DeclaredCapturedEager, EagerBudgetExceeded, UnexplainedDivergence,
 )
 # What ``check --static`` runs: the rules that judge a capture alone (no shadow, no twin).
 STATIC_CODES: frozenset[str] = frozenset(r.code for r in RULES if r.hooks & {"check_capture", "check_region"})

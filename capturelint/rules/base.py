@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, ClassVar, Iterator
 from capturelint.findings import Condition, Finding, Frame, RuleInfo
 
 if TYPE_CHECKING:  # the rule registry imports without torch (``capturelint rules``)
-    from capturelint.analyzer import BareView, RegionView, RunLabel, RunOutcome, StepView
+    from capturelint.analyzer import BareView, HazardView, RegionView, RunLabel, RunOutcome, StepView
     from capturelint.runtime.protocol import StaleInputEvent
     from capturelint.records import OpRecord, Stream
 
@@ -16,7 +16,7 @@ DOC_SECTIONS = ("What it does", "Why is this bad?", "Example", "Use instead", "L
 
 # The check methods a rule may implement, one per point of a run where the analyzer
 # calls rules (``Rule.hooks``).
-HOOKS = ("check", "check_capture", "check_region", "check_stale", "check_bare", "check_run")
+HOOKS = ("check", "check_capture", "check_region", "check_stale", "check_bare", "check_hazard", "check_run")
 
 
 class Rule:
@@ -30,7 +30,8 @@ class Rule:
     and implement one or more of ``check`` (a replay step), ``check_capture`` (a
     capture), ``check_region`` (a capture's region graph against the declared
     invariants that apply to it), ``check_stale`` (a freed input of a graph without a
-    shadow), ``check_bare`` (another event of such a graph: ``analyzer.BareView``) and
+    shadow), ``check_bare`` (another event of such a graph: ``analyzer.BareView``),
+    ``check_hazard`` (a hazard the emulated runtime saw happen) and
     ``check_run`` (the whole run of a configuration). ``hooks`` names the
     ones a rule implements: the analyzer calls a rule only there.
 
@@ -73,6 +74,11 @@ class Rule:
     def check_bare(self, view: BareView) -> Iterator[Finding]:
         """An event of a graph that gets no shadow: a re-bound holder of an input, a
         read of its memory that does not hold the value meant."""
+        return iter(())
+
+    def check_hazard(self, view: HazardView) -> Iterator[Finding]:
+        """A hazard the emulated runtime saw happen (graph-pool memory overwritten and
+        read, a stream or event across a capture boundary)."""
         return iter(())
 
     def check_run(self, outcome: RunOutcome) -> Iterator[Finding]:

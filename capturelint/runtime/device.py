@@ -138,12 +138,6 @@ def _pin_memory(self: torch.Tensor, device: Any = None) -> torch.Tensor:
     return self.clone()  # pinned memory is host memory: a copy, as pin_memory() makes
 
 
-def record_stream(self: torch.Tensor, stream: Any) -> None:
-    """``Tensor.record_stream``: the emulated streams run in program order, so there is
-    nothing to keep alive (patched on the class: torch parses a stream argument before
-    any mode sees the call)."""
-
-
 _METHODS: dict[Any, Callable[..., Any]] = {
     torch.Tensor.cuda: _tensor_cuda,
     torch.Tensor.to: _tensor_to,
@@ -395,7 +389,6 @@ def patches() -> Iterator[tuple[Any, str, Any]]:
         yield torch.cuda, name, value
     yield nvtx, "_nvtx", _Nvtx()
     yield torch.amp.autocast_mode.autocast, "__init__", _autocast_on_cpu
-    yield torch.Tensor, "record_stream", record_stream
 
 
 __all__ = ["CAPABILITY", "CPU", "DEVICE_NAME", "CudaOnCpuMode", "DeviceProperties", "SURFACE", "device_index",

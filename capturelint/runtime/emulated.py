@@ -8,8 +8,9 @@ as it would on a GPU.
 
 **What is built.** ``EmulatedCUDAGraph`` (``capture_begin(pool=...)``,
 ``capture_end``, ``replay``, ``reset``, ``pool``), ``graph`` (the
-``torch.cuda.graph`` context manager), ``graph_pool_handle``, stream and event
-stand-ins, ``make_graphed_callables`` (inference only), and ``emulate_cuda()``, which
+``torch.cuda.graph`` context manager), ``graph_pool_handle`` and the private pools'
+model (``PrivatePool``), stream and event stand-ins, ``Tensor.record_stream``,
+``make_graphed_callables`` (inference only), and ``emulate_cuda()``, which
 installs all of them in ``torch.cuda`` on a machine without CUDA, with the emulated
 CUDA device of ``runtime.device`` (``.cuda()``, ``device="cuda"`` and the
 ``torch.cuda`` queries on the CPU), so that unmodified code written for a GPU runs.
@@ -65,8 +66,71 @@ write, allocate or alias, and so how each replays, comes from the op schema
 ``torch.cuda.is_current_stream_capturing()`` answers True between ``capture_begin``
 and ``capture_end`` (see ``protocol.stream_capturing``).
 
-Limitations: streams and events are sequential stand-ins (no concurrency is emulated);
-Python garbage held in reference cycles counts as a live reference until collected.
+**Graphs that share a pool share memory.** PyTorch's caching allocator serves a
+capture's allocations from a graph-private pool; captures given the same pool
+(``pool=g1.pool()``, ``graph_pool_handle()``, a tuple handed to
+``make_graphed_callables``) share it, and "within the private pool, allocations are
+freed and reassigned as usual during capture" (c10/cuda/CUDACachingAllocator.cpp, Note
+[Interaction with CUDA graph capture]). So a later capture gets the blocks an earlier
+one freed, while that earlier graph's replays still write them; PyTorch's notes
+("Sharing memory across captures") call sharing safe only for graphs "always replayed
+in the same order they were captured, and never concurrently". ``PrivatePool`` models
+the pool of every handle that bare graphs capture into, after the allocator:
+
+- a request is rounded up to a multiple of 512 bytes (``kMinBlockSize``); up to 1 MiB
+  it is *small* (``kSmallSize``) and served from 2 MiB segments (``kSmallBuffer``),
+  under 10 MiB from 20 MiB segments (``kLargeBuffer``), from 10 MiB on from a segment
+  of its size rounded up to 2 MiB (``get_allocation_size``);
+- a request takes the best fit among the free blocks of its pool (small or large) and
+  stream: the smallest block that fits, the lowest address among equals
+  (``get_free_block``'s ``lower_bound`` over blocks ordered by stream, size, address);
+  a block freed on one stream serves that stream only;
+- the block is split when the rest is worth keeping (at least 512 bytes in the small
+  pool, more than 1 MiB in the large one: ``should_split``), and a freed block merges
+  with free neighbours of its segment (``free_block``);
+- a storage a capture produces is allocated when the op returns, and freed when
+  nothing outside the graphs references it any more (graphs hold their pool tensors
+  through aliases that are not counted), during a capture or between captures: live
+  tensors, a graph's outputs the program keeps, keep their blocks;
+- a tensor a capture frees while ``record_stream`` named another stream is freed when
+  the capture ends (the allocator defers it: ``needs_events_deferred_until_no_capture``).
+
+At each replay of a graph the bytes of every block its capture used, freed or not,
+are copied into the live tensors of other graphs that overlap them, as the GPU kernels
+would write them, and ``on_pool_overwrite`` announces each (CL111 reports a read of
+them before their own graph replays again). Addresses are virtual: only overlaps
+matter. Not modelled: expandable segments, ``max_split_size``,
+``roundup_power2_divisions``, the pools of graphs a breakable runtime owns (capturelint's,
+vLLM's: their segments are not bare graphs), and allocations outside captures (the
+default pools, which never overlap a private one).
+
+**Streams and events, as a capture sees them.** A capture begins on the current stream
+(``torch.cuda.graph`` makes a capture stream, shared by every ``graph`` as in PyTorch,
+current for the block). A stream joins the capture by waiting on an event recorded in
+it (``side.wait_stream(current)``: a fork) and must be joined back (the capture stream
+waits on an event recorded on it after its last work) before ``capture_end``, or the
+capture fails as ``cudaStreamEndCapture`` does (``cudaErrorStreamCaptureUnjoined``).
+An event remembers the capture that recorded it until a replay of that graph records
+it for real; waiting on it from outside that capture (an eager break, after the graph,
+another captured segment), making a capturing stream wait on an event recorded outside
+it, or synchronizing with or querying a captured event from the host raise
+``StreamCaptureError``, as CUDA refuses them ("It is invalid to merge two separate
+capture graphs by waiting on a captured event ... It is invalid to wait on a
+non-captured event from a stream which is being captured without specifying the
+cudaEventWaitExternal flag": CUDA Programming Guide, stream capture). An op on a
+forked stream that reads a graph-pool tensor another stream allocated is a side use:
+when the tensor is freed without ``record_stream`` and the pool hands its block to a
+stream that has not waited on the side stream since, ``on_stream_hazard`` announces the
+race (CUDA does not refuse it). ``Event(external=True)`` is exempt from the refusals.
+
+An op issued during a capture on a stream that takes no part in it (never forked from
+the capture stream) runs, on a GPU, once and eagerly, outside the graph (on the legacy
+default stream CUDA refuses it): ``on_stream_hazard`` announces it, once per stream.
+
+Limitations: streams and events are sequential stand-ins (no concurrency is emulated:
+a missing wait is seen only where CUDA refuses it or where it frees memory); an op on a
+stream outside the capture is still recorded and replayed; Python garbage held in
+reference cycles counts as a live reference until collected.
 """
 
 from __future__ import annotations
@@ -78,6 +142,7 @@ import gc
 import inspect
 import itertools
 import threading
+import weakref
 from typing import Any, Callable, Iterator
 
 import torch
@@ -265,14 +330,258 @@ class _RecordingMode(TorchDispatchMode):
                 for t in value:
                     if isinstance(t, torch.Tensor):
                         g._seen(t)
+        stream = _current_stream[-1]
+        if stream is not g._origin:
+            g._side_stream_op(stream, info, args, kwargs)
         out = func(*args, **kwargs)
         for o in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(o, torch.Tensor):
                 g._produced(o)
         if info.replay is not ReplayKind.SKIP:
             refresh = info.fresh_outputs(out) if info.replay is ReplayKind.COPY_OUT else []
+            if g._pool_model is not None:
+                # Hold graph-pool tensors through aliases, so that the pool model tells
+                # when the program drops one (``PrivatePool.sweep``).
+                args, kwargs = _map_tensors(g._hold, args), _map_tensors(g._hold, kwargs)
+                refresh = [g._hold(t) for t in refresh]
             g._calls.append(RecordedCall(func, args, kwargs, refresh, info.replay))
         return out
+
+
+# ---------------------------------------------------------------- the pool model
+
+# The caching allocator's sizes (c10/cuda/CUDACachingAllocator.cpp).
+MIN_BLOCK = 512  # kMinBlockSize: every request is rounded up to a multiple of 512 bytes
+SMALL_SIZE = 1 << 20  # kSmallSize: requests up to 1 MiB are "small", served from the small pool
+SMALL_BUFFER = 2 << 20  # kSmallBuffer: small requests are packed into 2 MiB segments
+LARGE_BUFFER = 20 << 20  # kLargeBuffer: requests between 1 and 10 MiB share 20 MiB segments
+MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc
+ROUND_LARGE = 2 << 20  # kRoundLarge: larger requests get a segment of their size rounded up to 2 MiB
+
+
+def round_size(nbytes: int) -> int:
+    """The block size the allocator serves a request of ``nbytes`` with (``round_size``)."""
+    return MIN_BLOCK if nbytes < MIN_BLOCK else MIN_BLOCK * ((nbytes + MIN_BLOCK - 1) // MIN_BLOCK)
+
+
+def segment_size(size: int) -> int:
+    """The segment the allocator reserves (``cudaMalloc``) when no free block fits a
+    block of ``size`` bytes (``get_allocation_size``)."""
+    if size <= SMALL_SIZE:
+        return SMALL_BUFFER
+    if size < MIN_LARGE_ALLOC:
+        return LARGE_BUFFER
+    return ROUND_LARGE * ((size + ROUND_LARGE - 1) // ROUND_LARGE)
+
+
+@dataclasses.dataclass(eq=False)
+class Block:
+    """A block of a segment: ``[ptr, ptr + size)``, allocated or free. ``prev`` and
+    ``next`` are its neighbours in the segment (a block is split off a larger one and
+    merged back when both are free). A free block serves requests on ``stream`` only."""
+
+    ptr: int
+    size: int
+    stream: Any
+    small: bool
+    prev: "Block | None" = None
+    next: "Block | None" = None
+    allocated: bool = False
+
+
+@dataclasses.dataclass(eq=False)
+class PoolAllocation:
+    """A storage a capture allocated in a private pool, at ``[ptr, ptr + nbytes)`` of a
+    block of ``size`` bytes (``block`` while allocated: a freed block is merged and
+    split again). ``storage`` keeps the memory alive while the pool models it; ``info``
+    and ``segment`` are the capture's graph; ``producer`` the line that allocated it.
+    ``side_uses`` are the reads by other streams than ``stream`` during the capture
+    (stream -> tick, line, op), ``recorded`` the streams ``record_stream`` named."""
+
+    block: Block
+    ptr: int
+    size: int
+    sid: StorageId
+    storage: torch.UntypedStorage
+    nbytes: int
+    stream: Any
+    info: protocol.GraphInfo
+    segment: int
+    side_uses: dict[Any, tuple[int, protocol.Frame, str]] = dataclasses.field(default_factory=dict)
+    recorded: set = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Pending:
+    """Memory freed while a side stream may still read it (no ``record_stream``): an
+    allocation on a stream that has not waited on ``stream`` since ``tick`` races it."""
+
+    ptr: int
+    size: int
+    stream: Any
+    tick: int
+    frame: protocol.Frame
+    op: str
+    sid: StorageId
+    info: protocol.GraphInfo
+    segment: int
+
+
+class PrivatePool:
+    """The caching allocator's private pool of one ``graph_pool_handle()``, as the
+    captures that share it see it (see the module docstring, **Graphs that share a
+    pool share memory**). Addresses are virtual: only overlaps matter."""
+
+    _bases = itertools.count(1)
+
+    def __init__(self, handle: tuple) -> None:
+        self.handle = handle
+        self.free: list[Block] = []
+        self.live: dict[StorageId, PoolAllocation] = {}
+        self.graphs: list[Any] = []  # weak references to the graphs captured into it, in capture order
+        self.capturing: "EmulatedCUDAGraph | None" = None
+        self.deferred: list[PoolAllocation] = []  # freed in a capture with record_stream: freed at its end
+        self.pending: list[_Pending] = []
+        self._top = next(self._bases) << 40
+
+    # -- the allocator
+    def malloc(self, nbytes: int, stream: Any) -> Block:
+        """A block for ``nbytes`` on ``stream``: the best fit (smallest, then lowest
+        address) among the free blocks of the request's pool and stream, split when
+        the rest is worth keeping; a new segment when none fits."""
+        size, small = round_size(nbytes), round_size(nbytes) <= SMALL_SIZE
+        fits = [b for b in self.free if b.small is small and b.stream is stream and b.size >= size]
+        if fits:
+            block = min(fits, key=lambda b: (b.size, b.ptr))
+            self.free.remove(block)
+        else:
+            block = Block(self._top, segment_size(size), stream, small)
+            self._top += block.size
+        rest = block.size - size
+        if rest >= MIN_BLOCK if small else rest > SMALL_SIZE:  # should_split
+            tail = Block(block.ptr + size, rest, stream, small, block, block.next)
+            if block.next is not None:
+                block.next.prev = tail
+            block.next, block.size = tail, size
+            self.free.append(tail)
+        block.allocated = True
+        return block
+
+    def free_block(self, block: Block) -> None:
+        """Return ``block`` to the pool, merged with its free neighbours (``free_block``)."""
+        block.allocated = False
+        for other in (block.prev, block.next):
+            if other is not None and not other.allocated and other in self.free:
+                self.free.remove(other)
+                if other is block.prev:
+                    block.ptr, block.prev = other.ptr, other.prev
+                    if other.prev is not None:
+                        other.prev.next = block
+                else:
+                    block.next = other.next
+                    if other.next is not None:
+                        other.next.prev = block
+                block.size += other.size
+        self.free.append(block)
+
+    # -- what captures do
+    def allocate(self, graph: "EmulatedCUDAGraph", storage: torch.UntypedStorage, stream: Any) -> PoolAllocation | None:
+        """``graph``'s capture produced ``storage`` on ``stream``: place it."""
+        nbytes = storage.nbytes()
+        if nbytes == 0:
+            return None  # the allocator hands out no block for an empty tensor
+        self.sweep()
+        block = self.malloc(nbytes, stream)
+        if self.pending:
+            self._check_pending(block, stream)
+        info, segment = graph.where
+        alloc = PoolAllocation(block, block.ptr, block.size, storage._cdata, storage, nbytes, stream, info, segment)
+        self.live[alloc.sid] = alloc
+        graph._pool_allocations.append(alloc)
+        return alloc
+
+    def sweep(self) -> None:
+        """Free the blocks of the storages that nothing outside the graphs holds any more."""
+        for sid, alloc in list(self.live.items()):
+            if _outside_references(sid) > 0:
+                continue
+            del self.live[sid]
+            if self.capturing is not None and alloc.recorded - {alloc.stream}:
+                self.deferred.append(alloc)  # record_stream: freed when the capture ends
+                continue
+            for s, (tick, frame, op) in alloc.side_uses.items():
+                if s not in alloc.recorded:
+                    self.pending.append(_Pending(alloc.ptr, alloc.size, s, tick, frame, op, sid,
+                                                 alloc.info, alloc.segment))
+            self.free_block(alloc.block)
+
+    def _check_pending(self, block: Block, stream: Any) -> None:
+        end = block.ptr + block.size
+        kept = []
+        for p in self.pending:
+            if p.ptr >= end or block.ptr >= p.ptr + p.size:
+                kept.append(p)
+            elif stream._seen.get(p.stream, -1) < p.tick:
+                event = protocol.StreamCaptureEvent(
+                    protocol.StreamHazard.FREED_IN_USE, p.frame, frames.user_frame(2), p.info, p.segment,
+                    op=p.op, stream=p.stream.describe(), storage=p.sid)
+                protocol.announce("on_stream_hazard", event)
+        self.pending = kept
+
+    def begin(self, graph: "EmulatedCUDAGraph") -> None:
+        self.sweep()
+        self.capturing = graph
+        self.graphs = [r for r in self.graphs if r() is not None and r() is not graph] + [weakref.ref(graph)]
+
+    def end(self) -> None:
+        self.capturing = None
+        self.pending = []
+        for alloc in self.deferred:
+            self.free_block(alloc.block)
+        self.deferred = []
+
+    def replayed(self, graph: "EmulatedCUDAGraph", replay_frame: protocol.Frame) -> None:
+        """After ``graph``'s replay: it rewrote every block its capture used, freed or
+        not. Copy those bytes into the live tensors of other graphs that the allocator
+        placed over its freed blocks, and announce each."""
+        if not any(a.info is not graph.info for a in self.live.values()):
+            return
+        self.sweep()
+        overwritten: dict[tuple[StorageId, StorageId], int] = {}
+        with _disable_current_modes(), torch.no_grad():
+            for w in graph._pool_allocations:
+                for v in self.live.values():
+                    lo, hi = max(w.ptr, v.ptr), min(w.ptr + w.nbytes, v.ptr + v.nbytes)
+                    if v.info is graph.info or lo >= hi:
+                        continue
+                    _bytes(v.storage, lo - v.ptr, hi - lo).copy_(_bytes(w.storage, lo - w.ptr, hi - lo))
+                    key = (v.sid, w.sid)
+                    overwritten[key] = overwritten.get(key, 0) + hi - lo
+        for (sid, writer_sid), n in overwritten.items():
+            victim = self.live[sid]
+            protocol.announce("on_pool_overwrite", protocol.PoolOverwriteEvent(
+                victim.info, sid, graph.info, writer_sid, replay_frame, n))
+
+    def forget(self, graph: "EmulatedCUDAGraph") -> None:
+        """``graph`` was reset: its replays write nothing any more."""
+        self.graphs = [r for r in self.graphs if r() is not None and r() is not graph]
+        if not self.graphs and self.capturing is None:
+            _pools.pop(self.handle, None)
+
+
+def _bytes(storage: torch.UntypedStorage, start: int, n: int) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, start, (n,), (1,))
+
+
+_pools: dict[tuple, PrivatePool] = {}
+
+
+def private_pool(handle: tuple) -> PrivatePool:
+    """The pool model of ``handle`` (made on first use)."""
+    pool = _pools.get(tuple(handle))
+    if pool is None:
+        pool = _pools[tuple(handle)] = PrivatePool(tuple(handle))
+    return pool
 
 
 # --------------------------------------------------------------------- the graph
@@ -291,6 +600,10 @@ def graph_pool_handle() -> _PoolHandle:
 
 
 _bare_ids = itertools.count(1 << 40)
+# Bare graphs captured at one line (a loop over batch sizes, make_graphed_callables with a
+# tuple) are told apart by their order: the second is cudagraph#2@file:line. Counted
+# afresh in each outermost emulate_cuda() block, so that a check labels alike every time.
+_line_captures: dict[tuple[str, int], int] = {}
 _adoption = threading.local()
 
 
@@ -328,6 +641,30 @@ class EmulatedCUDAGraph:
         self._where: protocol.Frame | None = None  # the line that began the capture
         self._holders: holders.Holders | None = None  # who held the inputs at capture (bare graphs, observed)
         self._replays = 0
+        # A bare graph's pool model (the module docstring): its allocations in capture
+        # order, and the aliases through which it holds them.
+        self._pool_model: PrivatePool | None = None
+        # an owned graph whose runtime shares pools as a bare graph does (a graphed
+        # callable, ``_Graphed``): its pool is modelled too
+        self.pool_modelled = False
+        self._pool_allocations: list[PoolAllocation] = []
+        self._held: dict[StorageId, int] = {}
+        # Streams and events (the module docstring): the stream the capture began on,
+        # the streams forked into it (and the line that forked each), the events it recorded.
+        self._origin: EmulatedStream | None = None
+        self._forks: dict[EmulatedStream, protocol.Frame] = {}
+        self._events: list[EmulatedEvent] = []
+        self._begun_at = protocol.UNKNOWN_FRAME
+        self._outsiders: set[EmulatedStream] = set()  # streams outside the capture that got work in it
+
+    @property
+    def where(self) -> tuple[protocol.GraphInfo, int]:
+        """The graph and segment this capture is, as findings name them."""
+        return self.owner if self.owner is not None else (self.info, 0)
+
+    @property
+    def capturing(self) -> bool:
+        return bool(self._recording)
 
     @property
     def info(self) -> protocol.GraphInfo:
@@ -335,7 +672,8 @@ class EmulatedCUDAGraph:
             return self.owner[0]
         if self._info is None:
             where = self._where or protocol.UNKNOWN_FRAME
-            label = f"cudagraph@{where.file}:{where.line}"
+            n = _line_captures[(where.file, where.line)] = _line_captures.get((where.file, where.line), 0) + 1
+            label = f"cudagraph{f'#{n}' if n > 1 else ''}@{where.file}:{where.line}"
             self._info = protocol.GraphInfo(next(_bare_ids), label, str(protocol.CUDAGraphMode.FULL), False,
                                              protocol.BreakOutputs.DISCARD, False)
         return self._info
@@ -349,6 +687,12 @@ class EmulatedCUDAGraph:
         self._pool = _PoolHandle(pool) if pool is not None else graph_pool_handle()
         if self.owner is None:
             self._where = frames.user_frame(2)
+        if self.owner is None or self.pool_modelled:
+            self._pool_model = private_pool(self._pool)
+            self._pool_model.begin(self)
+        origin = self._origin = _current_stream[-1]
+        origin._capture, origin._seen = self, {}
+        self._begun_at = self._where or frames.user_frame(2)
         modes = [_HostReadGuard(), _RecordingMode(self)]
         for m in modes:
             m.__enter__()
@@ -357,7 +701,10 @@ class EmulatedCUDAGraph:
         if self.owner is None:
             protocol.announce("on_graph_begin", self.info, protocol.Phase.CAPTURE)
 
-    def capture_end(self) -> None:
+    def capture_end(self, check_joined: bool = True) -> None:
+        """End the capture. As ``cudaStreamEndCapture``, it fails when a stream forked
+        into the capture was not joined back (unless ``check_joined`` is false: the
+        capture is being abandoned on another error)."""
         if not self._recording:
             raise RuntimeError("capture_end called without capture_begin")
         protocol.capturing_as_on_gpu(True).__exit__(None, None, None)
@@ -374,6 +721,19 @@ class EmulatedCUDAGraph:
             found = holders.discover(inputs + list(self._allocated))
             protocol.announce("on_graph_names", self.info, found.names())
             self._holders = found.only(inputs) if inputs else None
+        if self._pool_model is not None:
+            self._pool_model.end()
+        origin, forks = self._origin, self._forks
+        unjoined = [(s, frame) for s, frame in forks.items() if origin._seen.get(s, -1) < s._tick]
+        for s in (origin, *forks):
+            s._capture = None
+        self._forks, self._outsiders = {}, set()
+        if unjoined and check_joined:
+            stream, forked = unjoined[0]
+            info, segment = self.where
+            raise protocol.StreamCaptureError(protocol.StreamCaptureEvent(
+                protocol.StreamHazard.UNJOINED, forked, frames.user_frame(2), info, segment,
+                op="capture_end", stream=stream.describe()))
 
     def _seen(self, t: torch.Tensor) -> None:
         st = t.untyped_storage()
@@ -386,6 +746,45 @@ class EmulatedCUDAGraph:
         sid = st._cdata
         if sid not in self._known and sid not in self._allocated:
             self._allocated[sid] = (st, t.dtype)
+            if self._pool_model is not None:
+                self._pool_model.allocate(self, st, _current_stream[-1])
+
+    def _hold(self, t: torch.Tensor) -> torch.Tensor:
+        """What a recorded call keeps of ``t``: an alias when it is graph-pool memory."""
+        sid = t.untyped_storage()._cdata
+        if sid not in self._allocated:
+            return t
+        with _disable_current_modes():
+            alias = _alias(t)
+        self._held[sid] = self._held.get(sid, 0) + 1
+        _graph_aliases[sid] = _graph_aliases.get(sid, 0) + 1
+        return alias
+
+    def _side_stream_op(self, stream: "EmulatedStream", info: Any, args: tuple, kwargs: dict) -> None:
+        """An op on another stream than the capture's own. On a stream forked into this
+        capture, it is work to join back, and the graph-pool tensors it reads that another
+        stream allocated are side uses (``record_stream``). On a stream outside the capture
+        a GPU runs it once, eagerly, and leaves it out of the graph: announced once per
+        stream (the emulation still records it)."""
+        if stream._capture is not self:
+            if stream not in self._outsiders:
+                self._outsiders.add(stream)
+                info_, segment = self.where
+                protocol.announce("on_stream_hazard", protocol.StreamCaptureEvent(
+                    protocol.StreamHazard.UNCAPTURED, frames.user_frame(3), self._begun_at, info_, segment,
+                    op=info.name, stream=stream.describe()))
+            return
+        stream._tick = next(_ticks)
+        if self._pool_model is None:
+            return
+        live, frame = self._pool_model.live, None
+        for value in itertools.chain(args, kwargs.values()):
+            for t in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(t, torch.Tensor):
+                    alloc = live.get(t.untyped_storage()._cdata)
+                    if alloc is not None and alloc.stream is not stream:
+                        frame = frame or frames.user_frame(3)
+                        alloc.side_uses[stream] = (stream._tick, frame, info.name)
 
     def _before_write(self, t: torch.Tensor) -> None:
         st = t.untyped_storage()
@@ -441,12 +840,28 @@ class EmulatedCUDAGraph:
                 if c.outputs:
                     for dst, src in zip(c.outputs, op_info(c.func).fresh_outputs(out)):
                         dst.copy_(src)
+        for event in self._events:
+            if event.capture is self:
+                event.capture = None  # the graph's event-record node recorded it for real
+        if self._pool_model is not None:
+            self._pool_model.replayed(self, frames.user_frame(2))
         if bare:
             protocol.announce("on_graph_end", self.info, protocol.Phase.REPLAY, None)
 
     def reset(self) -> None:
         self._holders = None
         self._borrowed.release()
+        for sid, n in self._held.items():
+            left = _graph_aliases.get(sid, 0) - n
+            if left > 0:
+                _graph_aliases[sid] = left
+            else:
+                _graph_aliases.pop(sid, None)
+        self._held = {}
+        if self._pool_model is not None:
+            self._pool_model.forget(self)
+            self._pool_model, self._pool_allocations = None, []
+        self._events = []
         if self._captured:
             for sid in self._allocated:
                 left = _graph_owned.get(sid, 0) - 1
@@ -510,16 +925,33 @@ def is_current_stream_capturing() -> bool:
 # ------------------------------------------------------------ streams and events
 
 
+_ticks = itertools.count(1)  # orders the work of streams taking part in captures
+
+
 class EmulatedStream:
-    """A stream stand-in: work is sequential on a CPU, so waits are no-ops."""
+    """A stream stand-in. Work is sequential on a CPU, so waits only keep the capture
+    bookkeeping CUDA keeps (the module docstring, **Streams and events**): which capture
+    the stream takes part in (``_capture``), when it last did work there (``_tick``),
+    and up to when it has waited on each other stream (``_seen``). The bookkeeping is
+    private: break arguments that hold a stream compare its public attributes only."""
 
     def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any):
         self.device = torch.device("cpu")
         self.priority = priority
+        self._capture: EmulatedCUDAGraph | None = None
+        self._tick = 0
+        self._seen: dict[EmulatedStream, int] = {}
+        self._made_at = frames.user_frame(2)
+        self._label: str | None = None
 
-    def wait_stream(self, stream: Any) -> None: ...
+    def describe(self) -> str:
+        return self._label or f"the stream made at {self._made_at.file}:{self._made_at.line}"
 
-    def wait_event(self, event: Any) -> None: ...
+    def wait_stream(self, stream: Any) -> None:
+        stream.record_event()._waited(self, frames.user_frame(2), "Stream.wait_stream")
+
+    def wait_event(self, event: Any) -> None:
+        event._waited(self, frames.user_frame(2), "Stream.wait_event")
 
     def record_event(self, event: Any = None) -> "EmulatedEvent":
         event = event if event is not None else EmulatedEvent()
@@ -532,9 +964,11 @@ class EmulatedStream:
         return True
 
     def __enter__(self) -> "EmulatedStream":
+        _current_stream.append(self)
         return self
 
-    def __exit__(self, *exc: object) -> None: ...
+    def __exit__(self, *exc: object) -> None:
+        _current_stream.pop()
 
     @property
     def cuda_stream(self) -> int:
@@ -542,24 +976,89 @@ class EmulatedStream:
 
 
 class EmulatedEvent:
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
-        self.recorded = False
+    """An event stand-in that remembers where it was recorded: on which stream, in
+    which capture (``capture``: a captured record, until a replay of that graph records
+    it for real), at which line. Waiting on it across a capture boundary raises
+    ``StreamCaptureError`` as CUDA refuses it (the module docstring)."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
+                 external: bool = False):
+        self._external = external  # captured as event record/wait nodes (cudaEventWaitExternal)
+        self._recorded = False
+        self._capture: Any = None  # a weak reference to the capture that recorded it
+        self._stream: EmulatedStream | None = None
+        self._tick = 0
+        self._seen: dict[EmulatedStream, int] = {}
+        self._frame = protocol.UNKNOWN_FRAME
+
+    @property
+    def capture(self) -> "EmulatedCUDAGraph | None":
+        return self._capture() if self._capture is not None else None
+
+    @capture.setter
+    def capture(self, graph: "EmulatedCUDAGraph | None") -> None:
+        self._capture = weakref.ref(graph) if graph is not None else None
 
     def record(self, stream: Any = None) -> None:
-        self.recorded = True
+        stream = stream if stream is not None else _current_stream[-1]
+        self._recorded, self._stream, self.capture = True, stream, None if self._external else stream._capture
+        self._frame = frames.user_frame(2)
+        if stream._capture is not None:
+            stream._tick = self._tick = next(_ticks)
+            stream._capture._events.append(self)
+        else:
+            self._tick = stream._tick
+        self._seen = {**stream._seen, stream: self._tick}
 
-    def wait(self, stream: Any = None) -> None: ...
+    def wait(self, stream: Any = None) -> None:
+        self._waited(stream if stream is not None else _current_stream[-1], frames.user_frame(2), "Event.wait")
 
-    def synchronize(self) -> None: ...
+    def _waited(self, stream: EmulatedStream, frame: protocol.Frame, op: str) -> None:
+        """``stream`` waits on this event at ``frame``: a dependency inside one capture
+        (a fork when ``stream`` was not capturing yet), or one CUDA refuses."""
+        if not self._recorded:
+            return  # waiting on an event never recorded is a no-op
+        mine, theirs = self.capture, stream._capture
+        if mine is None and theirs is not None and not self._external:
+            self._refused(protocol.StreamHazard.WAIT_INTO, frame, op, stream, theirs)
+        if mine is not None and (not mine.capturing or (theirs is not None and theirs is not mine)):
+            self._refused(protocol.StreamHazard.WAIT_OUTSIDE, frame, op, stream, theirs)
+        if mine is not None and theirs is None:  # a fork: the stream joins the capture
+            stream._capture, stream._seen, stream._tick = mine, {}, next(_ticks)
+            mine._forks.setdefault(stream, frame)
+        for s, tick in self._seen.items():
+            if stream._seen.get(s, -1) < tick:
+                stream._seen[s] = tick
+
+    def _refused(self, kind: protocol.StreamHazard, frame: protocol.Frame, op: str, stream: EmulatedStream,
+                 theirs: "EmulatedCUDAGraph | None") -> None:
+        recorder = self.capture if self.capture is not None else theirs
+        info, segment = recorder.where if recorder is not None else (None, 0)
+        other, other_segment = theirs.where if theirs is not None and theirs is not recorder else (None, 0)
+        raise protocol.StreamCaptureError(protocol.StreamCaptureEvent(
+            kind, self._frame, frame, info, segment, other, other_segment, op, stream.describe()))
+
+    def _host_wait(self, op: str) -> None:
+        if self._recorded and self.capture is not None:
+            info, segment = self.capture.where
+            raise protocol.StreamCaptureError(protocol.StreamCaptureEvent(
+                protocol.StreamHazard.HOST_WAIT, self._frame, frames.user_frame(3), info, segment, op=op,
+                stream=self._stream.describe()))
+
+    def synchronize(self) -> None:
+        self._host_wait("Event.synchronize")
 
     def query(self) -> bool:
+        self._host_wait("Event.query")
         return True
 
     def elapsed_time(self, end: "EmulatedEvent") -> float:
+        self._host_wait("Event.elapsed_time")
         return 0.0
 
 
 _default_stream = EmulatedStream()
+_default_stream._label = "the default stream"
 _current_stream: list[EmulatedStream] = [_default_stream]
 
 
@@ -588,21 +1087,34 @@ def synchronize(device: Any = None) -> None: ...
 
 
 class graph:
-    """``torch.cuda.graph``: ``with graph(g, pool=...): ...`` captures into ``g``."""
+    """``torch.cuda.graph``: ``with graph(g, pool=..., stream=...): ...`` captures into
+    ``g`` on ``stream`` (default: one capture stream shared by every ``graph``, as in
+    PyTorch), which is the current stream inside the block."""
 
     default_capture_stream: EmulatedStream | None = None
 
     def __init__(self, cuda_graph: Any, pool: Any = None, stream: Any = None, capture_error_mode: str = "global"):
+        if graph.default_capture_stream is None:
+            graph.default_capture_stream = EmulatedStream()
+            graph.default_capture_stream._label = "torch.cuda.graph's capture stream"
         self.cuda_graph = cuda_graph
         self.pool = pool
-        self.stream = stream
+        self.stream = stream if stream is not None else graph.default_capture_stream
 
     def __enter__(self) -> None:
         gc.collect()
-        self.cuda_graph.capture_begin(pool=self.pool)
+        _current_stream.append(self.stream)
+        try:
+            self.cuda_graph.capture_begin(pool=self.pool)
+        except BaseException:
+            _current_stream.pop()
+            raise
 
     def __exit__(self, *exc: object) -> None:
-        self.cuda_graph.capture_end()
+        try:
+            self.cuda_graph.capture_end(check_joined=exc[0] is None)
+        finally:
+            _current_stream.pop()
 
 
 def make_graphed_callables(
@@ -683,6 +1195,7 @@ class _Graphed:
         phase = protocol.Phase.CAPTURE
         with owned_by(self.info, 0):
             self.graph = EmulatedCUDAGraph()
+        self.graph.pool_modelled = True  # the callables of one tuple share a pool (CL111)
         protocol.announce("on_graph_begin", self.info, phase)
         protocol.announce("on_segment_begin", self._segment(phase))
         try:
@@ -799,6 +1312,17 @@ def _bound_objects(fn: Any) -> list[Any]:
     return list(found.values())
 
 
+def record_stream(tensor: torch.Tensor, stream: Any) -> None:
+    """``Tensor.record_stream``: ``stream`` uses ``tensor``, so the allocator must not
+    hand its memory to another allocation before ``stream``'s work is done (in a
+    capture: not before the capture ends)."""
+    sid = tensor.untyped_storage()._cdata
+    for pool in _pools.values():
+        alloc = pool.live.get(sid)
+        if alloc is not None:
+            alloc.recorded.add(stream)
+
+
 # ---------------------------------------------------------------- installation
 
 _SURFACE: dict[str, Any] = {
@@ -830,6 +1354,9 @@ def _surface() -> Iterator[tuple[Any, str, Any]]:
     for name in ("CUDAGraph", "graph", "graph_pool_handle"):
         yield graphs_module, name, _SURFACE[name]
     yield from emulated_device.patches()
+    # the pools' record_stream (CL111, CL112): torch parses a stream argument before any
+    # mode sees the call, so it is patched on the class
+    yield torch.Tensor, "record_stream", record_stream
 
 
 @contextlib.contextmanager
@@ -849,6 +1376,7 @@ def emulate_cuda(force: bool = False) -> Iterator[bool]:
         real = not _depth and not force and torch.cuda.is_available()
         if not real:
             if not _depth:
+                _line_captures.clear()  # graph labels number the captures of one line per check
                 for owner, name, value in _surface():
                     _installed.append((owner, name, getattr(owner, name, None), name in vars(owner)))
                     setattr(owner, name, value)
@@ -888,4 +1416,8 @@ __all__ = [
     "owned_by",
     "poison_storage",
     "poison_value",
+    "private_pool",
+    "record_stream",
+    "round_size",
+    "segment_size",
 ]

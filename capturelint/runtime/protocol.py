@@ -27,6 +27,13 @@ A break that runs as plain Python (outside a capture, in a graph whose breaks ar
 eager, nested in another break, or in the shadow) is announced with
 ``on_break_enter``/``on_break_exit`` and ``BreakCall.inline`` set.
 
+The emulated primitive also announces what it sees happen to memory and streams: a
+replay that overwrote a live tensor of another graph sharing its pool
+(``on_pool_overwrite``, a ``PoolOverwriteEvent``) and a side stream's tensor whose memory
+was reused without ``record_stream`` (``on_stream_hazard``). What CUDA refuses at
+capture (a wait on an event across a capture boundary, a forked stream not joined
+back) it raises, as ``StreamCaptureError`` with a ``StreamCaptureEvent``.
+
 **Host synchronisation.** ``HOST_SYNC_OPS`` and ``host_sync_reason`` are the one table
 of ops that need a value on the host; the emulated primitive refuses them at capture
 (raising ``HostSyncInCaptureError`` with a ``HostSyncEvent``) and rule CL106 reports
@@ -265,6 +272,90 @@ class HostSyncInCaptureError(RuntimeError):
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class PoolOverwriteEvent:
+    """A replay of graph ``writer`` rewrote memory that a live tensor of graph ``graph``
+    lives in (``storage``): both were captured into one private memory pool, and the
+    caching allocator handed ``graph``'s capture a block that ``writer``'s capture had
+    freed (``writer_storage``, which ``writer``'s replays still write).
+    ``replay_frame`` is the line that replayed ``writer``; ``nbytes`` how many bytes of
+    ``storage`` it overwrote. The emulated primitive announces one per replay and
+    overwritten storage (``runtime.emulated``'s pool model)."""
+
+    graph: GraphInfo
+    storage: int
+    writer: GraphInfo
+    writer_storage: int
+    replay_frame: Frame
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class OverwrittenRead:
+    """A read of memory that a ``PoolOverwriteEvent`` overwrote, before its own graph
+    rewrote it: ``op`` at ``frame``, in eager code or (``reader``) in a graph's replay."""
+
+    overwrite: PoolOverwriteEvent
+    op: str
+    frame: Frame
+    reader: GraphInfo | None = None
+
+
+class StreamHazard(enum.Enum):
+    """What crossed a capture boundary; the value is the wording of messages."""
+
+    WAIT_OUTSIDE = "an event recorded inside a capture is waited on outside that capture"
+    WAIT_INTO = "a capturing stream waits on an event recorded outside the capture"
+    HOST_WAIT = "the host synchronizes with (or queries) an event recorded inside a capture"
+    UNJOINED = "a stream forked into the capture is not joined back before the capture ends"
+    FREED_IN_USE = "a tensor a side stream reads is freed, and its memory reused, without record_stream"
+    UNCAPTURED = "work is issued during a capture on a stream that takes no part in it"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamCaptureEvent:
+    """A stream or an event crossed a capture boundary (``kind``). ``first`` is where
+    it began (the event's record, the stream's fork, the side stream's read) and
+    ``second`` where it broke (the wait, the capture's end, the allocation that reused
+    the memory). ``graph``/``segment``: the capture that recorded the event, was forked
+    or read the tensor; ``other``/``other_segment``: the capture the waiting stream was
+    in (None: outside any capture). ``op`` is the call or op concerned, ``stream`` the
+    stream in words, ``storage`` the tensor's storage (``FREED_IN_USE``)."""
+
+    kind: StreamHazard
+    first: Frame
+    second: Frame
+    graph: GraphInfo | None
+    segment: int = 0
+    other: GraphInfo | None = None
+    other_segment: int = 0
+    op: str = ""
+    stream: str = ""
+    storage: int | None = None
+
+
+class StreamCaptureError(RuntimeError):
+    """What CUDA refuses at capture, as the emulated primitive refuses it: waiting on an
+    event across a capture boundary, or ending a capture with a forked stream not
+    joined back (``cudaErrorStreamCaptureIsolation``/``cudaErrorInvalidValue``,
+    ``cudaErrorStreamCaptureUnjoined``). ``event`` says what, where."""
+
+    def __init__(self, event: StreamCaptureEvent):
+        self.event = event
+        super().__init__(
+            f"{event.kind} ({event.op} at {event.second}; {_begun(event)} at {event.first}): CUDA refuses this "
+            "during stream capture. Record and wait on the event inside one captured segment (or both outside), "
+            "and join every forked stream back to the capture stream before the capture ends."
+        )
+
+
+def _begun(event: StreamCaptureEvent) -> str:
+    return "forked" if event.kind is StreamHazard.UNJOINED else "recorded"
+
+
 class CaptureObserver:
     """Receives a runtime's announcements. Subclass and override what you need."""
 
@@ -287,6 +378,11 @@ class CaptureObserver:
     def on_graph_names(self, graph: GraphInfo, names: dict[int, tuple[str, ...]]) -> None:
         """A bare graph's capture ended: the names the program holds its inputs and
         outputs by (``runner.static_x``), by storage identity, found without roots."""
+
+    def on_pool_overwrite(self, event: PoolOverwriteEvent) -> None: ...
+
+    def on_stream_hazard(self, event: StreamCaptureEvent) -> None:
+        """A hazard across a capture boundary that CUDA does not refuse (a race)."""
 
     def before_replay(self, graph: GraphInfo, shadow: Callable[[], Any]) -> None:
         """Called before each replay of a segmented graph. ``shadow()`` runs the same
