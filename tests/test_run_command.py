@@ -147,13 +147,13 @@ def test_an_uncaught_exception_is_one_line_naming_the_scripts_line(capsys, tmp_p
     assert code == 2
     assert out == ""
     lines = [t for t in err.splitlines() if t.startswith("capturelint:")]
-    assert lines == [f"capturelint: error: the script prog.py raised ValueError at prog.py:{line_of(prog, 'raise')} "
-                     "in <module>: bad batch; this is a bug of the script, not a replay hazard: fix it and run again"]
+    assert lines == [(f"capturelint: error: the script prog.py raised ValueError at prog.py:{line_of(prog, 'raise')} "
+                      "in <module>: bad batch; this is a bug of the script, not a replay hazard: fix it and run again")]
 
 
 def test_a_script_that_captures_no_graph_is_an_error(capsys, tmp_path):
     write(tmp_path, "import torch\nx = torch.ones(3, device='cuda') * 2\n")
-    code, out, err = run(capsys, "prog.py")
+    code, _, err = run(capsys, "prog.py")
     assert code == 2
     assert err.strip() == ("capturelint: error: the script prog.py captured no CUDA graph, so nothing was compared and "
                            "the check would prove nothing; capture with torch.cuda.CUDAGraph, torch.cuda.graph or "
@@ -161,7 +161,7 @@ def test_a_script_that_captures_no_graph_is_an_error(capsys, tmp_path):
 
 
 def test_a_missing_script_is_an_error(capsys, tmp_path):
-    code, out, err = run(capsys, "nope.py")
+    code, _, err = run(capsys, "nope.py")
     assert code == 2
     assert err.strip() == ("capturelint: error: capturelint run: no file nope.py; give the path of a Python script, "
                            "e.g. capturelint run train.py --steps 3")
@@ -169,7 +169,7 @@ def test_a_missing_script_is_an_error(capsys, tmp_path):
 
 def test_require_oracle_refuses_a_bare_graph(capsys, tmp_path):
     write(tmp_path, GOOD)
-    code, out, err = run(capsys, "--require-oracle", "prog.py")
+    code, _, err = run(capsys, "--require-oracle", "prog.py")
     assert code == 2
     assert "--require-oracle asks for replay compared with eager execution, and script/prog.py" in err
 
@@ -187,6 +187,6 @@ def test_python_m_capturelint_run(tmp_path):
     write(tmp_path, STALE)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, "-m", "capturelint", "run", "--format", "json", "prog.py"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=300)
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 1, done.stderr
     assert [f["code"] for f in json.loads(done.stdout)["findings"]] == ["CL108"]

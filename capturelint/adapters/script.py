@@ -25,7 +25,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from capturelint.adapters.common import CheckPlan, region_map_of, resolve_codes, resolve_invariants
+from capturelint.adapters.common import (
+    CheckPlan,
+    region_map_of,
+    resolve_codes,
+    resolve_invariants,
+)
 from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
 from capturelint.options import EngineOptions

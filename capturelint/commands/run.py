@@ -4,8 +4,6 @@ captures and replays (the script adapter, ``capturelint.adapters.script``)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
 from capturelint.adapters import registry
