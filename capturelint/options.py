@@ -133,7 +133,9 @@ def runners_text(runners: tuple[Runner, ...]) -> str:
 class EngineOptions:
     """The engine options of one command line, parsed; ``None`` (or ``()``) where not given.
 
-    ``target`` is ``--target SPEC`` (the adapter for a user's engine); ``select`` and
+    ``target`` is ``--target SPEC`` (the adapter for a user's engine); ``script`` is
+    ``capturelint run SCRIPT.py [ARGS...]``'s script and its arguments (the script
+    adapter); ``select`` and
     ``ignore`` the rule codes; ``invariants_file`` is ``--invariants FILE``;
     ``default_invariants=False`` leaves out the engine's own invariants; ``reuse`` is
     false with ``--no-reuse``; ``given`` holds the engine options (``ENGINE_OPTIONS``)
@@ -142,6 +144,7 @@ class EngineOptions:
 
     engine: str | None = None
     target: str | None = None
+    script: tuple[str, ...] | None = None
     runners: tuple[Runner, ...] = ()
     modes: tuple[CUDAGraphMode, ...] = ()
     eager_region: EagerRegion | None = None

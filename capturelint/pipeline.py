@@ -46,7 +46,8 @@ class Configuration:
     region in effect (``per-runner``, which is ``wide`` under V1), for titles.
     ``invariants`` are the declared invariants in force (``capturelint.invariants``);
     ``capture_only()``, where the adapter can give one, captures every graph and
-    replays none: static mode runs it instead of ``run()``.
+    replays none: static mode runs it instead of ``run()``. ``subject`` names the
+    configuration in errors where "runner R, mode M" does not (``the script prog.py``).
     """
 
     label: RunLabel
@@ -60,6 +61,7 @@ class Configuration:
     eager_region_option: str | None = None
     invariants: tuple[Any, ...] = ()
     capture_only: Callable[[], Any] | None = None
+    subject: str | None = None
 
 
 STATIC_NOTE = ("static mode: only the captures were checked (declared invariants, host syncs); replay "
@@ -91,9 +93,15 @@ def check_configuration(config: Configuration, codes: frozenset[str], shadow: bo
     if result.capture_failed:
         note = f"the capture failed on {result.failure}; replay and the numerical oracle did not run"
     elif shadow:
+        who = config.subject or f"runner {label.runner}, mode {label.mode}"
+        if result.replay_steps == 0 and config.require_replays and not result.captures:
+            raise CapturelintError(
+                f"{who} captured no CUDA graph, so nothing was compared and the check would prove nothing; capture "
+                "with torch.cuda.CUDAGraph, torch.cuda.graph or torch.cuda.make_graphed_callables, and replay"
+            )
         if result.replay_steps == 0 and config.require_replays:
             raise CapturelintError(
-                f"runner {label.runner}, mode {label.mode} captured {len(result.captures)} graph(s) but replayed none, "
+                f"{who} captured {len(result.captures)} graph(s) but replayed none, "
                 "so no step could be checked and the check would prove nothing; use a mode that captures graphs and "
                 "a workload that replays them (more steps)"
             )

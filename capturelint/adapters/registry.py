@@ -1,8 +1,9 @@
 """The adapters, keyed by engine name, and what the commands ask of them.
 
 Every engine family capturelint checks is one adapter: ``bundled`` (the bundled DeepSeek
-V4 engine, the default), ``vllm`` (vLLM's own attention) and ``target`` (a user's
-engine, ``--target SPEC``). An adapter is a module (or any object) with the members of
+V4 engine, the default), ``vllm`` (vLLM's own attention), ``target`` (a user's
+engine, ``--target SPEC``) and ``script`` (a plain program, ``capturelint run
+SCRIPT.py``). An adapter is a module (or any object) with the members of
 ``Adapter``; the registry maps an engine's name to it and loads adapter modules when a
 command first asks for one (vLLM's adapter imports vLLM, which takes seconds, and
 ``capturelint -h`` imports no torch). This is the one module that knows the names: the
@@ -71,19 +72,21 @@ class Adapter(Protocol):
 
 
 TARGET = "target"  # the adapter ``--target SPEC`` chooses; ``--engine`` names the others
+SCRIPT = "script"  # the adapter ``capturelint run SCRIPT.py`` chooses
 
 # name -> the adapter, or the module that is one (imported when first asked for)
 _ADAPTERS: dict[str, str | Adapter] = {
     "bundled": "capturelint.adapters.bundled",
     "vllm": "capturelint.adapters.vllm_plan",
     TARGET: "capturelint.adapters.target",
+    SCRIPT: "capturelint.adapters.script",
 }
 _BUILT_IN = frozenset(_ADAPTERS)
 
 
 def names() -> tuple[str, ...]:
     """The engines ``--engine`` may name, in registry order (the default first)."""
-    return tuple(n for n in _ADAPTERS if n != TARGET)
+    return tuple(n for n in _ADAPTERS if n not in (TARGET, SCRIPT))
 
 
 def adapter(name: str) -> Adapter:
@@ -113,11 +116,14 @@ def unregister(name: str) -> None:
 
 
 def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
-    """The plan of the engine asked for: ``--target`` chooses the target adapter, else
+    """The plan of the engine asked for: a script (``capturelint run``) chooses the
+    script adapter, ``--target`` the target adapter, else
     ``--engine`` over the settings over ``DEFAULT_ENGINE``; engine options it does not
     read are refused; ``plan.jobs`` is ``--jobs`` over the setting over the usable cores,
     ``plan.reuse`` false with ``--no-reuse``."""
-    if options.target is not None:
+    if options.script is not None:
+        name = SCRIPT
+    elif options.target is not None:
         name = TARGET
     else:
         name = merge(options.engine, settings.engine, DEFAULT_ENGINE)
@@ -171,5 +177,5 @@ def suggest_slots(plan: CheckPlan) -> list[Slot]:
     return adapter(plan.engine).suggest_slots(plan)
 
 
-__all__ = ["Adapter", "CheckPlan", "EngineOptions", "TARGET", "adapter", "load", "make_plan", "names", "record_regions",
+__all__ = ["Adapter", "CheckPlan", "EngineOptions", "SCRIPT", "TARGET", "adapter", "load", "make_plan", "names", "record_regions",
            "register", "resolve_jobs", "run_check", "suggest_slots", "unit", "unregister"]

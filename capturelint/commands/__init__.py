@@ -38,6 +38,9 @@ COMMANDS: dict[str, CommandEntry] = {
                           "report one unsharded check would have written.", torch=False),
     "rules": CommandEntry("capturelint.commands.rules", "rules",
                           "List the rules, or print the doc of rule CODE (e.g. CL101).", torch=False),
+    "run": CommandEntry("capturelint.commands.run", "run",
+                        "Run a Python script as written for a GPU (python SCRIPT.py ARGS...) under the emulated CUDA "
+                        "device, and check every CUDA graph it captures and replays."),
     "show": CommandEntry("capturelint.commands.regions", "show",
                          "Show the regions of each runner and mode: captured segments and eager breaks in execution "
                          "order, the module scopes in each with their op counts, and the findings in red where they "
