@@ -102,7 +102,7 @@ def test_a_correct_gpu_script_is_clean_and_says_what_was_compared(capsys, tmp_pa
     code, out, err = run(capsys, "prog.py")
     assert code == 0, err
     assert "argv: [] __main__" in err  # it ran as __main__; what it prints goes to stderr, not into the report
-    assert "checked: rules CL104, CL106, CL108-CL110; 2 bare-graph replays, not shadowed; no eager twin" in out
+    assert "checked: rules CL104, CL106, CL108-CL112; 2 bare-graph replays, not shadowed; no eager twin" in out
     assert ("no findings in 1 configuration: structural rules only, replay NOT compared with eager (bare graph, no "
             "eager twin given)") in out
     assert "matches eager" not in out
