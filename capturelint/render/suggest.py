@@ -16,20 +16,20 @@ Printed form (abridged)::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console, Group
 from rich.panel import Panel
 from rich.text import Text
 
-if TYPE_CHECKING:
-    from capturelint.suggest import Outcome, SuggestReport, Suggestion
-
+# The report it draws is ``capturelint.suggest.SuggestReport`` (its ``suggestions``,
+# ``configurations`` of ``Outcome``, ``trials``...), read by attribute: a reporter
+# imports nothing above the report model, not even for annotations.
 SHOWN_SUGGESTIONS = 5
 SHOWN_REMAINING = 5
 
 
-def _verdict(o: Outcome) -> str:
+def _verdict(o: Any) -> str:
     if o.error:
         return f"{o.label} error: {o.error}"
     if o.clean:
@@ -39,7 +39,7 @@ def _verdict(o: Outcome) -> str:
     return f"{o.label} FAILS ({what})"
 
 
-def _suggestion_panel(s: Suggestion) -> Panel:
+def _suggestion_panel(s: Any) -> Panel:
     parts: list[Any] = []
     for ref in s.region:
         parts.append(Text(f"{ref.file}:{ref.def_line}  {ref.qualname}", style="bold"))
@@ -63,7 +63,7 @@ def _suggestion_panel(s: Suggestion) -> Panel:
     return Panel(Group(*parts), title=title, title_align="left", border_style="green")
 
 
-def render_suggest(report: SuggestReport, console: Console) -> None:
+def render_suggest(report: Any, console: Console) -> None:
     line = Text("current region: ")
     for i, o in enumerate(report.configurations):
         if i:
