@@ -315,6 +315,31 @@ class Report:
                 "the check has no numbers there; give each such Target an eager twin, eager=FUNCTION running the same "
                 "workload without CUDA graphs and returning the output to compare (capturelint.target.Target)")
 
+    def assert_clean(self) -> None:
+        """Raise ``AssertionError`` when the check ``failed`` (findings, or region growth
+        over the baseline's budget), its message the ``failure_text``: a test's one line
+        ``capturelint.api.check(...).assert_clean()`` fails with the findings to read."""
+        if self.failed:
+            raise AssertionError(self.failure_text())
+
+    def failure_text(self) -> str:
+        """The findings as ruff and flake8 print them, ``path:line: CODE message
+        [runner/mode scope]`` (a finding seen alike in several scopes or graphs once, with
+        their count), then what each configuration compared and the summary line."""
+        lines: dict[str, int] = {}
+        for f in self.findings:
+            frame = f.capture_frame or f.shadow_frame
+            where = f"{frame.file}:{frame.line}" if frame is not None else "<no source line>"
+            text = f"{where}: {f.code} {f.message} [{f.runner}/{f.mode} {f.scope}]"
+            lines[text] = lines.get(text, 0) + 1
+        out = [text + (f" (x{n})" if n > 1 else "") for text, n in lines.items()]
+        if self.region_changes is not None and self.region_changes.failed:
+            out.append(f"regions: {self.region_changes.summary_line()}")
+        out.append("compared:")
+        out.extend(f"  {c.label} (eager region {c.region_title}): {c.checked.describe()}" for c in self.configs)
+        out.append(self.summary_line())
+        return "\n".join(out)
+
     def summary_line(self) -> str:
         n = len(self.findings)
         configs = len(self.configs)

@@ -20,6 +20,8 @@ in no room fails until it is placed:
   **rules** (``rules/``, ``invariants``), **check** (``harness``, ``pipeline``,
   ``settings``, ``suggest``, ``baseline``, ``merge``);
 - **adapters** (``adapters/``, and ``target``, the public face of the target adapter);
+- **api** (``api``, ``pytest_plugin``): the Python API the commands are a layer over, and
+  the pytest plugin over it;
 - **commands** (``commands/``) and **cli** (``cli``, ``__main__``).
 
 The doors (each a function from an import graph to the edges that break it, in
@@ -30,7 +32,7 @@ runtime only ``runtime.protocol`` save the modules ``RUNTIME_USERS`` names; repo
 import only the report model, and only commands import reporters; an adapter imports no
 other adapter's modules (``adapters.common`` is what they share, ``adapters.registry``
 may import every adapter), only the bundled adapter imports the engine and only the vLLM
-adapter imports vllm; commands and the CLI import no engine and no runtime, and of the
+adapter imports vllm; the API, commands and the CLI import no engine and no runtime, and of the
 adapters only the registry; no import cycle. Nothing outside ``adapters/registry.py``
 compares an engine's name (``test_nothing_outside_the_registry_switches_on_the_engine``).
 
@@ -81,11 +83,12 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "check": ("capturelint.harness", "capturelint.pipeline", "capturelint.settings", "capturelint.suggest",
               "capturelint.baseline", "capturelint.merge"),
     "adapters": ("capturelint.adapters", "capturelint.target"),
+    "api": ("capturelint.api", "capturelint.pytest_plugin"),
     "commands": ("capturelint.commands",),
     "cli": ("capturelint.cli", "capturelint.__main__"),
 }
 CHECKER = ("model", "reporters", "tracer", "analyzer", "rules", "check")
-FRONT = ("commands", "cli")
+FRONT = ("api", "commands", "cli")
 
 # runtime.protocol is the vocabulary every checker module may know; of the rest of the
 # runtime, the one op-schema reader serves the tracer, the one frame walker the modules

@@ -3,30 +3,16 @@ refute that every replay computes what eager execution computes."""
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from typing import Any
 
 import click
 
-from capturelint import __version__
-from capturelint.adapters import registry
-from capturelint.commands.common import (
-    ProgressReporter,
-    _csv,
-    engine_options,
-    resolve_plan,
-    say,
-    settings_for,
-    spelled,
-    warn,
-)
-from capturelint.options import CUDAGraphMode
-from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS, CapturelintError
+from capturelint import api
+from capturelint.commands.common import _csv, command_options, engine_options, say, settings_for, spelled
+from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS
 from capturelint.output import check_output_path, is_stdout
 from capturelint.reporters import Options, emit, formats, reporter
 from capturelint.rules import rule_infos
-from capturelint.shard import ShardInfo, fingerprint, parse_shard, require_selection
 
 FORMATS = formats("check")
 
@@ -67,73 +53,10 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
     settings = settings_for(kw)
     fmt = fmt or settings.format or "rich"
     check_output_path(output)
-    shard = parse_shard(shard_text) if shard_text is not None else None
-    if shard is not None and (baseline is not None or max_eager_growth is not None):
-        raise CapturelintError(
-            "--baseline gates the region map of the whole matrix of configurations, and --shard runs part of it: run "
-            "check --baseline without --shard (e.g. in a job of its own), or drop --baseline"
-        )
-    if max_eager_growth is not None and not (math.isfinite(max_eager_growth) and max_eager_growth >= 0):
-        raise CapturelintError(f"--max-eager-growth must be a percentage >= 0, got {max_eager_growth}; e.g. 10")
-    baseline_path = baseline or (str(settings.baseline) if settings.baseline else None)
-    if static and require_oracle:
-        raise CapturelintError("--require-oracle asks for replay compared with eager execution, which --static skips; "
-                               "drop one of them")
-    if static and (baseline is not None or max_eager_growth is not None):
-        raise CapturelintError("--baseline gates the regions of a full check; drop --static, or drop --baseline")
-    if target is not None and (baseline is not None or max_eager_growth is not None):
-        raise CapturelintError("--baseline and --max-eager-growth gate the bundled engine's regions, not --target; drop them")
-    if target is None and max_eager_growth is not None and baseline_path is None:
-        raise CapturelintError("--max-eager-growth is the budget of --baseline, and no baseline is given; "
-                               "add --baseline FILE (or baseline in settings), or drop it")
-    plan = resolve_plan(settings, dict(kw, invariants_file=invariants_file), select, ignore, target)
-    if CUDAGraphMode.NONE in plan.modes:
-        capturing = ", ".join(str(m) for m in plan.modes if m is not CUDAGraphMode.NONE)
-        raise CapturelintError(
-            "mode NONE captures no CUDA graph, so there is no replay to compare with eager execution; choose "
-            f"modes that capture ({capturing or 'PIECEWISE, FULL, ...'}) or leave --mode out for all of them"
-        )
-    if static:
-        require_static_rules(plan.codes)
-    growth = max_eager_growth if max_eager_growth is not None else settings.max_eager_growth
-    gate = None
-    if baseline_path is not None and shard is not None and target is None and not static:
-        warn(f"the baseline of the settings ({baseline_path}) is not checked by a shard: the gate compares the whole "
-             "matrix; run check --baseline without --shard for it")
-    elif baseline_path is not None and target is None and not static:
-        from capturelint.snapshot import load_snapshot
-
-        gate = load_snapshot(baseline_path)  # fail on a bad baseline before running anything
-    plan = registry.load(plan)  # a target's engines are built here: its configurations are theirs
-    if shard is not None:
-        labels = [f"{r}/{m}" for r, m in plan.all_configurations]
-        require_selection(shard, labels, registry.unit(plan))
-        plan = dataclasses.replace(plan, shard=shard)
-    with ProgressReporter(len(plan.configurations)) as progress:
-        report = registry.run_check(plan, progress, static=static)
-    # A result without a location is rejected by GitHub's upload; CL901 has no source
-    # line, so SARIF points it at the configuration file that asked for the check.
-    fallback = str(settings.source.name) if settings.source else "pyproject.toml"
-    if shard is not None:
-        # everything that shapes the report (not how many jobs ran it), so that merge
-        # joins only the shards of one check
-        shaped = dataclasses.replace(plan, shard=None, jobs=1, reuse=True)
-        check_id = fingerprint(__version__, shaped, static, fallback)
-        report.shard = ShardInfo(shard[0], shard[1], tuple(labels), check_id)
-    empty = report.empty_invariants
-    if empty:
-        text = (f"invariant(s) {', '.join(empty)} applied to captured graphs but selected no op: the selector "
-                "probably does not say what was meant; see capturelint invariants --explain ID")
-        if strict:
-            raise CapturelintError(text + " (an error with --strict)")
-        warn(text)
-    missing = report.oracle_missing("--require-oracle" if require_oracle else "[tool.capturelint] require-oracle")
-    if missing is not None and (require_oracle or settings.require_oracle):
-        raise CapturelintError(missing)
-    if gate is not None:
-        from capturelint.baseline import compare_report
-
-        report.region_changes = compare_report(gate, report, plan, growth or 0.0)
+    report = api.check_with(settings, command_options(dict(kw, invariants_file=invariants_file), select, ignore, target),
+                            static=static, strict=strict, require_oracle=require_oracle, baseline=baseline,
+                            max_eager_growth=max_eager_growth, shard=shard_text)
+    fallback = api.fallback_uri(settings)
     rep = reporter("check", fmt)
     hint = suggest_hint(kw, select, ignore, target)
     emit(rep, report, output, Options(verbose=verbose, fallback_uri=fallback, hint=hint, rules=rule_infos()))
@@ -142,20 +65,6 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
     if exit_zero:
         return EXIT_CLEAN
     return EXIT_FINDINGS if report.failed else EXIT_CLEAN
-
-
-def require_static_rules(codes: frozenset[str]) -> None:
-    """``--static`` runs only the rules a capture alone can check; a selection of none of
-    them would check nothing and pass."""
-    from capturelint.rules import STATIC_CODES
-
-    if not codes & STATIC_CODES:
-        chosen = ", ".join(sorted(codes)) or "none"
-        raise CapturelintError(
-            f"nothing to check: check --static runs only {', '.join(sorted(STATIC_CODES))} (host syncs at capture and "
-            f"declared invariants), and the rules selected are {chosen}; select some of those, or drop --static for "
-            "the full check"
-        )
 
 
 def suggest_hint(kw: dict[str, Any], select: tuple[str, ...], ignore: tuple[str, ...], target: str | None) -> str:

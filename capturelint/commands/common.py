@@ -6,14 +6,11 @@ argument errors answer at once, and the engine loads only when a command runs it
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, Any, Callable
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
 from capturelint.adapters import registry
+from capturelint.api import ProgressReporter, plan_for, say, warn  # noqa: F401  (the commands' output)
 from capturelint.options import (
     CAPTURE_MODES,
     ENGINE_OPTIONS,
@@ -139,8 +136,14 @@ def engine_options(fn: Callable) -> Callable:
 def resolve_plan(settings: Settings, kw: dict[str, Any], select: tuple[str, ...] = (), ignore: tuple[str, ...] = (),
                  target: str | None = None) -> CheckPlan:
     """The plan of the command's options (``kw``: its parameters) over ``settings``,
-    from the adapter registry; the plan's warnings are said here."""
-    plan = registry.make_plan(settings, EngineOptions(
+    from the adapter registry (``capturelint.api.plan_for``: its warnings are said)."""
+    return plan_for(settings, command_options(kw, select, ignore, target))
+
+
+def command_options(kw: dict[str, Any], select: tuple[str, ...] = (), ignore: tuple[str, ...] = (),
+                    target: str | None = None) -> EngineOptions:
+    """The ``EngineOptions`` of the command's parsed options (``kw``: its parameters)."""
+    return EngineOptions(
         engine=kw.get("engine"),
         target=target,
         runners=kw.get("runner") or (),
@@ -159,10 +162,7 @@ def resolve_plan(settings: Settings, kw: dict[str, Any], select: tuple[str, ...]
         jobs=kw.get("jobs"),
         reuse=not kw.get("no_reuse", False),
         given=given_engine_options(),
-    ))
-    for text in plan.warnings:
-        warn(text)
-    return plan
+    )
 
 
 def given_engine_options() -> tuple[str, ...]:
@@ -182,50 +182,3 @@ def given_engine_options() -> tuple[str, ...]:
 
 def settings_for(kw: dict[str, Any]) -> Settings:
     return load_settings(kw.get("config_path"))
-
-
-def say(text: str) -> None:
-    """One line on stderr (summaries, what was written)."""
-    stderr_console().print(text, highlight=False, soft_wrap=True, markup=False)
-
-
-def warn(text: str) -> None:
-    say(f"capturelint: warning: {text}")
-
-
-class ProgressReporter:
-    """A Rich progress bar on stderr over the configurations (one configuration too:
-    it can take a minute); silent when stderr is not a terminal."""
-
-    def __init__(self, total: int):
-        self.enabled = sys.stderr.isatty() and total >= 1
-        self.progress: Progress | None = None
-        self.total = total
-        self.task: Any = None
-
-    def __enter__(self) -> "ProgressReporter":
-        if self.enabled:
-            self.progress = Progress(
-                TextColumn("[bold]capturelint[/] {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                TimeElapsedColumn(), console=Console(stderr=True), transient=True,
-            )
-            self.progress.__enter__()
-            self.task = self.progress.add_task("", total=self.total)
-        return self
-
-    def __call__(self, description: str) -> None:
-        if self.progress is not None:
-            if self.progress.tasks[0].description:
-                self.progress.advance(self.task)
-            self.progress.update(self.task, description=description)
-
-    def with_total(self, description: str, total: int) -> None:
-        """``__call__`` for a run whose number of steps grows as it goes (``suggest``)."""
-        if self.progress is not None and total != self.total:
-            self.total = total
-            self.progress.update(self.task, total=total)
-        self(description)
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.progress is not None:
-            self.progress.__exit__(*exc)

@@ -10,11 +10,13 @@ from typing import Any
 
 import click
 
+from capturelint import api
 from capturelint.adapters import registry
 from capturelint.commands.common import (
     REGION_METAVAR,
     RUNNER_METAVAR,
     ProgressReporter,
+    command_options,
     engine_options,
     parsed_modes,
     parsed_region,
@@ -65,9 +67,7 @@ def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_check: bo
         from capturelint.render.dot import require_dot
 
         require_dot(fmt)
-    plan = resolve_plan(settings_for(kw), kw)
-    with ProgressReporter(len(plan.configurations)) as progress:
-        report = registry.run_check(plan, progress, shadow=not no_check, keep_captures=True)  # drawn from the captures
+    report = api.show_with(settings_for(kw), command_options(kw), no_check=no_check)
     views = report_views(report, all_graphs)
     options = Options(ops=ops)
     rep = reporter("show", fmt)

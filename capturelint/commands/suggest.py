@@ -6,10 +6,9 @@ from typing import Any
 
 import click
 
-from capturelint.adapters import registry
-from capturelint.commands.common import ProgressReporter, _csv, engine_options, resolve_plan, say, settings_for
-from capturelint.options import CUDAGraphMode
-from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS, CapturelintError
+from capturelint import api
+from capturelint.commands.common import _csv, command_options, engine_options, say, settings_for
+from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS
 from capturelint.output import check_output_path, is_stdout
 from capturelint.reporters import Options, emit, formats, reporter
 
@@ -46,17 +45,7 @@ def suggest(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str, output: 
     """
     settings = settings_for(kw)
     check_output_path(output)
-    if max_candidates < 1 or max_candidates > 1000:
-        raise CapturelintError(f"--max-candidates must be from 1 to 1000, got {max_candidates}")
-    plan = resolve_plan(settings, kw, select, ignore, target)
-    if CUDAGraphMode.NONE in plan.modes:
-        raise CapturelintError("mode NONE captures no CUDA graph, so there is nothing to suggest; choose modes that "
-                               "capture, or leave --mode out for all of them")
-    slots = registry.suggest_slots(registry.load(plan))
-    from capturelint.suggest import suggest as find
-
-    with ProgressReporter(len(slots)) as progress:
-        report = find(slots, max_candidates, progress.with_total)
+    report = api.suggest_with(settings, command_options(kw, select, ignore, target), max_candidates=max_candidates)
     rep = reporter("suggest", fmt)
     if fmt == "patch" and not report.found:
         say(report.summary_line())

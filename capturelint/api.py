@@ -1,0 +1,320 @@
+"""capturelint from Python: ``check``, ``show`` and ``suggest`` with the options of the
+command line, returning the report instead of printing it.
+
+The click commands (``capturelint.commands``) are a thin layer over these functions: they
+parse the command line, call the function and render what it returns, so a script, a
+notebook or a test suite gets the same verdicts as ``capturelint check``::
+
+    >>> from capturelint import api
+    >>> report = api.check(runner="v1", eager_region="narrow", modes="PIECEWISE", layers=1, steps=6)
+    >>> sorted({f.code for f in report.findings})  # a replay of another branch; an op outside its region
+    ['CL101', 'CL201']
+    >>> api.check(runner="v2", modes="PIECEWISE", layers=1, steps=6).assert_clean()  # passes
+
+Options are spelled as on the command line (``runner="v1"`` or ``"all"``, ``modes=
+"PIECEWISE,FULL"`` or ``("PIECEWISE", "FULL")``, ``eager_region="narrow"``) or given as
+the parsed values (``capturelint.options``). Bad input raises
+``capturelint.errors.CapturelintError`` with the one-line message the CLI prints.
+Warnings go to stderr, as the CLI says them. Nothing here imports torch until a function
+runs an engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from capturelint import __version__
+from capturelint.adapters import registry
+from capturelint.errors import CapturelintError
+from capturelint.options import (
+    ENGINE_OPTIONS,
+    CUDAGraphMode,
+    EngineOptions,
+    parse_break_outputs,
+    parse_modes,
+    parse_region,
+    parse_runners,
+)
+from capturelint.output import stderr_console
+from capturelint.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from capturelint.adapters.registry import CheckPlan
+    from capturelint.report import Report
+    from capturelint.suggest import SuggestReport
+
+
+def say(text: str) -> None:
+    """One line on stderr (summaries, what was written)."""
+    stderr_console().print(text, highlight=False, soft_wrap=True, markup=False)
+
+
+def warn(text: str) -> None:
+    say(f"capturelint: warning: {text}")
+
+
+class ProgressReporter:
+    """A Rich progress bar on stderr over the configurations (one configuration too:
+    it can take a minute); silent when stderr is not a terminal."""
+
+    def __init__(self, total: int):
+        self.enabled = sys.stderr.isatty() and total >= 1
+        self.progress: Any = None
+        self.total = total
+        self.task: Any = None
+
+    def __enter__(self) -> "ProgressReporter":
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(
+                TextColumn("[bold]capturelint[/] {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+            )
+            self.progress.__enter__()
+            self.task = self.progress.add_task("", total=self.total)
+        return self
+
+    def __call__(self, description: str) -> None:
+        if self.progress is not None:
+            if self.progress.tasks[0].description:
+                self.progress.advance(self.task)
+            self.progress.update(self.task, description=description)
+
+    def with_total(self, description: str, total: int) -> None:
+        """``__call__`` for a run whose number of steps grows as it goes (``suggest``)."""
+        if self.progress is not None and total != self.total:
+            self.total = total
+            self.progress.update(self.task, total=total)
+        self(description)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+
+# --------------------------------------------------------------------- options
+
+_DEFAULTS = {"engine": None, "runner": None, "modes": (), "eager_region": None, "fresh_metadata": False, "layers": None,
+             "steps": None, "seed": None, "kernels": None, "break_outputs": None, "platform": "cuda", "reuse": True}
+_FLAG = {"modes": "--mode", "reuse": "--no-reuse"}
+
+
+def _codes(value: str | Iterable[str]) -> tuple[str, ...]:
+    parts = value.split(",") if isinstance(value, str) else value
+    return tuple(p.strip() for p in parts if p.strip())
+
+
+def engine_options(*, engine: str | None = None, target: str | None = None, runner: Any = None, modes: Any = (),
+                   eager_region: Any = None, fresh_metadata: bool = False, layers: int | None = None,
+                   steps: int | None = None, seed: int | None = None, kernels: str | None = None,
+                   break_outputs: Any = None, platform: str = "cuda", select: str | Iterable[str] = (),
+                   ignore: str | Iterable[str] = (), invariants: str | None = None, jobs: int | None = None,
+                   reuse: bool = True) -> EngineOptions:
+    """The ``EngineOptions`` of the keyword arguments, spelled or parsed; an option given
+    a value other than its default is "given" (an adapter that does not read it says so)."""
+    if isinstance(modes, str):
+        modes = _codes(modes)
+    values = dict(engine=engine, runner=runner, modes=tuple(modes), eager_region=eager_region,
+                  fresh_metadata=fresh_metadata, layers=layers, steps=steps, seed=seed, kernels=kernels,
+                  break_outputs=break_outputs, platform=platform, reuse=reuse)
+    given = tuple(f for f in ENGINE_OPTIONS
+                  for name, v in values.items()
+                  if v != _DEFAULTS[name] and f == _FLAG.get(name, "--" + name.replace("_", "-")))
+    return EngineOptions(
+        engine=engine, target=target,
+        runners=(parse_runners(runner) if isinstance(runner, str)
+                 else tuple(r for each in runner or () for r in parse_runners(str(each)))),
+        modes=parse_modes(str(m) for m in modes),
+        eager_region=None if eager_region is None else parse_region(eager_region),
+        fresh_metadata=fresh_metadata, layers=layers, steps=steps, seed=seed, kernels=kernels,
+        break_outputs=None if break_outputs is None else parse_break_outputs(break_outputs),
+        platform=platform, select=_codes(select), ignore=_codes(ignore), invariants_file=invariants, jobs=jobs,
+        reuse=reuse, given=given,
+    )
+
+
+def plan_for(settings: Settings, options: EngineOptions) -> CheckPlan:
+    """The plan of ``options`` over ``settings``, from the adapter registry; the plan's
+    warnings are said here."""
+    plan = registry.make_plan(settings, options)
+    for text in plan.warnings:
+        warn(text)
+    return plan
+
+
+# ------------------------------------------------------------------------ check
+
+def check(*, config: str | None = None, static: bool = False, strict: bool = False, require_oracle: bool = False,
+          baseline: str | None = None, max_eager_growth: float | None = None, shard: str | None = None,
+          **options: Any) -> Report:
+    """Check that CUDA-graph replay computes what eager execution computes, as
+    ``capturelint check`` does, and return the ``capturelint.report.Report``: its
+    ``findings``, its ``configs`` (runner, mode, region, numerical evidence and
+    ``checked``: what each compared), ``region_changes`` against ``baseline`` and
+    ``summary_line()``. ``report.assert_clean()`` raises ``AssertionError`` with the
+    findings when it ``failed``.
+
+    ``options`` are the engine options of ``engine_options`` (``engine``, ``target``,
+    ``runner``, ``modes``, ``eager_region``, ``layers``, ``steps``, ``seed``, ``select``,
+    ``ignore``, ``invariants``, ``jobs``, ...); ``config`` is the pyproject.toml to read
+    ``[tool.capturelint]`` from (default: the nearest one)::
+
+        report = check(runner="v1", eager_region="narrow", modes="PIECEWISE", layers=1, steps=6)
+        for f in report.findings:
+            print(f.code, f.capture_frame, f.message)
+        check(target="tests/my_engine.py:targets").assert_clean()
+        check(runner="all", baseline="regions.json", max_eager_growth=5).assert_clean()
+    """
+    settings = load_settings(config)
+    return check_with(settings, engine_options(**options), static=static, strict=strict, require_oracle=require_oracle,
+                      baseline=baseline, max_eager_growth=max_eager_growth, shard=shard)
+
+
+def check_with(settings: Settings, options: EngineOptions, *, static: bool = False, strict: bool = False,
+               require_oracle: bool = False, baseline: str | None = None, max_eager_growth: float | None = None,
+               shard: str | None = None) -> Report:
+    """``check`` over loaded ``settings`` and parsed ``options`` (the CLI's entry)."""
+    from capturelint.shard import ShardInfo, fingerprint, parse_shard, require_selection
+
+    target = options.target
+    shard_of = parse_shard(shard) if shard is not None else None
+    if shard_of is not None and (baseline is not None or max_eager_growth is not None):
+        raise CapturelintError(
+            "--baseline gates the region map of the whole matrix of configurations, and --shard runs part of it: run "
+            "check --baseline without --shard (e.g. in a job of its own), or drop --baseline"
+        )
+    if max_eager_growth is not None and not (math.isfinite(max_eager_growth) and max_eager_growth >= 0):
+        raise CapturelintError(f"--max-eager-growth must be a percentage >= 0, got {max_eager_growth}; e.g. 10")
+    baseline_path = baseline or (str(settings.baseline) if settings.baseline else None)
+    if static and require_oracle:
+        raise CapturelintError("--require-oracle asks for replay compared with eager execution, which --static skips; "
+                               "drop one of them")
+    if static and (baseline is not None or max_eager_growth is not None):
+        raise CapturelintError("--baseline gates the regions of a full check; drop --static, or drop --baseline")
+    if target is not None and (baseline is not None or max_eager_growth is not None):
+        raise CapturelintError("--baseline and --max-eager-growth gate the bundled engine's regions, not --target; drop them")
+    if target is None and max_eager_growth is not None and baseline_path is None:
+        raise CapturelintError("--max-eager-growth is the budget of --baseline, and no baseline is given; "
+                               "add --baseline FILE (or baseline in settings), or drop it")
+    plan = plan_for(settings, options)
+    if CUDAGraphMode.NONE in plan.modes:
+        capturing = ", ".join(str(m) for m in plan.modes if m is not CUDAGraphMode.NONE)
+        raise CapturelintError(
+            "mode NONE captures no CUDA graph, so there is no replay to compare with eager execution; choose "
+            f"modes that capture ({capturing or 'PIECEWISE, FULL, ...'}) or leave --mode out for all of them"
+        )
+    if static:
+        require_static_rules(plan.codes)
+    growth = max_eager_growth if max_eager_growth is not None else settings.max_eager_growth
+    gate = None
+    if baseline_path is not None and shard_of is not None and target is None and not static:
+        warn(f"the baseline of the settings ({baseline_path}) is not checked by a shard: the gate compares the whole "
+             "matrix; run check --baseline without --shard for it")
+    elif baseline_path is not None and target is None and not static:
+        from capturelint.snapshot import load_snapshot
+
+        gate = load_snapshot(baseline_path)  # fail on a bad baseline before running anything
+    plan = registry.load(plan)  # a target's engines are built here: its configurations are theirs
+    if shard_of is not None:
+        labels = [f"{r}/{m}" for r, m in plan.all_configurations]
+        require_selection(shard_of, labels, registry.unit(plan))
+        plan = dataclasses.replace(plan, shard=shard_of)
+    with ProgressReporter(len(plan.configurations)) as progress:
+        report = registry.run_check(plan, progress, static=static)
+    if shard_of is not None:
+        # everything that shapes the report (not how many jobs ran it), so that merge
+        # joins only the shards of one check
+        shaped = dataclasses.replace(plan, shard=None, jobs=1, reuse=True)
+        check_id = fingerprint(__version__, shaped, static, fallback_uri(settings))
+        report.shard = ShardInfo(shard_of[0], shard_of[1], tuple(labels), check_id)
+    empty = report.empty_invariants
+    if empty:
+        text = (f"invariant(s) {', '.join(empty)} applied to captured graphs but selected no op: the selector "
+                "probably does not say what was meant; see capturelint invariants --explain ID")
+        if strict:
+            raise CapturelintError(text + " (an error with --strict)")
+        warn(text)
+    missing = report.oracle_missing("--require-oracle" if require_oracle else "[tool.capturelint] require-oracle")
+    if missing is not None and (require_oracle or settings.require_oracle):
+        raise CapturelintError(missing)
+    if gate is not None:
+        from capturelint.baseline import compare_report
+
+        report.region_changes = compare_report(gate, report, plan, growth or 0.0)
+    return report
+
+
+def fallback_uri(settings: Settings) -> str:
+    """A result without a location is rejected by GitHub's upload; CL901 has no source
+    line, so SARIF points it at the configuration file that asked for the check."""
+    return str(settings.source.name) if settings.source else "pyproject.toml"
+
+
+def require_static_rules(codes: frozenset[str]) -> None:
+    """``--static`` runs only the rules a capture alone can check; a selection of none of
+    them would check nothing and pass."""
+    from capturelint.rules import STATIC_CODES
+
+    if not codes & STATIC_CODES:
+        chosen = ", ".join(sorted(codes)) or "none"
+        raise CapturelintError(
+            f"nothing to check: check --static runs only {', '.join(sorted(STATIC_CODES))} (host syncs at capture and "
+            f"declared invariants), and the rules selected are {chosen}; select some of those, or drop --static for "
+            "the full check"
+        )
+
+
+# ------------------------------------------------------------------ show, suggest
+
+def show(*, config: str | None = None, no_check: bool = False, **options: Any) -> Report:
+    """Record the regions of each runner and mode, as ``capturelint show`` does, and
+    return the report with its captures kept (``no_check``: captures only, no findings);
+    ``capturelint.render.view.report_views(report)`` turns it into the views drawn::
+
+        report = show(runner="v1", modes="PIECEWISE", layers=1, steps=6)
+        print([g.label for c in report.configs for g in c.graphs])
+    """
+    return show_with(load_settings(config), engine_options(**options), no_check=no_check)
+
+
+def show_with(settings: Settings, options: EngineOptions, *, no_check: bool = False) -> Report:
+    """``show`` over loaded ``settings`` and parsed ``options`` (the CLI's entry)."""
+    plan = plan_for(settings, options)
+    with ProgressReporter(len(plan.configurations)) as progress:
+        return registry.run_check(plan, progress, shadow=not no_check, keep_captures=True)  # drawn from the captures
+
+
+def suggest(*, config: str | None = None, max_candidates: int = 12,  # capturelint.suggest.DEFAULT_MAX_CANDIDATES
+            **options: Any) -> SuggestReport:
+    """Find the smallest eager region that makes replay equal eager, as ``capturelint
+    suggest`` does, and return the ``capturelint.suggest.SuggestReport`` (``found``,
+    ``suggestions`` ranked best first, ``failing``)::
+
+        report = suggest(runner="v1", eager_region="narrow", modes="PIECEWISE", layers=1, steps=6)
+        best = report.suggestions[0]
+    """
+    return suggest_with(load_settings(config), engine_options(**options), max_candidates=max_candidates)
+
+
+def suggest_with(settings: Settings, options: EngineOptions, *, max_candidates: int = 12) -> SuggestReport:
+    """``suggest`` over loaded ``settings`` and parsed ``options`` (the CLI's entry)."""
+    if max_candidates < 1 or max_candidates > 1000:
+        raise CapturelintError(f"--max-candidates must be from 1 to 1000, got {max_candidates}")
+    plan = plan_for(settings, options)
+    if CUDAGraphMode.NONE in plan.modes:
+        raise CapturelintError("mode NONE captures no CUDA graph, so there is nothing to suggest; choose modes that "
+                               "capture, or leave --mode out for all of them")
+    slots = registry.suggest_slots(registry.load(plan))
+    from capturelint.suggest import suggest as find
+
+    with ProgressReporter(len(slots)) as progress:
+        return find(slots, max_candidates, progress.with_total)
+
+
+__all__ = ["check", "check_with", "engine_options", "show", "show_with", "suggest", "suggest_with"]
