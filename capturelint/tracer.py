@@ -7,16 +7,33 @@ one per run of the forward it checks: a ``CAPTURE`` stream per capture, and a
 ``SHADOW`` stream per replay step, recorded from an eager execution of the step.
 
 The replay itself is not traced: its captured segments re-issue what the capture
-recorded, and its eager segments re-run the code the shadow just ran. The dispatch mode
-is pushed only while a capture or a shadow records, never during replays.
+recorded, and its eager segments reuse the break calls the shadow just made. The
+dispatch mode is pushed only while a capture or a shadow records, never during replays.
 
-The shadow has no side effects: before an op writes a storage that existed before the
-shadow began, the tracer copies the storage; after the shadow it restores every copy
-and every random generator, so the replay starts from exactly the state the shadow
-started from. Write sets, fresh allocations and transparent ops come from the op schema
+The shadow has no side effects on tensors: before an op writes a storage that existed
+before the shadow began, the tracer copies the storage; after the shadow it restores
+every copy and every random generator, so the replay starts from exactly the state the
+shadow started from. Write sets, fresh allocations and transparent ops come from the op schema
 (``runtime.schema``, the reader the emulated primitive uses too); source frames from
 the frame walker (``runtime.frames``); names, module scopes and random states from the
 engine's objects (``capturelint.objects``).
+
+**Each break's Python runs once per step.** The shadow's outermost break calls are the
+step's calls (host state a break keeps, a counter, a scheduling object planned per step,
+advances once, as in an untraced run): the tracer records each one (``_ShadowBreak``:
+its inputs, the storages it wrote and the values it left there, the random generators it
+advanced, its result), and when the replay reaches that break the runtime asks for the
+record (``protocol.run_or_reuse``) and re-applies it instead of running the break again.
+Writes to the break's arguments land in the replay's arguments (the capture-time
+tensors), writes to storages that existed before the shadow land in those storages;
+a write to a tensor the shadow made that is not an argument (reached through an object)
+has no counterpart in the replay and is not re-applied. The record is reused only when the replay feeds the break exactly what the shadow fed
+it (its arguments and the storages it read before writing them, compared value by
+value): then the call would compute the same, and the replay's tensors evolve as an
+untraced replay's. When the replay diverged before the break (a stale input, a baked
+branch) or its breaks differ from the shadow's, the replay runs the break on its own
+inputs, as the untraced program does, so the divergence still reaches the output and
+the comparison; only then does a break's host state advance a second time in the step.
 
 **Cost.** Recording an op costs about 28 us on this project's 2-core machine
 (``bench/bench_ops.py``: the dispatch-mode hop, the storage bookkeeping, the record; on
@@ -56,6 +73,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.modules.module as module_hooks
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from capturelint.objects import break_leaves, max_abs_diff, module_scopes, named_tensors, random_states, restore_random_states
@@ -121,6 +139,69 @@ class _OpMode(TorchDispatchMode):
         return self.tracer._dispatch(func, args, kwargs or {})
 
 
+class _ShadowBreak:
+    """One outermost eager break call of a shadow step, kept for the replay of that
+    step (``replayed`` hands it to the runtime as ``protocol.RecordedBreak``).
+
+    Recorded: the values of its tensor arguments and of the storages that existed
+    before the shadow which it read before writing (its inputs, at entry or first
+    read), the storages it wrote, and, at exit, the values it left in its arguments
+    and those storages (its effects) and what it returned."""
+
+    def __init__(self, name: str, args: list[torch.Tensor], rng: list[tuple[Any, Any]]):
+        self.name = name
+        self.rng = rng  # the generators' states at entry; at exit, those the call advanced
+        self.args = args
+        self.args_in = [t.detach().clone() for t in args]
+        self.arg_sids = [t.untyped_storage()._cdata for t in args]
+        self.arg_storages = set(self.arg_sids)
+        self.args_read: set[StorageId] = set()  # argument storages read before any write
+        self.read: dict[StorageId, tuple[torch.Tensor, torch.Tensor]] = {}  # external storage -> (view read, its value then)
+        self.written: dict[StorageId, tuple[Any, bool]] = {}  # storage -> (storage, existed before the shadow)
+        self.args_out: list[torch.Tensor | None] = []
+        self.external_out: list[tuple[Any, Any]] = []
+        self.result: Any = None
+
+    def exit(self, result: Any) -> None:
+        self.rng = [(gen, gen.get_state()) for gen, state in self.rng if not torch.equal(gen.get_state(), state)]
+        self.args_out = [t.detach().clone() if t.untyped_storage()._cdata in self.written else None for t in self.args]
+        self.external_out = [(st, st.clone()) for sid, (st, external) in self.written.items()
+                             if external and sid not in self.arg_storages]
+        self.result = tree_map(lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, result)
+        self.args = []  # the shadow's own tensors, released with it
+
+    def input_error(self, args: list[torch.Tensor]) -> float:
+        """How far the replay's inputs to this call (the arguments and storages it read
+        before writing them) are from the shadow's; NaN where both hold NaN is equal."""
+        pairs = [(t, value) for t, value, shadow in zip(args, self.args_in, self.arg_sids)
+                 if shadow in self.args_read]
+        if len(args) != len(self.args_in):
+            return float("inf")
+        return max((_input_diff(t, value) for t, value in pairs + list(self.read.values())), default=0.0)
+
+    def replayed(self, args: list[torch.Tensor]) -> rt.RecordedBreak:
+        def apply() -> None:
+            restore_random_states(self.rng)
+            with torch.no_grad():
+                for st, value in self.external_out:
+                    st.copy_(value)
+                for dst, value in zip(args, self.args_out):
+                    if value is not None:
+                        dst.copy_(value)
+
+        return rt.RecordedBreak(self.result, apply)
+
+
+def _input_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.shape != b.shape:
+        return float("inf")
+    both_nan = a.isnan() & b.isnan() if a.is_floating_point() else None
+    diff = (a.detach().double() - b.double()).abs()
+    if both_nan is not None:
+        diff = diff.masked_fill(both_nan, 0.0)
+    return max_abs_diff([diff], [torch.zeros_like(diff)])
+
+
 class Tracer(rt.CaptureObserver):
     """Records capture, shadow and replay streams; see the module docstring.
 
@@ -181,6 +262,8 @@ class Tracer(rt.CaptureObserver):
         self._rng: list[tuple[Any, Any]] = []
         self._shadow: Stream | None = None
         self._shadow_out: list[torch.Tensor] = []
+        self._break: _ShadowBreak | None = None  # the shadow's break call under way
+        self._breaks: list[_ShadowBreak] = []  # the shadow's break calls, for its replay
         self._scope_stack: list[str] = []
         self._module_names: dict[int, str] = {}
         self._hooks: list[Any] = []
@@ -286,6 +369,8 @@ class Tracer(rt.CaptureObserver):
             # detach is a no-op alias for replay purposes, and stacked dispatch modes add
             # it to factory ops at capture only: recording it would fake a divergence.
             return func(*args, **kwargs)
+        if self._break is not None:
+            self._break_uses(info, args, kwargs, stream)
         if self._cow is not None and info.writes:
             self._copy_before_write(info, args, kwargs, stream)
         out = func(*args, **kwargs)
@@ -426,6 +511,29 @@ class Tracer(rt.CaptureObserver):
             if self.stream is not None and self.stream.kind is StreamKind.CAPTURE:  # the capture under way
                 captures = {**captures, self.stream.graph_id: self.stream}
             self.on_hazard(event, captures)
+
+    def _break_uses(self, info: OpInfo, args: tuple, kwargs: dict, stream: Stream) -> None:
+        """A shadow's break call: note the storages it writes, and the values of those
+        that existed before the shadow that it reads before writing them."""
+        record = self._break
+        written = {t.untyped_storage()._cdata: t.untyped_storage() for t in info.written(args, kwargs)}
+        if info.reads_values:
+            for t in tree_flatten((args, kwargs))[0]:
+                if not isinstance(t, torch.Tensor):
+                    continue
+                st = t.untyped_storage()
+                sid = st._cdata
+                origin = stream.origins.get(sid)
+                if sid in written or sid in record.written:
+                    continue
+                if sid in record.arg_storages:
+                    record.args_read.add(sid)
+                elif sid not in record.read and (origin is None or origin.external):
+                    record.read[sid] = (t, t.detach().clone())
+        for sid, st in written.items():
+            if sid not in record.written:
+                origin = stream.origins.get(sid)
+                record.written[sid] = (st, origin is None or origin.external)
 
     def _copy_before_write(self, info: OpInfo, args: tuple, kwargs: dict, stream: Stream) -> None:
         for t in info.written(args, kwargs):
@@ -570,10 +678,10 @@ class Tracer(rt.CaptureObserver):
                 self.bare_replays += 1
             if self._shadow is not None:
                 # The replay itself is not traced: captured segments re-issue what the capture
-                # recorded, and eager segments re-run the code the shadow just ran.
+                # recorded, and eager segments reused the shadow's break calls.
                 shadow, self._shadow = self._shadow, None
                 error = max_abs_diff(list(rt.flatten_tensors(output)), self._shadow_out)
-                self._shadow_out = []
+                self._shadow_out, self._breaks = [], []
                 self.replays += 1
                 if self.on_step is not None:
                     self.on_step(self.captures[graph.id], shadow, error)
@@ -632,6 +740,8 @@ class Tracer(rt.CaptureObserver):
                 seg = self._open_segment(stream, len(stream.segments), SegmentKind.EAGER, call.name)
                 seg.break_args = self._break_args(stream, call)
                 seg.break_frame = call.frame
+                self._break = _ShadowBreak(call.name, list(rt.flatten_tensors((call.args, call.kwargs))),
+                                           random_states(self.roots))
         elif not call.inline and self._segment is not None:
             self._segment.break_args = self._break_args(stream, call)
             self._segment.break_frame = call.frame
@@ -644,12 +754,32 @@ class Tracer(rt.CaptureObserver):
         returned = frozenset(t.untyped_storage()._cdata for t in rt.flatten_tensors(result))
         if stream.kind is StreamKind.SHADOW:
             if call.depth == 0 and stream.breaks_eager:
+                record, self._break = self._break, None
+                if record is not None:
+                    record.exit(result)
+                    self._breaks.append(record)
                 if self._segment is not None:
                     self._segment.returned = returned
                 self._close_segment(stream)
                 self._open_segment(stream, len(stream.segments), SegmentKind.CAPTURED, None)
         elif not call.inline and self._segment is not None:
             self._segment.returned = returned
+
+    def replayed_break(self, call: rt.BreakCall) -> rt.RecordedBreak | None:
+        """The replay's call of a break reuses the shadow's call of it (see
+        ``protocol.run_or_reuse``) when the replay feeds it exactly what the shadow fed
+        it; otherwise the replay runs it on its own inputs, as an untraced replay would,
+        so a replay that feeds a break wrong values still diverges from the shadow."""
+        if call.phase is not rt.Phase.REPLAY or not self._breaks:
+            return None
+        record = self._breaks.pop(0)
+        if record.name != call.name:  # the replay left the shadow's path: it runs its breaks itself
+            self._breaks.clear()
+            return None
+        args = list(rt.flatten_tensors((call.args, call.kwargs)))
+        if record.input_error(args) != 0.0:  # the replay diverged before the break: it runs on its own inputs
+            return None
+        return record.replayed(args)
 
     def before_replay(self, graph: rt.GraphInfo, shadow: Callable[[], Any]) -> None:
         if graph.id not in self.captures:
@@ -660,6 +790,7 @@ class Tracer(rt.CaptureObserver):
         self.step += 1
         stream = self._new_stream(StreamKind.SHADOW, graph)
         self.stream, self._cow = stream, {}
+        self._breaks, self._break = [], None
         self._open_segment(stream, 0, SegmentKind.CAPTURED, None)
         self._rng = random_states(self.roots)
         self._mode_on_()
@@ -669,6 +800,7 @@ class Tracer(rt.CaptureObserver):
             self._mode_off()
             self._close_segment(stream)
             self.stream = None
+            self._break = None
             with torch.no_grad():
                 for st, saved in self._cow.values():
                     st.copy_(saved)

@@ -94,8 +94,10 @@ def test_a_sampler_inside_a_break_is_clean(capsys):
     assert doc["numerical"][0]["max_step_error"] == 0.0 and doc["numerical"][0]["replay_steps"] == 4
 
 
-def test_a_generator_the_roots_do_not_reach_is_advanced_twice(capsys, monkeypatch):
-    """The limit, stated in the README: the shadow restores the generators it can see."""
+def test_a_generator_the_roots_do_not_reach_advances_once_per_step(capsys, monkeypatch):
+    """The shadow restores only the generators it can see, but the replay reuses the
+    shadow's break call instead of drawing again: a hidden generator, host state of the
+    break, advances once per step, as in an untraced run."""
     import capture_engines
 
     def hidden():
@@ -104,7 +106,8 @@ def test_a_generator_the_roots_do_not_reach_is_advanced_twice(capsys, monkeypatc
 
     monkeypatch.setattr(capture_engines, "hidden_sampler", hidden, raising=False)
     code, doc = check(capsys, "--target", "capture_engines:hidden_sampler")
-    assert code == 1 and [f["code"] for f in doc["findings"]] == ["CL901"]
+    assert code == 0 and doc["findings"] == []
+    assert doc["numerical"][0]["max_step_error"] == 0.0 and doc["numerical"][0]["replay_steps"] == 4
 
 
 def test_a_per_step_tensor_inside_a_dataclass_argument_is_a_stale_break_argument(capsys):

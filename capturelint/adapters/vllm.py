@@ -258,7 +258,7 @@ def _run_break(name: str, args: tuple, kwargs: dict, params: tuple[str, ...], fr
     call = BreakCall(name, args, kwargs, phase, inline, 0, params, frame)
     protocol.announce("on_break_enter", call)
     with protocol.suspended_capture():
-        result = fn()
+        result = protocol.run_or_reuse(call, lambda *a, **k: fn(), args, kwargs) if phase is Phase.REPLAY else fn()
     protocol.announce("on_break_exit", call, result)
     return result
 
@@ -272,6 +272,8 @@ def observe_vllm_runtime() -> Iterator[None]:
     emulated primitive an owned segment, and hand the tracer a shadow of each replay
     step: the wrapper's runnable, run eagerly with vLLM's ``eager_break_during_capture``
     seeing a stand-in capture whose ``add_eager`` runs the break inline and announces it.
+    On replay, vLLM's recorded break call reuses the shadow's call of it
+    (``protocol.run_or_reuse``), so each break's Python runs once per step.
     """
     from vllm.compilation import breakable_cudagraph as bc
 

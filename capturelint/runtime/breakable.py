@@ -7,7 +7,10 @@ capture it ends the current captured segment, runs, is recorded as a callable, a
 new captured segment begins. Replay runs the segments in order: captured segments
 replay their graph (same op, same arguments, same shapes, same storages, no Python),
 eager segments call the break function again with the *capture-time* arguments; its
-Python re-runs and reads the current forward context.
+Python re-runs and reads the current forward context. When an observer shadows the
+step, the break's Python has already run once in the shadow, and the replay reuses that
+call (``protocol.run_or_reuse``) rather than running it a second time: host state a break keeps
+advances once per step, as without the observer.
 
 **What is built.** ``BreakableGraph`` (one capture and its segments, each captured
 segment one CUDA-graph primitive: ``torch.cuda.CUDAGraph`` with the ``cuda`` backend,
@@ -340,7 +343,7 @@ class BreakableGraph:
             poison_freed(seg.borrowed, self.info, seg.index, seg.poisoned)
         call = BreakCall(seg.name, seg.args, seg.kwargs, Phase.REPLAY, False, 0, seg.params, seg.frame)
         protocol.announce("on_break_enter", call)
-        result = seg.fn(*seg.args, **seg.kwargs)
+        result = protocol.run_or_reuse(call, seg.fn, seg.args, seg.kwargs)
         protocol.announce("on_break_exit", call, result)
         if seg.outputs:
             fresh = list(flatten_tensors(result))

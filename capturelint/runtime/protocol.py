@@ -388,6 +388,23 @@ class CaptureObserver:
         """Called before each replay of a segmented graph. ``shadow()`` runs the same
         step eagerly (breaks inline and announced) and returns its output; an observer may call it once."""
 
+    def replayed_break(self, call: BreakCall) -> "RecordedBreak | None":
+        """The replay is about to call eager break ``call``: an observer whose shadow
+        already ran this step's call of it returns that call's record, which the
+        replay uses instead of running the break's Python a second time."""
+        return None
+
+
+class RecordedBreak:
+    """One eager break call made by a shadow step, used by the replay of that step:
+    ``result`` is what the call returned (the replay copies it into the break's static
+    outputs), ``apply()`` re-applies the tensor writes the call made (the shadow's
+    writes are undone when the shadow ends)."""
+
+    def __init__(self, result: Any, apply: Callable[[], None]):
+        self.result = result
+        self.apply = apply
+
 
 _observers: list[CaptureObserver] = []
 
@@ -422,6 +439,32 @@ def announce(method: str, *args: Any) -> None:
     """Runtimes call this; observers hear it in registration order."""
     for obs in tuple(_observers):
         getattr(obs, method)(*args)
+
+
+def replayed_break(call: BreakCall) -> RecordedBreak | None:
+    """The shadow's record of the eager break call the replay is about to make, if an
+    observer has one (``CaptureObserver.replayed_break``)."""
+    for obs in tuple(_observers):
+        record = obs.replayed_break(call)
+        if record is not None:
+            return record
+    return None
+
+
+def run_or_reuse(call: BreakCall, fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """Run a replayed eager break, or reuse the call the shadow of this step made.
+
+    A shadowed step runs each break's Python in the shadow; calling it again on replay
+    would advance any host state it keeps (a per-call counter, a scheduling object
+    planned per step) twice per step, where an untraced run advances it once. So the
+    replay takes the shadow's call: its writes re-applied, its result returned. An
+    observer offers the record only when the replay feeds the break what the shadow fed
+    it; a replay that feeds it other values runs it, and diverges as it would untraced."""
+    record = replayed_break(call)
+    if record is None:
+        return fn(*args, **kwargs)
+    record.apply()
+    return record.result
 
 
 # --------------------------------------------------------------- capture state

@@ -1,0 +1,59 @@
+"""A counter advanced inside vLLM's eager break (V1, PIECEWISE, one layer, four
+steps): under ``capturelint check`` it advances once per step, as in an untraced run of
+the same configuration, and the traced run computes the untraced run's logits. The
+bundled engine's twin of this test: ``tests/test_shadow_host_state.py``."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from capturelint.cli import main
+from vllm_required import require_vllm
+
+
+class Counted:
+    """FlashMLA's decode kernel with host state: ``calls`` advances on every call, and
+    the output is scaled in place by the call's parity, so a second call of the eager break per
+    step (the old shadow's) changes what the replay computes. The graph run calls it once
+    per step (its capture does not call it), as its eager twin does, so the two agree."""
+
+    def __init__(self, kernel):
+        self.kernel, self.calls = kernel, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        out, lse = self.kernel(*args, **kwargs)
+        out.mul_(1 + self.calls % 2)  # vLLM reads the ``out=`` buffer, not the return
+        return out, lse
+
+
+def test_a_counter_in_vllms_eager_break_advances_once_per_step_under_the_tracer(tmp_path, monkeypatch, capsys):
+    require_vllm()
+    from capturelint.adapters.vllm import cpu_shim
+    from capturelint.adapters.vllm_runners import RunSpec, Runner
+    from capturelint.runtime.forward_context import CUDAGraphMode
+
+    with cpu_shim():  # FlashMLA's interface imports its extension, which the shim stands in for
+        from vllm.third_party.flashmla import flash_mla_interface
+
+    counted = Counted(flash_mla_interface.flash_mla_with_kvcache)
+    monkeypatch.setattr(flash_mla_interface, "flash_mla_with_kvcache", counted)
+    with cpu_shim():  # the same configuration, untraced
+        untraced = Runner(RunSpec(mode=CUDAGraphMode.PIECEWISE, layers=1, steps=4)).generate()
+    untraced_calls, counted.calls = counted.calls, 0
+    runs = []
+    generate = Runner.generate
+    monkeypatch.setattr(Runner, "generate", lambda self: runs.append(generate(self)) or runs[-1])
+
+    out = tmp_path / "report.json"
+    code = main(["check", "--engine", "vllm", "--runner", "v1", "--mode", "PIECEWISE", "--layers", "1", "--steps", "4",
+                 "--format", "json", "-o", str(out)])
+    doc = json.loads(out.read_text())
+    assert code == 0 and doc["findings"] == [], doc["findings"]
+    assert doc["numerical"][0]["max_step_error"] == 0.0
+    traced, twin = runs
+    assert untraced_calls == 4  # one per step (V1's capture takes the profile-run branch, without FlashMLA)
+    assert counted.calls == 2 * untraced_calls  # the traced run's, then the eager twin's
+    assert torch.equal(traced, untraced) and traced.shape[0] == 4
