@@ -305,6 +305,16 @@ def parse_invariants(file: str, where: str, table: Any, source: str) -> tuple[In
     return tuple(parse_invariant(file, where, k, v, source) for k, v in table.items())
 
 
+def shipped_defaults(text: str, file: str) -> tuple[Invariant, ...]:
+    """An adapter's default invariants, written in ``file`` as the TOML ``text`` of a
+    ``[tool.capturelint.invariants]`` table (as a project writes them), with source
+    ``default``."""
+    import tomllib
+
+    table = tomllib.loads(text)["tool"]["capturelint"]["invariants"]
+    return parse_invariants(file, "tool.capturelint.invariants", table, "default")
+
+
 def read_invariants_file(path: str) -> tuple[Invariant, ...]:
     """The invariants of a TOML file named on the command line (``--invariants FILE``):
     its ``[tool.capturelint.invariants]`` or top-level ``[invariants]`` tables."""
@@ -447,5 +457,5 @@ def explain_selection(inv: Invariant, config: Any) -> dict[str, Any]:
 __all__ = [
     "Invariant", "Requirement", "Selector", "Violation", "explain_selection", "group_of", "in_force", "instance_of",
     "parse_invariant",
-    "parse_invariants", "read_invariants_file", "violations",
+    "parse_invariants", "read_invariants_file", "shipped_defaults", "violations",
 ]

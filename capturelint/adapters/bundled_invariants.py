@@ -16,9 +16,7 @@ by giving its id, or drops it with ``enabled = false``.
 
 from __future__ import annotations
 
-import tomllib
-
-from capturelint.invariants import Invariant, parse_invariants
+from capturelint.invariants import Invariant, shipped_defaults
 
 DEFAULTS_TOML = '''
 [tool.capturelint.invariants.dsv4-v1-attention-prep-eager]
@@ -52,8 +50,7 @@ select = [
 
 def default_invariants() -> tuple[Invariant, ...]:
     """The bundled engine's invariants, with source ``default``."""
-    table = tomllib.loads(DEFAULTS_TOML)["tool"]["capturelint"]["invariants"]
-    return parse_invariants("capturelint/adapters/bundled_invariants.py", "tool.capturelint.invariants", table, "default")
+    return shipped_defaults(DEFAULTS_TOML, "capturelint/adapters/bundled_invariants.py")
 
 
 __all__ = ["DEFAULTS_TOML", "default_invariants"]

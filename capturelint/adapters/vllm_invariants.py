@@ -27,9 +27,7 @@ tree (the compressed layers' ``named_modules``) for when those layers run.
 
 from __future__ import annotations
 
-import tomllib
-
-from capturelint.invariants import Invariant, parse_invariants
+from capturelint.invariants import Invariant, shipped_defaults
 
 DEFAULTS_TOML = '''
 [tool.capturelint.invariants.dsv4-v1-attention-prep-eager]
@@ -63,8 +61,7 @@ select = [
 
 def default_invariants() -> tuple[Invariant, ...]:
     """vLLM's invariants, with source ``default``."""
-    table = tomllib.loads(DEFAULTS_TOML)["tool"]["capturelint"]["invariants"]
-    return parse_invariants("capturelint/adapters/vllm_invariants.py", "tool.capturelint.invariants", table, "default")
+    return shipped_defaults(DEFAULTS_TOML, "capturelint/adapters/vllm_invariants.py")
 
 
 __all__ = ["DEFAULTS_TOML", "default_invariants"]
