@@ -33,7 +33,7 @@ DEFAULT_ENGINE = "bundled"
 the one a region map leaves unwritten (``capturelint.snapshot``)."""
 
 ENGINE_OPTIONS = ("--engine", "--runner", "--mode", "--eager-region", "--fresh-metadata", "--layers", "--steps", "--seed",
-                  "--kernels", "--break-outputs", "--platform", "--no-reuse")
+                  "--kernels", "--break-outputs", "--platform", "--no-reuse", "--spec")
 """The options that configure capturelint's engines (``--jobs`` and ``--config`` apply to
 every check). An adapter says which of them it reads (``Adapter.OPTIONS``); one given on
 the command line that it does not read is an error, not ignored."""
@@ -138,7 +138,8 @@ class EngineOptions:
     adapter); ``select`` and
     ``ignore`` the rule codes; ``invariants_file`` is ``--invariants FILE``;
     ``default_invariants=False`` leaves out the engine's own invariants; ``reuse`` is
-    false with ``--no-reuse``; ``given`` holds the engine options (``ENGINE_OPTIONS``)
+    false with ``--no-reuse``; ``spec`` is ``--spec``'s speculative-decoding method
+    (``mtp``, ``dspark``; None: none); ``given`` holds the engine options (``ENGINE_OPTIONS``)
     given on the command line, defaults left out, in the command's order.
     """
 
@@ -161,6 +162,7 @@ class EngineOptions:
     default_invariants: bool = True
     jobs: int | None = None
     reuse: bool = True
+    spec: str | None = None
     given: tuple[str, ...] = ()
 
     @classmethod

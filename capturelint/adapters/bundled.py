@@ -59,6 +59,9 @@ def make_plan(settings: Settings, options: EngineOptions | None = None, **spelle
     Scripts may spell the options as keywords instead (``EngineOptions.of``):
     ``make_plan(Settings(), runner="v1", modes=("PIECEWISE",))``."""
     options = options if options is not None else EngineOptions.of(**spelled)
+    if options.spec is not None:
+        raise CapturelintError(f"--spec {options.spec} checks vLLM's speculative decoding; the bundled engine has no "
+                               "draft model: use --engine vllm, or drop --spec")
 
     def fresh_needs_v1(runners: tuple[Runner, ...]) -> None:
         if options.fresh_metadata and Runner.V1 not in runners:

@@ -115,6 +115,7 @@ class CheckPlan:
     jobs: int = 1  # configurations checked at once, in worker processes
     reuse: bool = True  # share identical work between configurations (the eager twins)
     target: str | None = None
+    spec: str | None = None  # speculative-decoding method (--spec), where the adapter checks one
     configured: tuple[tuple[str, str], ...] | None = None  # (runner, mode) as the adapter names them
     warnings: tuple[str, ...] = dataclasses.field(default=(), compare=False)
     loaded: Any = dataclasses.field(default=None, compare=False, repr=False)

@@ -287,6 +287,8 @@ def observe_vllm_runtime() -> Iterator[None]:
     def enter(self: Any) -> Any:
         mode, descriptor = _forward_mode()
         label = f"{mode}:{getattr(descriptor, 'num_tokens', '?')} tokens"
+        owner = getattr(_bridge, "owner", None)  # the capturing wrapper's name, where an adapter gave one
+        label = f"{owner} {label}" if owner else label
         self._capturelint_info = GraphInfo(next(_graph_ids), label, mode, mode != "FULL", BreakOutputs.DISCARD)
         self._capturelint_index = 0
         _bridge.phase = Phase.CAPTURE
@@ -336,10 +338,12 @@ def observe_vllm_runtime() -> Iterator[None]:
         return shadow if shadow is not None else original["current"].__func__(cls)
 
     def capture(self: Any, entry: Any, args: tuple, kwargs: dict) -> Any:
+        _bridge.owner = getattr(self, "_capturelint_name", None)
         try:
             output = original_capture(self, entry, args, kwargs)
         finally:
             _bridge.phase = Phase.EAGER
+            _bridge.owner = None
         info = getattr(entry.capture, "_capturelint_info", None)
         if info is not None:
             entry._capturelint_info = info

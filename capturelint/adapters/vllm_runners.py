@@ -271,11 +271,16 @@ def build_model(spec: RunSpec) -> tuple[TinyDeepseekV4, Any]:
     _randomize(model, spec.seed)
     model.requires_grad_(False)  # vLLM serves under inference mode
     for attn in attns:
-        if spec.eager_region is EagerRegion.NARROW:
-            attn._prepare_and_attn_fn = attn._prepare_and_attn
-        elif spec.eager_region is EagerRegion.WIDE:
-            attn._prepare_and_attn_fn = attn._prepare_and_attn_eager
+        force_region(attn, spec.eager_region)
     return model, vc
+
+
+def force_region(attn: nn.Module, region: EagerRegion) -> None:
+    """``narrow``/``wide``: that region on ``attn``; ``per-runner`` keeps vLLM's choice."""
+    if region is EagerRegion.NARROW:
+        attn._prepare_and_attn_fn = attn._prepare_and_attn
+    elif region is EagerRegion.WIDE:
+        attn._prepare_and_attn_fn = attn._prepare_and_attn_eager
 
 
 def region_of(model: TinyDeepseekV4) -> str:
@@ -419,4 +424,4 @@ def compare(graphs: torch.Tensor, eager: torch.Tensor) -> tuple[float, float]:
 
 
 __all__ = ["Buffers", "RunSpec", "Runner", "TinyDeepseekV4", "build_attention", "build_model", "compare",
-           "hf_config", "region_of", "vllm_config"]
+           "force_region", "hf_config", "region_of", "vllm_config"]

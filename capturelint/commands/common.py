@@ -97,7 +97,7 @@ class _Engines(click.Choice):
 
 def engine_options(fn: Callable) -> Callable:
     """``--engine --jobs --no-reuse --runner --mode --eager-region --fresh-metadata
-    --layers --steps --seed --kernels --break-outputs --platform --config``: which engine
+    --layers --steps --seed --kernels --break-outputs --platform --spec --config``: which engine
     and which of its configurations to run."""
     opts = [
         click.option("--engine", type=_Engines(),
@@ -125,6 +125,9 @@ def engine_options(fn: Callable) -> Callable:
                           "static buffers (default) or discard them, as vLLM 0.33.0 does (settings: break-outputs)."),
         click.option("--platform", type=click.Choice(["cuda", "rocm", "cpu"]), default="cuda", show_default=True,
                      help="Platform whose default runner applies."),
+        click.option("--spec", type=click.Choice(["mtp", "dspark"]),
+                     help="Speculative decoding (--engine vllm): also check the draft model's graphs and the verify "
+                          "step, under the runners that support the method (default: none)."),
         click.option("--config", "config_path", type=click.Path(dir_okay=False), metavar="PYPROJECT",
                      help="Read [tool.capturelint] from this file instead of the nearest pyproject.toml."),
     ]
@@ -161,6 +164,7 @@ def command_options(kw: dict[str, Any], select: tuple[str, ...] = (), ignore: tu
         invariants_file=kw.get("invariants_file"),
         jobs=kw.get("jobs"),
         reuse=not kw.get("no_reuse", False),
+        spec=kw.get("spec"),
         given=given_engine_options(),
     )
 
