@@ -1,0 +1,114 @@
+"""``capturelint check --engine vllm --spec mtp``: the MTP draft's graphs and the verify
+step, captured as each model runner captures them, checked against their eager twin;
+``--spec dspark`` refused in one line (vLLM's own refusal under V1, the CPU blocker under V2).
+
+One clean check of every configuration runs once (a module fixture, one layer, three
+steps); the planted region change checks one configuration in this process.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from capturelint.cli import main
+from vllm_required import require_vllm
+
+STEPS = 3
+K = 2  # vllm_spec.SPEC_TOKENS
+BATCH = 2
+DRAFT_SCOPE = "model.layers.1.mtp_block.attn"  # the MTP layer is layer num_hidden_layers (mtp.py:217)
+
+
+def check(tmp_path, *args: str) -> tuple[int, dict]:
+    require_vllm()
+    out = tmp_path / "report.json"
+    code = main(["check", "--engine", "vllm", "--spec", "mtp", "--layers", "1", "--steps", str(STEPS), *args,
+                 "--format", "json", "-o", str(out)])
+    return code, json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    return check(tmp_path_factory.mktemp("spec"))
+
+
+def _graphs(report: dict, runner: str, mode: str) -> dict[str, list[str]]:
+    config = next(c for c in report["configurations"] if (c["runner"], c["mode"]) == (runner, mode))
+    return {g["graph"]: [s["kind"] for s in g["segments"]] for g in config["graphs"]}
+
+
+def test_mtp_checks_the_draft_graphs_and_the_verify_step(clean):
+    code, report = clean
+    assert code == 0, report["findings"]
+    assert report["findings"] == []
+    verify = f"{BATCH * (K + 1)} tokens"  # k + 1 tokens per request
+    draft = f"{BATCH} tokens"  # draft passes 2..k, one token per request
+    # V1: the drafter is wrapped for PIECEWISE (gpu_model_runner.py:5144) in both modes, breaking where the target does
+    for mode in ("PIECEWISE", "FULL"):
+        graphs = _graphs(report, "v1", mode)
+        assert set(graphs) == {f"target {mode}:{verify}", f"mtp draft PIECEWISE:{verify}", f"mtp draft PIECEWISE:{draft}"}
+        assert graphs[f"mtp draft PIECEWISE:{draft}"] == ["captured", "eager", "captured"]
+    # V2: draft pass 1 in the runner's mode; passes 2..k only as FULL graphs (eager under PIECEWISE)
+    assert set(_graphs(report, "v2", "PIECEWISE")) == {f"target PIECEWISE:{verify}", f"mtp draft PIECEWISE:{verify}"}
+    assert set(_graphs(report, "v2", "FULL")) == {f"target FULL:{verify}", f"mtp draft FULL:{verify}",
+                                                  f"mtp draft FULL:{draft}"}
+    # every replay was compared with its eager shadow: per step the verify and the draft's graphed passes
+    replays = {("v1", "PIECEWISE"): 1 + K, ("v1", "FULL"): 1 + K, ("v2", "PIECEWISE"): 2, ("v2", "FULL"): 1 + K}
+    for c in report["configurations"]:
+        assert c["checked"]["shadowed_steps"] == STEPS * replays[c["runner"], c["mode"]]
+        assert c["checked"]["eager_twin"] is True
+    for n in report["numerical"]:
+        assert n["replay_steps"] == STEPS * replays[n["runner"], n["mode"]]
+        assert n["max_step_error"] < 1e-4 and n["token_agreement"] == 1.0
+
+
+def test_a_narrow_region_on_the_draft_alone_is_flagged_in_the_draft(tmp_path, monkeypatch):
+    require_vllm()
+    from capturelint.adapters import vllm_spec
+    from capturelint.options import EagerRegion
+
+    force = vllm_spec.force_region  # the draft is built with it; the target keeps vLLM's region
+    monkeypatch.setattr(vllm_spec, "force_region", lambda attn, region: force(attn, EagerRegion.NARROW))
+    code, report = check(tmp_path, "--runner", "v1", "--mode", "PIECEWISE")
+    assert code == 1
+    cl101 = [f for f in report["findings"] if f["code"] == "CL101"]
+    assert cl101, report["summary"]
+    for f in cl101:  # V1 captures the drafter without metadata (llm_base_proposer.py:1650): the profile-run F.pad
+        assert f["scope"] == DRAFT_SCOPE
+        assert f["graph"].startswith("mtp draft PIECEWISE:")
+        assert f["op"] == "aten.constant_pad_nd.default"
+        assert "attn_metadata was None" in f["message"]
+    assert not [f for f in report["findings"] if not f["scope"].startswith("model.layers.1.")]
+    numerical = report["numerical"][0]
+    assert numerical["max_step_error"] > 1e-2
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_dspark_under_v1_is_vllms_refusal(capsys):
+    assert main(["check", "--engine", "vllm", "--spec", "dspark", "--runner", "v1"]) == 2
+    line = _one_line(capsys)
+    assert line.startswith("capturelint: error: --spec dspark needs --runner v2")
+    assert "config/vllm.py:3110-3113" in line and "Model Runner V1 does not support: dspark" in line
+
+
+def test_dspark_under_v2_names_the_blocker(capsys):
+    assert main(["check", "--engine", "vllm", "--spec", "dspark"]) == 2  # default runner: v2 (DSpark's only one)
+    line = _one_line(capsys)
+    assert "--spec dspark is not run on a CPU" in line
+    assert "_prepare_dflash_inputs_kernel" in line and "mhc_post_tilelang" in line
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--engine", "vllm", "--spec", "eagle"], "Invalid value for '--spec'"),
+    (["--spec", "mtp"], "the bundled engine has no draft model"),
+])
+def test_bad_spec_is_one_line(args, needle, capsys):
+    assert main(["check", *args]) == 2
+    assert needle in _one_line(capsys)
