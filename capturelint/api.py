@@ -101,7 +101,8 @@ class ProgressReporter:
 # --------------------------------------------------------------------- options
 
 _DEFAULTS = {"engine": None, "runner": None, "modes": (), "eager_region": None, "fresh_metadata": False, "layers": None,
-             "steps": None, "seed": None, "kernels": None, "break_outputs": None, "platform": "cuda", "reuse": True}
+             "steps": None, "seed": None, "kernels": None, "break_outputs": None, "platform": "cuda", "reuse": True,
+             "spec": None}
 _FLAG = {"modes": "--mode", "reuse": "--no-reuse"}
 
 
@@ -115,14 +116,14 @@ def engine_options(*, engine: str | None = None, target: str | None = None, runn
                    steps: int | None = None, seed: int | None = None, kernels: str | None = None,
                    break_outputs: Any = None, platform: str = "cuda", select: str | Iterable[str] = (),
                    ignore: str | Iterable[str] = (), invariants: str | None = None, jobs: int | None = None,
-                   reuse: bool = True) -> EngineOptions:
+                   reuse: bool = True, spec: str | None = None) -> EngineOptions:
     """The ``EngineOptions`` of the keyword arguments, spelled or parsed; an option given
     a value other than its default is "given" (an adapter that does not read it says so)."""
     if isinstance(modes, str):
         modes = _codes(modes)
     values = dict(engine=engine, runner=runner, modes=tuple(modes), eager_region=eager_region,
                   fresh_metadata=fresh_metadata, layers=layers, steps=steps, seed=seed, kernels=kernels,
-                  break_outputs=break_outputs, platform=platform, reuse=reuse)
+                  break_outputs=break_outputs, platform=platform, reuse=reuse, spec=spec)
     given = tuple(f for f in ENGINE_OPTIONS
                   for name, v in values.items()
                   if v != _DEFAULTS[name] and f == _FLAG.get(name, "--" + name.replace("_", "-")))
@@ -135,7 +136,7 @@ def engine_options(*, engine: str | None = None, target: str | None = None, runn
         fresh_metadata=fresh_metadata, layers=layers, steps=steps, seed=seed, kernels=kernels,
         break_outputs=None if break_outputs is None else parse_break_outputs(break_outputs),
         platform=platform, select=_codes(select), ignore=_codes(ignore), invariants_file=invariants, jobs=jobs,
-        reuse=reuse, given=given,
+        reuse=reuse, spec=spec, given=given,
     )
 
 

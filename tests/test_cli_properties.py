@@ -48,6 +48,7 @@ OPTIONS: dict[str, st.SearchStrategy] = {
     "--kernels": st.sampled_from(["torch", "triton", "cuda"]),
     "--break-outputs": st.sampled_from(["copy", "discard", "keep"]),
     "--platform": st.sampled_from(["cuda", "rocm", "cpu", "tpu"]),
+    "--spec": st.sampled_from(["mtp", "dspark", "eagle", ""]),
     "--config": FILES,
     "--select": CODES,
     "--ignore": CODES,

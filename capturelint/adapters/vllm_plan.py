@@ -47,6 +47,7 @@ UNIT = "configuration"
 VLLM_MODES = (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL)
 DEFAULT_LAYERS = 2
 DEFAULT_STEPS = 6
+SPEC_METHODS = (None, "mtp", "dspark")  # --spec: none, or a draft vLLM 0.33.0 ships for DeepSeek V4
 
 DSPARK_V1_REFUSAL = ("--spec dspark needs --runner v2: vLLM 0.33.0 runs DSpark only on Model Runner V2 "
                      "(config/vllm.py:3110-3113 lists 'dspark speculative decoding' as unsupported by V1, and "
@@ -77,6 +78,9 @@ def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
     if options.break_outputs is not None:
         raise CapturelintError("--break-outputs sets the bundled runtime's policy; vLLM 0.33.0's add_eager discards "
                                "break outputs, drop --break-outputs")
+
+    if options.spec not in SPEC_METHODS:
+        raise CapturelintError(f"unknown --spec {options.spec!r}; use mtp or dspark, or leave it out")
 
     def spec_runners(runners: tuple[Runner, ...]) -> None:
         if options.spec == "dspark":

@@ -86,7 +86,6 @@ from capturelint.runtime import frames
 frames.register_runtime_file(__file__)
 
 SPEC_TOKENS = 2
-METHODS = ("mtp", "dspark")
 
 
 class SharedHead(nn.Module):
@@ -380,5 +379,5 @@ class SpecRunner:
                 "drafter_next": self.draft_next, "caches": self.caches}
 
 
-__all__ = ["METHODS", "SPEC_TOKENS", "SpecRunner", "StepBuffers", "TinyMTP",
+__all__ = ["SPEC_TOKENS", "SpecRunner", "StepBuffers", "TinyMTP",
            "build_draft"]
