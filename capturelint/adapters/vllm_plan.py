@@ -10,10 +10,10 @@ Options, resolved like the bundled engine's (command line over settings over def
   (attention.py:323-328), ``narrow`` / ``wide`` force ``_prepare_and_attn`` /
   ``_prepare_and_attn_eager`` on every layer;
 - ``--layers`` (default 2), ``--steps`` (decode steps, default 6), ``--seed``;
-- ``--spec mtp``: speculative decoding with an MTP draft (``vllm_spec``): each step is
-  the target's verify forward and the draft's forwards, their graphs captured as each
-  runner captures them; ``--spec dspark`` is refused: under V1 with vLLM's own refusal
-  (``DSPARK_V1_REFUSAL``), under V2 naming what keeps it off a CPU (``DSPARK_BLOCKER``).
+- ``--spec mtp|dspark``: speculative decoding (``vllm_spec``): each step is the target's
+  verify forward and the draft's forwards, their graphs captured as each runner
+  captures them. DSpark runs only on V2 (its default runner); ``--runner v1`` (or
+  ``all``) with it is vLLM's own refusal (``DSPARK_V1_REFUSAL``).
 
 ``--fresh-metadata``, ``--kernels triton`` and ``--break-outputs`` describe the bundled
 engine and are refused (vLLM 0.33.0's ``add_eager`` discards break outputs).
@@ -53,13 +53,6 @@ DSPARK_V1_REFUSAL = ("--spec dspark needs --runner v2: vLLM 0.33.0 runs DSpark o
                      "(config/vllm.py:3110-3113 lists 'dspark speculative decoding' as unsupported by V1, and "
                      "_validate_v1_model_runner, :3332-3337, raises 'Model Runner V1 does not support: dspark "
                      "speculative decoding'); use --runner v2")
-DSPARK_BLOCKER = ("--spec dspark is not run on a CPU yet: its draft step is DFlash's parallel query block "
-                  "(v1/worker/gpu/spec_decode/dspark/speculator.py:36 DSparkSpeculator(DFlashSpeculator)), laid out "
-                  "by the Triton kernel _prepare_dflash_inputs_kernel (spec_decode/dflash/speculator.py:637) with "
-                  "context KV written by precompute_and_store_context_kv (models/deepseek_v4/nvidia/dspark.py:193) "
-                  "and non-causal SWA indices of width get_dspark_swa_index_width, and its layers run mHC's TileLang "
-                  "kernels (model_executor/kernels/mhc/tilelang.py:778 mhc_post_tilelang, :1028 "
-                  "hc_head_fused_kernel_tilelang); none has a CPU reference or runner shim here; use --spec mtp")
 
 
 def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
@@ -83,8 +76,8 @@ def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
         raise CapturelintError(f"unknown --spec {options.spec!r}; use mtp or dspark, or leave it out")
 
     def spec_runners(runners: tuple[Runner, ...]) -> None:
-        if options.spec == "dspark":
-            raise CapturelintError(DSPARK_V1_REFUSAL if Runner.V1 in runners else DSPARK_BLOCKER)
+        if options.spec == "dspark" and Runner.V1 in runners:
+            raise CapturelintError(DSPARK_V1_REFUSAL)
 
     def refused(mode: CUDAGraphMode) -> str | None:
         if mode in VLLM_MODES:
@@ -149,10 +142,10 @@ def missing_op(e: BaseException) -> CapturelintError | None:
 def configuration(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Configuration:
     """Build the tiny model for one runner and mode (inside ``cpu_shim``)."""
     from capturelint.adapters.vllm_runners import Runner, compare, region_of
-    from capturelint.adapters.vllm_spec import SpecRunner
+    from capturelint.adapters.vllm_spec import RUNNERS
 
     spec = _spec(plan, runner, mode)
-    loop = SpecRunner if plan.spec == "mtp" else Runner  # the step loop: decode steps, or verify and draft steps
+    loop = RUNNERS[plan.spec] if plan.spec else Runner  # the step loop: decode steps, or verify and draft steps
     engine = loop(spec)
 
     def twin(output: Any) -> TwinResult:

@@ -1,6 +1,6 @@
 """``capturelint check --engine vllm --spec mtp``: the MTP draft's graphs and the verify
 step, captured as each model runner captures them, checked against their eager twin;
-``--spec dspark`` refused in one line (vLLM's own refusal under V1, the CPU blocker under V2).
+``--spec dspark``'s draft step under V2, and its refusal under V1 (vLLM's own, in one line).
 
 One clean check of every configuration runs once (a module fixture, one layer, three
 steps); the planted region change checks one configuration in this process.
@@ -21,10 +21,10 @@ BATCH = 2
 DRAFT_SCOPE = "model.layers.1.mtp_block.attn"  # the MTP layer is layer num_hidden_layers (mtp.py:217)
 
 
-def check(tmp_path, *args: str) -> tuple[int, dict]:
+def check(tmp_path, *args: str, spec: str = "mtp") -> tuple[int, dict]:
     require_vllm()
     out = tmp_path / "report.json"
-    code = main(["check", "--engine", "vllm", "--spec", "mtp", "--layers", "1", "--steps", str(STEPS), *args,
+    code = main(["check", "--engine", "vllm", "--spec", spec, "--layers", "1", "--steps", str(STEPS), *args,
                  "--format", "json", "-o", str(out)])
     return code, json.loads(out.read_text())
 
@@ -98,11 +98,30 @@ def test_dspark_under_v1_is_vllms_refusal(capsys):
     assert "config/vllm.py:3110-3113" in line and "Model Runner V1 does not support: dspark" in line
 
 
-def test_dspark_under_v2_names_the_blocker(capsys):
-    assert main(["check", "--engine", "vllm", "--spec", "dspark"]) == 2  # default runner: v2 (DSpark's only one)
-    line = _one_line(capsys)
-    assert "--spec dspark is not run on a CPU" in line
-    assert "_prepare_dflash_inputs_kernel" in line and "mhc_post_tilelang" in line
+def test_dspark_checks_its_draft_step_under_v2(tmp_path):
+    code, report = check(tmp_path, spec="dspark")
+    assert code == 0, report["findings"]
+    assert {c["runner"] for c in report["configurations"]} == {"v2"}  # DSpark's only runner, its default
+    verify, block = f"{BATCH * (K + 1)} tokens", f"{BATCH * K} tokens"  # the anchor and k - 1 mask tokens
+    # PIECEWISE: the draft runs eagerly (dflash/speculator.py:156-160); only the verify step is graphed
+    assert set(_graphs(report, "v2", "PIECEWISE")) == {f"target PIECEWISE:{verify}"}
+    assert set(_graphs(report, "v2", "FULL")) == {f"target FULL:{verify}", f"dspark draft FULL:{block}"}
+    # the FULL draft graph holds the whole step: the context KV of every draft layer (vLLM's _insert_context_kv,
+    # called by the draft step itself), the query block through each layer's attention, then the Markov head
+    config = next(c for c in report["configurations"] if c["mode"] == "FULL")
+    graph = next(g for g in config["graphs"] if g["graph"].startswith("dspark draft"))
+    assert [s["kind"] for s in graph["segments"]] == ["captured"]
+    ops = graph["segments"][0]["ops"]
+    insert = "_C.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert.default"
+    assert ops[""][insert] == 2  # one context insert per draft layer
+    assert ops["model.layers.1.attn"][insert] == ops["model.layers.2.attn"][insert] == 1  # the block's own KV
+    assert ops["model.layers.1.attn.kv_norm"] and ops["model.markov_head.markov_w1"]
+    steps = {"PIECEWISE": 1, "FULL": 2}
+    for c in report["configurations"]:
+        assert c["checked"]["shadowed_steps"] == STEPS * steps[c["mode"]]
+    for n in report["numerical"]:
+        assert n["replay_steps"] == STEPS * steps[n["mode"]]
+        assert n["max_step_error"] < 1e-4 and n["token_agreement"] == 1.0
 
 
 @pytest.mark.parametrize("args, needle", [
