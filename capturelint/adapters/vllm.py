@@ -273,7 +273,9 @@ def observe_vllm_runtime() -> Iterator[None]:
     step: the wrapper's runnable, run eagerly with vLLM's ``eager_break_during_capture``
     seeing a stand-in capture whose ``add_eager`` runs the break inline and announces it.
     On replay, vLLM's recorded break call reuses the shadow's call of it
-    (``protocol.run_or_reuse``), so each break's Python runs once per step.
+    (``protocol.run_or_reuse``), so each break's Python runs once per step. A wrapper
+    an adapter named (``_capturelint_name``: ``target``, ``mtp draft``) starts the label
+    of the graphs it captures.
     """
     from vllm.compilation import breakable_cudagraph as bc
 
