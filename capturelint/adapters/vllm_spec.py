@@ -28,7 +28,8 @@ shared head and ``mtp_block``; forward mtp.py:150-210. Draft pass 1 runs over th
 verified tokens with the target's hidden states ("draft prefill"); passes 2..k one token
 per request with the draft's own hidden state.
 
-- V1 (``v1/spec_decode/llm_base_proposer.py``): the drafter's model is wrapped like the
+- V1 (MTP's drafter is ``EagleProposer``, ``gpu_model_runner.py:649-650``, on
+  ``v1/spec_decode/llm_base_proposer.py``): the drafter's model is wrapped like the
   target, ``BreakableCUDAGraphWrapper(runtime_mode=PIECEWISE)``
   (``gpu_model_runner.py:5144-5148``), and it dispatches PIECEWISE whether the target's
   mode is PIECEWISE or FULL (``initialize_cudagraph_keys``, :420-435), every pass, keyed
