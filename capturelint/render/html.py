@@ -296,8 +296,12 @@ def _regions_section(views: list[ConfigView], ids: dict[int, str]) -> str:
 
     parts = []
     for n, cv in enumerate(views, 1):
-        diagram = (_diagram(report_dot([cv]), f"c{n}") if cv.graphs
-                   else '<p class="none">no graph captured: every step ran eagerly</p>')
+        if cv.graphs:
+            diagram = _diagram(report_dot([cv]), f"c{n}")
+        elif cv.total_graphs:  # a report read back, or checked without keeping its captures
+            diagram = '<p class="none">no diagram: the report holds no capture stream to draw</p>'
+        else:
+            diagram = '<p class="none">no graph captured: every step ran eagerly</p>'
         graphs = "".join(_graph_segments(cv, g, ids) for g in cv.graphs)
         unplaced = "".join(f'<li><a href="#{ids[id(f)]}">{esc(f.code)} {esc(f.condition)}</a> {esc(f.scope)} · '
                            f"{esc(f.op)} in {esc(f.segment)} (not in the shown graphs)</li>" for f in cv.unplaced)
@@ -415,7 +419,7 @@ mark.line{background:#fff3c4;font-weight:bold;color:inherit}
 details.config{border:1px solid var(--line);border-radius:4px;padding:.2em 1em;margin:1em 0}
 details.config>summary h3{display:inline;margin:0}summary{cursor:pointer}
 .diagram{margin:.5em 0}.diagram input{margin-left:.8em}.zoom-label{color:var(--muted)}
-.canvas{overflow:auto;max-height:80vh;border:1px solid var(--line);margin-top:.3em;background:#fff;cursor:grab}
+.canvas{overflow:auto;max-height:80vh;border:1px solid var(--line);margin-top:.3em;background:#fff}.js .canvas{cursor:grab}
 .zoom-fit:checked~.canvas svg{width:min(100%,var(--w));height:auto}
 .zoom-1:checked~.canvas svg{width:var(--w);height:var(--h)}
 .zoom-2:checked~.canvas svg{width:calc(var(--w)*2);height:calc(var(--h)*2)}
@@ -429,6 +433,7 @@ footer{margin-top:2em;color:var(--muted)}
 """
 
 SCRIPT = """
+document.documentElement.className = 'js';
 document.querySelectorAll('.canvas').forEach(function (c) {
   var drag = null;
   c.addEventListener('mousedown', function (e) {
