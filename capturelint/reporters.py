@@ -168,7 +168,7 @@ def _show_svg(views: Any, options: Options) -> str:
 def _show_html(views: Any, options: Options) -> str:
     from capturelint.render.html import show_html
 
-    return show_html(views)
+    return show_html(views, options.ops)
 
 
 # -------------------------------------------------------------------------- diff

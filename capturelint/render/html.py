@@ -88,8 +88,9 @@ def check_html(report: Report) -> str:
     return _page("capturelint check", body)
 
 
-def show_html(views: list[ConfigView]) -> str:
-    """The regions of ``show``: diagrams, segments and the findings marked on them."""
+def show_html(views: list[ConfigView], ops: bool = False) -> str:
+    """The regions of ``show``: diagrams (``ops``: a node per op run), segments and the
+    findings marked on them."""
     from capturelint.render.tree import summary_line
 
     findings = sorted((f for v in views for f in v.findings), key=Finding.sort_key)
@@ -97,7 +98,7 @@ def show_html(views: list[ConfigView]) -> str:
     body = [
         _verdict_section("capturelint show", "Regions", "info", summary_line(views)),
         _findings_section(findings, ids, _Sources()),
-        _regions_section(views, ids),
+        _regions_section(views, ids, ops),
     ]
     return _page("capturelint show", body)
 
@@ -291,13 +292,13 @@ class _Sources:
 # --------------------------------------------------------------------- regions
 
 
-def _regions_section(views: list[ConfigView], ids: dict[int, str]) -> str:
+def _regions_section(views: list[ConfigView], ids: dict[int, str], ops: bool = False) -> str:
     from capturelint.render.dot import report_dot
 
     parts = []
     for n, cv in enumerate(views, 1):
         if cv.graphs:
-            diagram = _diagram(report_dot([cv]), f"c{n}")
+            diagram = _diagram(report_dot([cv], ops), f"c{n}")
         elif cv.total_graphs:  # a report read back, or checked without keeping its captures
             diagram = '<p class="none">no diagram: the report holds no capture stream to draw</p>'
         else:
