@@ -375,14 +375,15 @@ def _diagram(dot_text: str, key: str) -> str:
 
 
 def _changes_section(changes: RegionChanges, title: str) -> str:
-    """The region changes as the terminal shows them (``render.changes``), in colour."""
+    """The region changes as the terminal shows them (``render.changes``), in colour,
+    without the panel's border (the section has the title)."""
     from rich.console import Console
 
     from capturelint.output import REPORT_WIDTH
     from capturelint.render.changes import region_changes_panel
 
     console = Console(record=True, file=io.StringIO(), width=REPORT_WIDTH, force_terminal=True, color_system="truecolor")
-    console.print(region_changes_panel(changes, title))
+    console.print(region_changes_panel(changes, title).renderable)
     text = console.export_html(inline_styles=True, code_format="{code}")
     return f'<section id="region-changes"><h2>{esc(title)}</h2><pre class="rich">{text}</pre></section>'
 
