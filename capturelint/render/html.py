@@ -29,6 +29,7 @@ adds drag-to-pan. Without Graphviz the HTML format is refused before the run
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import io
 import os
@@ -105,8 +106,6 @@ def show_html(views: list[ConfigView], ops: bool = False) -> str:
 
 def diff_html(diff: RegionDiff, title: str) -> str:
     """A region diff: what moved, in words, and a before/after diagram per pair."""
-    import dataclasses
-
     from capturelint.render.dot import changes_dot
 
     changes = diff.changes

@@ -4,7 +4,7 @@ Headless Chromium driven by Selenium (Debian's ``chromium`` and ``chromium-drive
 ``.ci/run`` installs them). The report is the bundled engine's failing check (2 layers,
 4 steps, v1 PIECEWISE narrow): its findings are visible, its diagram is drawn, a
 finding's anchor navigates to it, segments collapse and expand, zoom enlarges the
-diagram; with JavaScript disabled the verdict, the findings and the diagram are still
+diagram and dragging pans it; with JavaScript disabled the verdict, the findings and the diagram are still
 there. A screenshot of each is saved. Without Chromium the tests skip, except under
 ``CI=true``, where a missing browser is a failure.
 """
@@ -124,7 +124,7 @@ def test_a_findings_anchor_navigates_to_it(browser, report):
 def test_segments_collapse_and_the_diagram_zooms(browser, report):
     from selenium.webdriver.common.by import By
 
-    driver, _ = browser
+    driver, javascript = browser
     path, _ = report
     driver.get(path.as_uri())
     segment = driver.find_element(By.CSS_SELECTOR, "details.segment")
@@ -145,3 +145,11 @@ def test_segments_collapse_and_the_diagram_zooms(browser, report):
         button.click()
         widths[label] = svg.size["width"]
     assert widths["200%"] == pytest.approx(2 * widths["100%"], rel=0.01)
+    # with JavaScript, dragging the diagram pans it (without, the canvas scrolls by its scroll bars)
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    canvas = driver.find_element(By.CSS_SELECTOR, "#regions .canvas")
+    driver.execute_script("arguments[0].scrollIntoView()", canvas)
+    ActionChains(driver).move_to_element(canvas).click_and_hold().move_by_offset(-300, 0).release().perform()
+    scrolled = driver.execute_script("return arguments[0].scrollLeft", canvas)
+    assert scrolled == (300 if javascript else 0)
