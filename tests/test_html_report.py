@@ -189,6 +189,21 @@ def test_every_text_is_escaped():
     assert page.count("svg") == 0 and "no diagram: the report holds no capture stream to draw" in text
 
 
+def test_run_html_draws_the_scripts_graph_and_shows_its_source(tmp_path, capsys):
+    script = ROOT / "examples" / "plain" / "graphed_callable_baked_value.py"
+    out = tmp_path / "run.html"
+    rc, _, err = run(["run", "--format", "html", "-o", str(out), str(script)], capsys)
+    assert rc == 1, err
+    text = out.read_text()
+    page = assert_self_contained(text)
+    assert page.count("svg") == 1 and "<h1>Findings</h1>" in text
+    body = article(text, "finding-1")
+    number = int(re.search(r'<mark class="line" data-n="(\d+)">', body).group(1))
+    line = script.read_text().splitlines()[number - 1]
+    assert f'<mark class="line" data-n="{number}">{escape(line)}\n</mark>' in body
+    assert f"graphed_callable_baked_value.py:{number}</code>" in body
+
+
 # ------------------------------------------------------------------ show, diff
 
 
