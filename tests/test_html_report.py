@@ -218,7 +218,8 @@ def test_show_html_draws_each_configuration_and_links_its_findings(memo_runs, tm
     assert escape(err.strip().split("; wrote")[0]) in text  # the summary line of show
 
 
-SEG = lambda kind, name, ops: SegmentMap(SegmentKind(kind), name, tuple((s, tuple(sorted(by.items()))) for s, by in ops.items()))  # noqa: E731
+def SEG(kind: str, name: str | None, ops: dict[str, dict[str, int]]) -> SegmentMap:
+    return SegmentMap(SegmentKind(kind), name, tuple((s, tuple(sorted(by.items()))) for s, by in ops.items()))
 
 
 def test_diff_html_has_the_changes_and_a_diagram_per_pair(tmp_path, capsys):
@@ -253,7 +254,7 @@ def test_diff_html_has_the_changes_and_a_diagram_per_pair(tmp_path, capsys):
     ["diff", *ENGINE, "--against-eager-region", "wide"],
 ])
 def test_without_dot_html_is_refused_before_the_run(command, tmp_path, capsys, monkeypatch):
-    import capturelint.adapters.registry as registry
+    from capturelint.adapters import registry
 
     def ran(*a, **k):
         raise AssertionError("the engine ran")

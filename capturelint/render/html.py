@@ -35,7 +35,7 @@ import io
 import os
 import re
 import sys
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from capturelint import __version__
 from capturelint.findings import Finding
