@@ -140,8 +140,10 @@ def _page(title: str, body: list[str]) -> str:
 
 def _verdict(report: Report) -> tuple[str, str]:
     """The headline and its tone (``fail``, ``warn``, ``pass``), as ``summary_line`` says it."""
-    if report.failed:
+    if report.findings:
         return "Findings", "fail"
+    if report.failed:  # no finding: the baseline gate failed
+        return "Regions changed beyond the baseline's budget", "fail"
     if report.diverged:
         return "Replay differs from eager execution", "fail"
     if report.static:
