@@ -98,7 +98,8 @@ def show_html(views: list[ConfigView], ops: bool = False) -> str:
     ids = {id(f): f"finding-{i}" for i, f in enumerate(findings, 1)}
     body = [
         _verdict_section("capturelint show", "Regions", "info", summary_line(views)),
-        _findings_section(findings, ids, _Sources()),
+        _findings_section(findings, ids, _Sources(), "No finding is marked on these regions (show --no-check checks "
+                          "nothing)."),
         _regions_section(views, ids, ops),
     ]
     return _page("capturelint show", body)
@@ -209,9 +210,9 @@ def where(f: Finding) -> str:
     return f"{frame.file}:{frame.line}" if frame is not None else "<no source line>"
 
 
-def _findings_section(findings: list[Finding], ids: dict[int, str], sources: _Sources) -> str:
+def _findings_section(findings: list[Finding], ids: dict[int, str], sources: _Sources, empty: str = "No findings.") -> str:
     if not findings:
-        return '<section id="findings"><h2>Findings</h2><p class="none">No findings.</p></section>'
+        return f'<section id="findings"><h2>Findings</h2><p class="none">{esc(empty)}</p></section>'
     toc = "".join(
         f'<li><a href="#{ids[id(f)]}"><b>{esc(f.code)}</b> {esc(f.name)} · <code>{esc(where(f))}</code> · '
         f"{esc(f.runner)}/{esc(f.mode)}</a></li>"
