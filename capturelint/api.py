@@ -179,8 +179,11 @@ def check(*, config: str | None = None, static: bool = False, strict: bool = Fal
 
 def check_with(settings: Settings, options: EngineOptions, *, static: bool = False, strict: bool = False,
                require_oracle: bool = False, baseline: str | None = None, max_eager_growth: float | None = None,
-               shard: str | None = None) -> Report:
-    """``check`` over loaded ``settings`` and parsed ``options`` (the CLI's entry)."""
+               shard: str | None = None, keep_captures: bool = False) -> Report:
+    """``check`` over loaded ``settings`` and parsed ``options`` (the CLI's entry);
+    ``keep_captures`` keeps each configuration's capture streams in the report, for a
+    format that draws them (``--format html``; the configurations then run in this
+    process, as ``show``'s do)."""
     from capturelint.shard import ShardInfo, fingerprint, parse_shard, require_selection
 
     target = options.target
@@ -227,7 +230,7 @@ def check_with(settings: Settings, options: EngineOptions, *, static: bool = Fal
         require_selection(shard_of, labels, registry.unit(plan))
         plan = dataclasses.replace(plan, shard=shard_of)
     with ProgressReporter(len(plan.configurations)) as progress:
-        report = registry.run_check(plan, progress, static=static)
+        report = registry.run_check(plan, progress, static=static, keep_captures=keep_captures)
     if shard_of is not None:
         # everything that shapes the report (not how many jobs ran it), so that merge
         # joins only the shards of one check

@@ -6,7 +6,11 @@ views of the captured regions (``show``), a ``RegionDiff`` (``diff``), a
 (a terminal, or a file at a fixed width), ``text`` returns a string, ``bytes`` returns
 binary data (PNG), which only goes to a file. ``summary`` says whether the output ends
 with the run's one-line summary; when it does not, the command says the summary on
-stderr.
+stderr. ``preflight`` refuses, before the run, a format this machine cannot produce (the
+formats drawn by Graphviz without its ``dot``): commands call ``Reporter.preflight``
+before they run anything. ``captures`` says that the rendering draws the configurations'
+capture streams, which a check otherwise drops as soon as each configuration is done
+(they hold the engine's storages): the command keeps them for it.
 
 ``REPORTERS`` is the registry, ``formats(command)`` the names a command accepts (its
 ``--format`` choices), ``reporter(command, name)`` the one to use, and ``emit`` sends a
@@ -49,6 +53,13 @@ class Reporter:
     kind: str  # "rich", "text" or "bytes"
     render: Callable[..., Any]  # rich: (subject, console, options); text and bytes: (subject, options)
     summary: bool = False
+    needs: Callable[[], None] | None = None  # raises a CapturelintError when the format cannot be made here
+    captures: bool = False  # check: draws the capture streams
+
+    def preflight(self) -> None:
+        """Refuse, before a run, a format that cannot be made on this machine."""
+        if self.needs is not None:
+            self.needs()
 
     def text(self, subject: Any, options: Options) -> str | bytes:
         """The rendering as a file holds it (Rich at a fixed width, no colour)."""
@@ -57,6 +68,26 @@ class Reporter:
             self.render(subject, file_console(buffer), options)
             return buffer.getvalue()
         return self.render(subject, options)
+
+
+def _dot(fmt: str) -> Callable[[], None]:
+    """The preflight of a format drawn by Graphviz: its ``dot`` must be installed."""
+    def needs() -> None:
+        from capturelint.render.dot import require_dot
+
+        require_dot(fmt)
+
+    return needs
+
+
+def _html_dot(alternative: str) -> Callable[[], None]:
+    """The preflight of an HTML report (its diagrams are drawn by Graphviz)."""
+    def needs() -> None:
+        from capturelint.render.html import require_dot
+
+        require_dot(alternative)
+
+    return needs
 
 
 # ------------------------------------------------------------------------- check
@@ -100,6 +131,12 @@ def _check_github(report: Any, options: Options) -> str:
                                        for c in report.not_compared])
 
 
+def _check_html(report: Any, options: Options) -> str:
+    from capturelint.render.html import check_html
+
+    return check_html(report)
+
+
 # -------------------------------------------------------------------------- show
 
 
@@ -128,6 +165,12 @@ def _show_svg(views: Any, options: Options) -> str:
     return _show_image("svg")(views, options).decode("utf-8")
 
 
+def _show_html(views: Any, options: Options) -> str:
+    from capturelint.render.html import show_html
+
+    return show_html(views, options.ops)
+
+
 # -------------------------------------------------------------------------- diff
 
 
@@ -147,6 +190,12 @@ def _diff_json(diff: Any, options: Options) -> str:
     from capturelint.report import dumps_json
 
     return dumps_json(diff.to_json())
+
+
+def _diff_html(diff: Any, options: Options) -> str:
+    from capturelint.render.html import diff_html
+
+    return diff_html(diff, options.title or "region changes")
 
 
 # ---------------------------------------------------------------------- snapshot
@@ -180,13 +229,16 @@ REPORTERS: tuple[Reporter, ...] = (
     Reporter("check", "json", "text", _check_json),
     Reporter("check", "sarif", "text", _check_sarif),
     Reporter("check", "github", "text", _check_github),
+    Reporter("check", "html", "text", _check_html, needs=_html_dot("--format json or sarif"), captures=True),
     Reporter("show", "rich", "rich", _show_rich, summary=True),
     Reporter("show", "dot", "text", _show_dot),
-    Reporter("show", "svg", "text", _show_svg),
-    Reporter("show", "png", "bytes", _show_image("png")),
+    Reporter("show", "svg", "text", _show_svg, needs=_dot("svg")),
+    Reporter("show", "png", "bytes", _show_image("png"), needs=_dot("png")),
+    Reporter("show", "html", "text", _show_html, needs=_html_dot("--format dot for the DOT text")),
     Reporter("diff", "rich", "rich", _diff_rich),
     Reporter("diff", "dot", "text", _diff_dot),
     Reporter("diff", "json", "text", _diff_json),
+    Reporter("diff", "html", "text", _diff_html, needs=_html_dot("--format json or dot")),
     Reporter("snapshot", "json", "text", _snapshot_json),
     Reporter("suggest", "rich", "rich", _suggest_rich, summary=True),
     Reporter("suggest", "json", "text", _suggest_json),

@@ -55,7 +55,7 @@ from capturelint.options import BreakOutputs, CUDAGraphMode, EagerRegion, Runner
 
 PYPROJECT = "pyproject.toml"
 KERNELS = ("torch", "triton")
-FORMATS = ("rich", "json", "sarif", "github")
+FORMATS = ("rich", "json", "sarif", "github", "html")  # check's --format (capturelint.reporters.formats("check"))
 ENGINE_KEYS = ("engine", "runners", "modes", "eager-region", "layers", "steps", "seed", "kernels", "break-outputs")
 """The keys that configure capturelint's engines (an engine of ``--target`` says its own)."""
 RULE_CODE = re.compile(r"^CL\d{1,3}$")  # a code (CL101) or a code prefix (CL1)

@@ -52,7 +52,7 @@ OPTIONS: dict[str, st.SearchStrategy] = {
     "--config": FILES,
     "--select": CODES,
     "--ignore": CODES,
-    "--format": st.sampled_from(["rich", "json", "sarif", "github", "dot", "svg", "png", "xml", ""]),
+    "--format": st.sampled_from(["rich", "json", "sarif", "github", "dot", "svg", "png", "html", "xml", ""]),
     "-o": FILES,
     "--exit-zero": st.none(),
     "--baseline": FILES,

@@ -493,6 +493,8 @@ def scratch(tmp_path: Path, edits: dict[str, str]) -> Path:
     # reporters, and who imports them
     ("reporter_imports_beyond_model", "render/dot.py", "from capturelint.pipeline import check_all",
      ("capturelint.render.dot", "capturelint.pipeline")),
+    ("reporter_imports_beyond_model", "render/html.py", "from capturelint.api import check",
+     ("capturelint.render.html", "capturelint.api")),
     ("reporter_importers", "pipeline.py", "from capturelint.render.report import render_rich",
      ("capturelint.pipeline", "capturelint.render.report")),
     # upward, and the lowest rooms

@@ -136,7 +136,7 @@ def test_unknown_key(tmp_path):
         ('modes = []', "modes is an empty list; list at least one mode, or remove the key for the default"),
         ('kernels = "cuda"', 'kernels must be one of "torch", "triton"'),
         ('break-outputs = "keep"', 'break-outputs must be one of "copy", "discard"'),
-        ('format = ["json"]', 'format must be one of "rich", "json", "sarif", "github", got a list'),
+        ('format = ["json"]', 'format must be one of "rich", "json", "sarif", "github", "html", got a list'),
     ],
 )
 def test_wrong_type_or_value(tmp_path, line, expected):

@@ -53,11 +53,12 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
     settings = settings_for(kw)
     fmt = fmt or settings.format or "rich"
     check_output_path(output)
+    rep = reporter("check", fmt)
+    rep.preflight()
     report = api.check_with(settings, command_options(dict(kw, invariants_file=invariants_file), select, ignore, target),
                             static=static, strict=strict, require_oracle=require_oracle, baseline=baseline,
-                            max_eager_growth=max_eager_growth, shard=shard_text)
+                            max_eager_growth=max_eager_growth, shard=shard_text, keep_captures=rep.captures)
     fallback = api.fallback_uri(settings)
-    rep = reporter("check", fmt)
     hint = suggest_hint(kw, select, ignore, target)
     emit(rep, report, output, Options(verbose=verbose, fallback_uri=fallback, hint=hint, rules=rule_infos()))
     if not (rep.summary and is_stdout(output)):

@@ -40,7 +40,8 @@ DIFF_FORMATS = formats("diff")
 @click.command()
 @engine_options
 @click.option("--format", "fmt", type=click.Choice(SHOW_FORMATS), default="rich", show_default=True,
-              help="rich: a tree per runner and mode; dot: Graphviz text; svg, png: drawn by Graphviz 'dot'.")
+              help="rich: a tree per runner and mode; dot: Graphviz text; svg, png: drawn by Graphviz 'dot'; html: one "
+                   "self-contained page with the diagrams and findings.")
 @click.option("-o", "--output", metavar="FILE", help="Write to FILE instead of stdout (required for png).")
 @click.option("--ops", is_flag=True, help="Expand module scopes to their ops, with source lines.")
 @click.option("--all-graphs", is_flag=True, help="Show every captured graph, not one per runtime mode.")
@@ -54,7 +55,7 @@ def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_check: bo
     batch size). Graphviz output has one cluster per segment (captured: blue, solid;
     eager: orange, dashed) and edges for tensors that cross segment boundaries.
 
-    svg and png are drawn by Graphviz's 'dot': without it they are an error, before
+    svg, png and html are drawn by Graphviz's 'dot': without it they are an error, before
     the run (--format dot writes the DOT text). Exit status: 0 shown (findings do not
     change it), 2 usage or engine error, 130 interrupted.
     """
@@ -63,14 +64,11 @@ def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_check: bo
     if fmt == "png" and is_stdout(output):
         raise CapturelintError("PNG output is binary: name a file with -o FILE (or use --format svg or dot for stdout)")
     check_output_path(output)
-    if fmt in ("svg", "png"):
-        from capturelint.render.dot import require_dot
-
-        require_dot(fmt)
+    rep = reporter("show", fmt)
+    rep.preflight()
     report = api.show_with(settings_for(kw), command_options(kw), no_check=no_check)
     views = report_views(report, all_graphs)
     options = Options(ops=ops)
-    rep = reporter("show", fmt)
     emit(rep, views, output, options)
     if not rep.summary:
         from capturelint.render.tree import summary_line
@@ -127,6 +125,8 @@ def diff(snapshots: tuple[str, ...], against_runner: tuple[Runner, ...] | None, 
         raise click.UsageError("nothing to compare: give OLD.json NEW.json, OLD.json alone (against the engine), "
                                "or an --against-* option such as --against-eager-region wide")
     check_output_path(output)
+    rep = reporter("diff", fmt)
+    rep.preflight()
     if len(snapshots) == 2:
         result = diff_by_key(load_snapshot(snapshots[0]), load_snapshot(snapshots[1]), snapshots[0], snapshots[1])
     else:
@@ -146,7 +146,6 @@ def diff(snapshots: tuple[str, ...], against_runner: tuple[Runner, ...] | None, 
                     )
                 a, b = registry.record_regions(left, progress), registry.record_regions(right, progress)
                 result = diff_by_position(a, b, _describe_side(kw), _describe_side({**kw, **against}))
-    rep = reporter("diff", fmt)
     emit(rep, result, output, Options(title=_title(result.before, result.after)))
     if fmt != "rich":
         say(result.changes.summary_line())

@@ -47,15 +47,16 @@ def run(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, outpu
     settings = settings_for({"config_path": config_path})
     fmt = fmt or settings.format or "rich"
     check_output_path(output)
+    rep = reporter("check", fmt)
+    rep.preflight()
     plan = registry.make_plan(settings, EngineOptions(script=(script, *args), select=select, ignore=ignore,
                                                       invariants_file=invariants_file, jobs=1))
     for text in plan.warnings:
         warn(text)
-    report = registry.run_check(registry.load(plan))
+    report = registry.run_check(registry.load(plan), keep_captures=rep.captures)
     missing = report.oracle_missing("--require-oracle" if require_oracle else "[tool.capturelint] require-oracle")
     if missing is not None and (require_oracle or settings.require_oracle):
         raise CapturelintError(missing)
-    rep = reporter("check", fmt)
     fallback = str(settings.source.name) if settings.source else "pyproject.toml"
     emit(rep, report, output, Options(verbose=verbose, fallback_uri=fallback, rules=rule_infos()))
     if not (rep.summary and is_stdout(output)):

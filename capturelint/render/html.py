@@ -1,0 +1,455 @@
+"""The HTML form of ``check``, ``show`` and ``diff``: one self-contained file.
+
+A file to keep as a CI artifact or to link from a pull request: no network (CSS, the
+little JavaScript and the diagrams' SVG are inline; no external ``src``, ``href`` or
+``url()``), and the same command gives byte-identical HTML (no timestamps). A check
+report holds, in order:
+
+- **the verdict**: a headline that never says "matches" about what was not compared
+  (it follows ``Report.summary_line``), and the summary line itself;
+- **what was compared**: per runner and mode, the eager region, whether replay was
+  compared with eager execution (and why not), what was checked, and the numerical
+  evidence (token agreement, largest replay-vs-eager step error, eager-twin error);
+- **the findings**: a table of contents, then one ``<article id="finding-N">`` per
+  finding (``report.html#finding-3`` opens on it) with its code, ``path:line``, message,
+  and the source lines around each of its frames (read when the report is written,
+  the frame's line highlighted);
+- **the regions**: per runner and mode the Graphviz diagram (``render.dot``, drawn by
+  ``dot -Tsvg``) with zoom controls, and each shown graph's segments as ``<details>``
+  (scopes, op counts, links to the findings placed there);
+- **region changes** against a baseline (``check --baseline``).
+
+``show`` gives the regions alone, ``diff`` the region changes and a before/after
+diagram per pair of configurations. Everything a reviewer needs works with
+JavaScript off: the findings and diagrams are plain HTML and inline SVG, anchors are
+plain links, segments are ``<details>``, zoom is radio buttons and CSS; the script only
+adds drag-to-pan. Without Graphviz the HTML format is refused before the run
+(``require_dot``), as SVG and PNG are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import io
+import os
+import re
+import sys
+from typing import TYPE_CHECKING, Any
+
+from capturelint import __version__
+from capturelint.findings import Finding
+from capturelint.inputs import InputProblem, read_text
+from capturelint.runtime.protocol import Frame, SegmentKind
+
+if TYPE_CHECKING:
+    from capturelint.region_changes import RegionChanges, RegionDiff
+    from capturelint.render.view import ConfigView
+    from capturelint.report import ConfigReport, Report
+
+CONTEXT = 3  # source lines shown on each side of a finding's line
+MAX_SOURCE_BYTES = 8 * 2**20  # a source file larger than this is not embedded
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def esc(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def require_dot(alternative: str) -> None:
+    """Refuse, before a run, an HTML report that cannot draw its diagrams: the one-line
+    error of ``--format svg`` (``DotMissing``), naming ``alternative`` as what to use."""
+    from capturelint.render import dot
+
+    try:
+        dot.require_dot("html")
+    except dot.DotMissing:
+        raise dot.DotMissing("Graphviz 'dot' was not found on PATH, so the HTML report cannot draw its region diagrams; "
+                             f"install Graphviz (e.g. apt install graphviz), or use {alternative}") from None
+
+
+# ------------------------------------------------------------------- documents
+
+
+def check_html(report: Report) -> str:
+    """The check report (see the module docstring)."""
+    from capturelint.render.view import report_views
+
+    findings = report.findings
+    ids = {id(f): f"finding-{i}" for i, f in enumerate(findings, 1)}
+    headline, tone = _verdict(report)
+    body = [
+        _verdict_section("capturelint check", headline, tone, report.summary_line()),
+        _compared_section(report.configs, report.static),
+        _findings_section(findings, ids, _Sources()),
+        _regions_section(report_views(report), ids),
+    ]
+    if report.region_changes is not None:
+        body.append(_changes_section(report.region_changes, "Region changes against the baseline"))
+    return _page("capturelint check", body)
+
+
+def show_html(views: list[ConfigView], ops: bool = False) -> str:
+    """The regions of ``show``: diagrams (``ops``: a node per op run), segments and the
+    findings marked on them."""
+    from capturelint.render.tree import summary_line
+
+    findings = sorted((f for v in views for f in v.findings), key=Finding.sort_key)
+    ids = {id(f): f"finding-{i}" for i, f in enumerate(findings, 1)}
+    body = [
+        _verdict_section("capturelint show", "Regions", "info", summary_line(views)),
+        _findings_section(findings, ids, _Sources(), "No finding is marked on these regions (show --no-check checks "
+                          "nothing)."),
+        _regions_section(views, ids, ops),
+    ]
+    return _page("capturelint show", body)
+
+
+def diff_html(diff: RegionDiff, title: str) -> str:
+    """A region diff: what moved, in words, and a before/after diagram per pair."""
+    from capturelint.render.dot import changes_dot
+
+    changes = diff.changes
+    tone = "fail" if changes.failed else "warn" if changes.changed else "pass"
+    headline = "Regions changed" if changes.changed else "No region change"
+    diagrams = []
+    for n, (pair, change) in enumerate(zip(diff.pairs, changes.configs), 1):
+        one = dataclasses.replace(changes, configs=(change,))
+        diagrams.append(f'<section class="config"><h3>{esc(change.label)}</h3>'
+                        f"{_diagram(changes_dot([pair], one), f'd{n}')}</section>")
+    body = [
+        _verdict_section("capturelint diff", headline, tone, changes.summary_line()),
+        _changes_section(changes, title),
+        '<section id="regions"><h2>Regions, before and after</h2>' + "".join(diagrams) + "</section>",
+    ]
+    return _page("capturelint diff", body)
+
+
+def _page(title: str, body: list[str]) -> str:
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>{esc(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
+        + "\n".join(body)
+        + f'\n<footer>capturelint {esc(__version__)}</footer>\n<script>{SCRIPT}</script>\n</body>\n</html>\n'
+    )
+
+
+# --------------------------------------------------------------------- verdict
+
+
+def _verdict(report: Report) -> tuple[str, str]:
+    """The headline and its tone (``fail``, ``warn``, ``pass``), as ``summary_line`` says it."""
+    if report.findings:
+        return "Findings", "fail"
+    if report.failed:  # no finding: the baseline gate failed
+        return "Regions changed beyond the baseline's budget", "fail"
+    if report.diverged:
+        return "Replay differs from eager execution", "fail"
+    if report.static:
+        return "No findings (static check: replay equivalence not checked)", "warn"
+    if report.not_compared or any(not c.checked.replayed for c in report.configs):
+        return "No findings, but replay was not compared with eager execution everywhere", "warn"
+    return "No findings: replay matches eager execution", "pass"
+
+
+def _verdict_section(command: str, headline: str, tone: str, summary: str) -> str:
+    return (f'<header id="verdict" class="verdict {tone}"><p class="command">{esc(command)}</p>'
+            f"<h1>{esc(headline)}</h1><p class=\"summary\">{esc(summary)}</p></header>")
+
+
+def _compared_section(configs: list[ConfigReport], static: bool) -> str:
+    rows = []
+    for c in configs:
+        n = c.numerical
+        if static or c.static:
+            compared = "no (static: captures only)"
+        elif c.checked.with_eager:
+            compared = "yes"
+        else:
+            compared = f"NO ({c.checked.not_compared()})"
+        notes = [t for t in (c.unchecked_text(), c.note) if t]
+        if n is None:
+            numbers = ['<td colspan="4" class="none">nothing compared numerically</td>']
+        else:
+            numbers = [
+                f"<td>{_fmt(n.token_agreement, '.2f', 'no token output')}</td>",
+                f"<td>{_fmt(n.max_step_error, '.3g')}</td>",
+                f"<td>{_fmt(n.max_logit_error, '.3g', 'no eager twin')}</td>",
+                f"<td>{n.replay_steps}</td>",
+            ]
+        bad = c.findings or c.diverged
+        tone = "fail" if bad else "warn" if compared != "yes" else "pass"
+        rows.append(
+            f'<tr class="{tone}"><th scope="row">{esc(c.label)}</th><td>{esc(c.region_title)}</td>'
+            f"<td>{esc(compared)}</td>{''.join(numbers)}"
+            f"<td>{'<b>differs</b>' if c.diverged else 'no' if n is not None else ''}</td><td>{len(c.findings)}</td>"
+            f"<td>{esc(c.checked.describe())}"
+            + "".join(f'<p class="note">{esc(t)}</p>' for t in notes) + "</td></tr>"
+        )
+    return (
+        '<section id="compared"><h2>What was compared, and the numbers</h2>'
+        '<table class="compared"><thead><tr><th>runner/mode</th><th>eager region</th>'
+        "<th>replay compared with eager</th><th>token agreement</th><th>max step error</th><th>eager-twin error</th>"
+        "<th>replay steps</th><th>diverged</th><th>findings</th><th>checked</th></tr></thead><tbody>"
+        + "".join(rows) + "</tbody></table></section>"
+    )
+
+
+def _fmt(x: float | None, spec: str, absent: str = "") -> str:
+    return esc(absent) if x is None else esc(format(x, spec))
+
+
+# -------------------------------------------------------------------- findings
+
+
+def where(f: Finding) -> str:
+    """``path:line`` of a finding: its capture frame, else its step frame."""
+    frame = f.capture_frame or f.shadow_frame
+    return f"{frame.file}:{frame.line}" if frame is not None else "<no source line>"
+
+
+def _findings_section(findings: list[Finding], ids: dict[int, str], sources: _Sources, empty: str = "No findings.") -> str:
+    if not findings:
+        return f'<section id="findings"><h2>Findings</h2><p class="none">{esc(empty)}</p></section>'
+    toc = "".join(
+        f'<li><a href="#{ids[id(f)]}"><b>{esc(f.code)}</b> {esc(f.name)} · <code>{esc(where(f))}</code> · '
+        f"{esc(f.runner)}/{esc(f.mode)}</a></li>"
+        for f in findings
+    )
+    articles = "".join(_finding(f, ids[id(f)], sources) for f in findings)
+    return (f'<section id="findings"><h2>Findings ({len(findings)})</h2><nav class="toc"><ol>{toc}</ol></nav>'
+            f"{articles}</section>")
+
+
+def _finding(f: Finding, fid: str, sources: _Sources) -> str:
+    what = f"{f.scope} · {f.op}" + (f" · {f.tensor}" if f.tensor else "")
+    seen = ""
+    if f.steps:
+        seen = f"seen at replay steps {', '.join(map(str, f.steps))}" + (f" ({f.occurrences} times)" if f.occurrences > 1 else "")
+    frames = [("capture", f.capture_frame), ("step", f.shadow_frame), ("re-allocated at", f.allocation_frame)]
+    return (
+        f'<article class="finding" id="{fid}"><h3><a class="anchor" href="#{fid}">#</a> '
+        f'<span class="code">{esc(f.code)}</span> {esc(f.name)} <span class="cond">[{esc(f.condition)}]</span></h3>'
+        f'<p class="where"><code>{esc(where(f))}</code> · runner {esc(f.runner)} · {esc(f.mode)} · '
+        f"segment {esc(f.segment)} ({esc(f.runtime_mode)})</p>"
+        f'<p class="what">{esc(what)}</p><p class="message">{esc(f.message)}</p>'
+        + (f'<p class="steps">{esc(seen)}</p>' if seen else "")
+        + "".join(sources.excerpt(label, frame) for label, frame in frames if frame is not None)
+        + "</article>"
+    )
+
+
+class _Sources:
+    """Source files read when the report is written, each once: the lines around a
+    frame's, with that line marked. A frame recorded by this run knows its file's
+    absolute path; one read back from JSON has the path findings show, looked up
+    relative to the working directory, the folder holding capturelint and the import
+    path (installed packages show their import path, ``vllm/...``)."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, list[str] | str] = {}
+
+    def lines(self, frame: Frame) -> list[str] | str:
+        """The file's lines, or why they cannot be shown."""
+        key = frame.source or frame.file
+        if key not in self.files:
+            self.files[key] = self._read(frame)
+        return self.files[key]
+
+    @staticmethod
+    def _read(frame: Frame) -> list[str] | str:
+        if os.path.isabs(frame.file):
+            candidates = [frame.file]
+        else:
+            roots = [os.getcwd(), PACKAGE_ROOT] + [p for p in sys.path if p and os.path.isabs(p)]
+            candidates = [os.path.join(root, frame.file) for root in roots]
+        if frame.source:
+            candidates.insert(0, frame.source)
+        path = next((c for c in candidates if os.path.isfile(c)), None)
+        if path is None:
+            return "its file is not on this machine (looked beside the working directory and on the import path)"
+        try:
+            return read_text(path, MAX_SOURCE_BYTES).splitlines()
+        except InputProblem as e:
+            return f"its file {e.problem}"
+
+    def excerpt(self, label: str, frame: Frame) -> str:
+        head = f'<figcaption>{esc(label)}: <code>{esc(frame.file)}:{frame.line}</code> in {esc(frame.function)}</figcaption>'
+        lines = self.lines(frame)
+        if isinstance(lines, str):
+            return f'<figure class="source">{head}<p class="none">source not shown: {esc(lines)}</p></figure>'
+        if not 1 <= frame.line <= len(lines):
+            return (f'<figure class="source">{head}<p class="none">source not shown: the file has {len(lines)} lines '
+                    "(changed since the run?)</p></figure>")
+        first, last = max(1, frame.line - CONTEXT), min(len(lines), frame.line + CONTEXT)
+        rows = []
+        for n in range(first, last + 1):
+            tag = "mark" if n == frame.line else "span"
+            rows.append(f'<{tag} class="line" data-n="{n}">{esc(lines[n - 1])}\n</{tag}>')  # a block: its newline adds no line
+        return f'<figure class="source">{head}<pre>{"".join(rows)}</pre></figure>'
+
+
+# --------------------------------------------------------------------- regions
+
+
+def _regions_section(views: list[ConfigView], ids: dict[int, str], ops: bool = False) -> str:
+    from capturelint.render.dot import report_dot
+
+    parts = []
+    for n, cv in enumerate(views, 1):
+        if cv.graphs:
+            diagram = _diagram(report_dot([cv], ops), f"c{n}")
+        elif cv.total_graphs:  # a report read back, or checked without keeping its captures
+            diagram = '<p class="none">no diagram: the report holds no capture stream to draw</p>'
+        else:
+            diagram = '<p class="none">no graph captured: every step ran eagerly</p>'
+        graphs = "".join(_graph_segments(cv, g, ids) for g in cv.graphs)
+        unplaced = "".join(f'<li><a href="#{ids[id(f)]}">{esc(f.code)} {esc(f.condition)}</a> {esc(f.scope)} · '
+                           f"{esc(f.op)} in {esc(f.segment)} (not in the shown graphs)</li>" for f in cv.unplaced)
+        parts.append(
+            f'<details class="config" id="config-{n}" open><summary><h3>{esc(cv.title)}</h3></summary>'
+            f'<p class="totals">{esc(cv.totals_line())}</p>'
+            + (f'<p class="note">{esc(cv.note)}</p>' if cv.note else "")
+            + diagram + graphs + (f'<ul class="unplaced">{unplaced}</ul>' if unplaced else "") + "</details>"
+        )
+    return '<section id="regions"><h2>Regions</h2>' + "".join(parts) + "</section>"
+
+
+def _graph_segments(cv: ConfigView, view: Any, ids: dict[int, str]) -> str:
+    """A shown graph's segments, each a ``<details>`` (open where a finding sits)."""
+    from capturelint.render.view import finding_tag, scope_label, segment_title
+
+    stands = f"; stands for {view.stands_for} graphs" if view.stands_for > 1 else ""
+    out = [f'<div class="graph"><h4>graph {esc(view.graph)} ({esc(view.runtime_mode)}{esc(stands)}): segments</h4>']
+    for ov in view.overview:
+        seg = ov.segment
+        kind = "eager" if seg.kind is SegmentKind.EAGER else "captured"
+        here = [f for f in cv.findings if f.runtime_mode == view.runtime_mode and f.segment_index == seg.index]
+        tags = view.marks.segment(seg.index)
+        rows = []
+        for sc in ov.scopes:
+            marks = view.marks.scope(seg.index, sc.scope)
+            ops = ", ".join(f"{op} ×{k}" for op, k in sc.by_op)
+            marked_row = ' class="marked"' if marks else ""
+            rows.append(f'<tr{marked_row}><td>{esc(scope_label(sc.scope))}</td><td>{sc.ops}</td>'
+                        f"<td>{esc(ops)}</td><td>{esc(' '.join(marks))}</td></tr>")
+        links = "".join(f'<li><a href="#{ids[id(f)]}">{esc(f.code)} {esc(f.name)}</a> {esc(f.scope)} · {esc(f.op)}</li>'
+                        for f in here if id(f) in ids)
+        summary = f"{segment_title(seg)} · {ov.ops} op{'s' * (ov.ops != 1)}"
+        marked = sorted({finding_tag(f) for f in here} | set(tags))
+        out.append(
+            f'<details class="segment {kind}"><summary>{esc(summary)}'
+            + (f' <span class="tag">{esc(", ".join(marked))}</span>' if marked else "") + "</summary>"
+            + ("<table><thead><tr><th>scope</th><th>ops</th><th>by op</th><th>findings</th></tr></thead><tbody>"
+               + "".join(rows) + "</tbody></table>" if rows else '<p class="none">(no ops)</p>')
+            + (f'<ul class="here">{links}</ul>' if links else "") + "</details>"
+        )
+    return "".join(out) + "</div>"
+
+
+_SVG_SIZE = re.compile(r'<svg width="([\d.]+)pt" height="([\d.]+)pt"')
+_ZOOMS = (("fit", "fit"), ("1", "100%"), ("2", "200%"), ("4", "400%"))
+
+
+def _diagram(dot_text: str, key: str) -> str:
+    """The diagram drawn by Graphviz, inline: its SVG without the XML prolog and
+    comments, ids prefixed with ``key`` (several diagrams share one document), in a
+    scrolling canvas with zoom buttons (radio inputs and CSS: they work without
+    JavaScript)."""
+    from capturelint.render.dot import render_image
+
+    svg = render_image(dot_text, "svg").decode("utf-8")
+    svg = re.sub(r"<!--.*?-->\s*", "", svg[svg.index("<svg"):], flags=re.S)
+    svg = re.sub(r'\sid="', f' id="{key}-', svg)
+    size = _SVG_SIZE.search(svg)
+    style = f' style="--w:{size.group(1)}pt;--h:{size.group(2)}pt"' if size else ""
+    controls = "".join(
+        f'<input type="radio" name="zoom-{key}" id="zoom-{key}-{z}" class="zoom-{z}"{" checked" if z == "fit" else ""}>'
+        f'<label for="zoom-{key}-{z}">{label}</label>'
+        for z, label in _ZOOMS
+    )
+    return f'<div class="diagram"{style}><span class="zoom-label">zoom</span>{controls}<div class="canvas">{svg}</div></div>'
+
+
+# ---------------------------------------------------------------- region changes
+
+
+def _changes_section(changes: RegionChanges, title: str) -> str:
+    """The region changes as the terminal shows them (``render.changes``), in colour,
+    without the panel's border (the section has the title)."""
+    from rich.console import Console
+
+    from capturelint.output import REPORT_WIDTH
+    from capturelint.render.changes import region_changes_panel
+
+    console = Console(record=True, file=io.StringIO(), width=REPORT_WIDTH, force_terminal=True, color_system="truecolor")
+    console.print(region_changes_panel(changes, title).renderable)
+    text = console.export_html(inline_styles=True, code_format="{code}")
+    return f'<section id="region-changes"><h2>{esc(title)}</h2><pre class="rich">{text}</pre></section>'
+
+
+# ------------------------------------------------------------------ style, script
+
+CSS = """
+:root{--fail:#b42318;--warn:#a15c07;--pass:#067647;--info:#3f6fa8;--line:#d0d5dd;--muted:#667085}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:0 auto;max-width:1400px;
+ padding:0 1.5em 2em;color:#101828}
+code,pre{font-family:ui-monospace,"SFMono-Regular",Menlo,Consolas,monospace;font-size:12.5px}
+h2{border-bottom:1px solid var(--line);padding-bottom:.2em;margin-top:1.6em}
+.verdict{border-left:8px solid;padding:.6em 1em;margin:1em 0;background:#f9fafb}
+.verdict h1{margin:.1em 0;font-size:1.6em}.verdict .command{margin:0;color:var(--muted)}
+.verdict.fail{border-color:var(--fail)}.verdict.fail h1{color:var(--fail)}
+.verdict.warn{border-color:var(--warn)}.verdict.warn h1{color:var(--warn)}
+.verdict.pass{border-color:var(--pass)}.verdict.pass h1{color:var(--pass)}
+.verdict.info{border-color:var(--info)}
+table{border-collapse:collapse;margin:.4em 0}th,td{border:1px solid var(--line);padding:.25em .5em;text-align:left;
+ vertical-align:top}thead th{background:#f2f4f7}
+tr.fail th{color:var(--fail)}tr.warn th{color:var(--warn)}tr.pass th{color:var(--pass)}
+.note{color:var(--warn);margin:.3em 0 0}.none{color:var(--muted)}
+.toc ol{padding-left:2em}.toc a{text-decoration:none}
+.finding{border:1px solid var(--line);border-left:5px solid var(--fail);border-radius:4px;padding:.3em 1em .6em;
+ margin:1em 0;scroll-margin-top:1em}
+.finding:target{box-shadow:0 0 0 3px #fda29b}
+.finding h3{margin:.4em 0}.finding .code{color:var(--fail)}.cond{color:var(--muted);font-weight:normal}
+.anchor{color:var(--muted);text-decoration:none}.where,.what{margin:.2em 0}.message{margin:.5em 0}
+.steps{color:var(--muted);margin:.2em 0}
+figure.source{margin:.5em 0}figure.source pre{background:#f8f9fb;border:1px solid var(--line);padding:.4em 0;
+ margin:.2em 0;overflow-x:auto}
+.line{display:block;padding:0 .8em}.line::before{content:attr(data-n);display:inline-block;width:4.5em;
+ color:var(--muted);user-select:none}
+mark.line{background:#fff3c4;font-weight:bold;color:inherit}
+details.config{border:1px solid var(--line);border-radius:4px;padding:.2em 1em;margin:1em 0}
+details.config>summary h3{display:inline;margin:0}summary{cursor:pointer}
+.diagram{margin:.5em 0}.diagram input{margin-left:.8em}.zoom-label{color:var(--muted)}
+.canvas{overflow:auto;max-height:80vh;border:1px solid var(--line);margin-top:.3em;background:#fff}.js .canvas{cursor:grab}
+.zoom-fit:checked~.canvas svg{width:min(100%,var(--w));height:auto}
+.zoom-1:checked~.canvas svg{width:var(--w);height:var(--h)}
+.zoom-2:checked~.canvas svg{width:calc(var(--w)*2);height:calc(var(--h)*2)}
+.zoom-4:checked~.canvas svg{width:calc(var(--w)*4);height:calc(var(--h)*4)}
+.canvas svg{display:block}
+details.segment{margin:.2em 0 .2em 1em}details.segment>summary{padding:.1em .3em}
+details.segment.captured>summary{background:#e6f0fb}details.segment.eager>summary{background:#fde7c9}
+.tag{color:var(--fail);font-weight:bold}tr.marked td:first-child{color:var(--fail)}
+pre.rich{white-space:pre-wrap;background:#f8f9fb;border:1px solid var(--line);padding:.5em}
+footer{margin-top:2em;color:var(--muted)}
+"""
+
+SCRIPT = """
+document.documentElement.className = 'js';
+document.querySelectorAll('.canvas').forEach(function (c) {
+  var drag = null;
+  c.addEventListener('mousedown', function (e) {
+    drag = {x: e.clientX, y: e.clientY, left: c.scrollLeft, top: c.scrollTop}; c.style.cursor = 'grabbing';
+    e.preventDefault();
+  });
+  window.addEventListener('mousemove', function (e) {
+    if (drag) { c.scrollLeft = drag.left - (e.clientX - drag.x); c.scrollTop = drag.top - (e.clientY - drag.y); }
+  });
+  window.addEventListener('mouseup', function () { drag = null; c.style.cursor = ''; });
+});
+"""
+
+
+__all__ = ["check_html", "diff_html", "require_dot", "show_html", "where"]
