@@ -175,7 +175,7 @@ class MessageParts:
     def of(cls, message: str) -> MessageParts:
         sentences = _split_top(message.strip(), _SENTENCE_END)
         if len(sentences) < 2:
-            return cls(_sentence(message), "", "")
+            return cls(_sentence(message, upper=False), "", "")
         first, middle, fix = sentences[0], sentences[1:-1], sentences[-1]
         why_at = next((i for i, s in enumerate(middle) if s.startswith("Why: ")), len(middle))
         stated, reasons = middle[:why_at], middle[why_at:]
@@ -185,7 +185,7 @@ class MessageParts:
             head, _, tail = _rsplit_top(first, ": ")
             what, why = (tail, head) if tail else (first, "")
             why = " ".join(reasons)[5:] or why
-        return cls(_sentence(what), _sentence(why), _sentence(fix))
+        return cls(_sentence(what, upper=False), _sentence(why), _sentence(fix))
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`])")
@@ -223,11 +223,19 @@ def _rsplit_top(text: str, sep: str) -> tuple[str, str, str]:
     return (text[:at], sep, text[at + len(sep):]) if at >= 0 else (text, "", "")
 
 
-def _sentence(text: str) -> str:
-    """``text`` as a sentence, ending in a full stop (its first word may be code, as
-    ``aten.mm.default``: not capitalised)."""
+def _sentence(text: str, upper: bool = True) -> str:
+    """``text`` as a sentence ending in a full stop, its first word capitalised
+    (``upper``) or not, as ruff's messages begin; a first word that is not a plain word
+    (``aten.mm.default``, ``CUDA``) is left as it is."""
     text = text.strip()
-    return text if not text or text.endswith((".", "!", "?")) else text + "."
+    if not text:
+        return ""
+    word = text.split(None, 1)[0]
+    if upper and word.isalpha() and word.islower():
+        text = text[0].upper() + text[1:]
+    elif not upper and word.isalpha() and word[0].isupper() and (len(word) == 1 or word[1:].islower()):
+        text = text[0].lower() + text[1:]
+    return text if text.endswith((".", "!", "?")) else text + "."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,7 +299,8 @@ class FindingGroup:
         invariant = f"invariant {self.first.invariant}" if self.first.invariant else ""
         scopes = self.scopes()
         seen = "; ".join(p for p in (invariant, scopes if scopes != "<top>" else "", self.graphs()) if p)
-        return f"{self.where}: {self.code} {self.parts.what} [{f'{n} findings: ' if n > 1 else ''}{seen}]"
+        what = self.parts.what.rstrip(".")
+        return f"{self.where}: {self.code} {what} [{f'{n} findings: ' if n > 1 else ''}{seen}]"
 
 
 def group_findings(findings: Iterable[Finding]) -> list[FindingGroup]:

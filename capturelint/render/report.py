@@ -8,8 +8,8 @@ and configuration), its why and its fix, then the summary::
     replay DIFFERS from eager execution in v1/PIECEWISE (token agreement 0.05, max step error 4.79); matches in
     v1/FULL (compared: 46 replay steps with their eager shadow; each output with its eager twin)
 
-    capturelint/engine/dsv4/attention.py:305: CL101 Replay re-issues the recorded ops, so the step's ops never
-    run. [4 findings: model.layers.{0..3}.attn; mixed/32 in v1/PIECEWISE]
+    capturelint/engine/dsv4/attention.py:305: CL101 replay re-issues the recorded ops, so the step's ops never
+    run [4 findings: model.layers.{0..3}.attn; mixed/32 in v1/PIECEWISE]
       why: The forward context differed at capture: attn_metadata was None (...), ...
       fix: Move the branching code into an eager break, or make the capture take the path real steps take.
 
