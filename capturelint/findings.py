@@ -305,12 +305,15 @@ class FindingGroup:
 
 def group_findings(findings: Iterable[Finding]) -> list[FindingGroup]:
     """The findings grouped by cause (``cause_key``): one ``FindingGroup`` per problem,
-    in the order of each group's first finding (``Finding.sort_key``). Pure: the same
-    findings give the same groups in any order."""
+    ordered as ruff orders its lines, by file, line and code (groups without a source
+    line, the numerical oracle's, last). Pure: the same findings give the same groups
+    in any order."""
     groups: dict[str, list[Finding]] = {}
     for f in sorted(findings, key=Finding.sort_key):
         groups.setdefault(group_id(f), []).append(f)
-    return [FindingGroup(gid, tuple(members)) for gid, members in groups.items()]
+    out = [FindingGroup(gid, tuple(members)) for gid, members in groups.items()]
+    return sorted(out, key=lambda g: (g.frame is None, g.frame.file if g.frame else "", g.frame.line if g.frame else 0,
+                                      g.code, g.first.sort_key()))
 
 
 _NAME_INDEX = re.compile(r"((?<=[A-Za-z_]\.)\d+\b)")
