@@ -387,6 +387,8 @@ class Report:
         if twins:
             compared.append("each output with its eager twin" if twins == len(self.configs)
                             else f"{_count(twins, 'output')} with an eager twin")
+        elif steps:
+            compared.append("no eager twin")
         return f"replay {'; '.join(parts)}" + (f" (compared: {'; '.join(compared)})" if compared else "")
 
     def summary_line(self) -> str:

@@ -201,7 +201,7 @@ def test_shadowed_steps_without_a_twin_are_a_comparison(capsys):
     code, out, err = check(capsys, "--target", "tests/toy_engine.py:fixed_targets", "--require-oracle")
     assert code == 0 and out.rstrip().splitlines()[-1] == "no findings in 2 configurations: replay matches eager execution"
     assert out.splitlines()[0] == ("replay matches eager execution in all 2 configurations (compared: 6 replay steps with "
-                                   "their eager shadow)")
+                                   "their eager shadow; no eager twin)")
     code, out, err = check(capsys, "--target", "tests/toy_engine.py:fixed_targets", "--require-oracle", "--verbose")
     assert code == 0 and out.rstrip().splitlines()[-1] == "no findings in 2 configurations: replay matches eager execution"
     assert "checked: rules CL101-CL107; 3 replay steps shadowed; no eager twin" in out
