@@ -114,6 +114,19 @@ def test_group_ids_in_json_and_sarif(seed):
     assert [r["properties"]["group"] for r in results] == [f["group"] for f in findings]
 
 
+def test_a_merged_report_prints_the_same(seed, tmp_path, capsys):
+    """``merge`` reads the JSON report back: its Rich form is the check's, less the hint
+    (which names the check's own options), and --verbose gives the evidence."""
+    path = tmp_path / "report.json"
+    path.write_text(seed["json"])
+    code, out, _ = run(capsys, "merge", str(path), "--format", "rich")
+    assert code == 1
+    lines = seed["rich"].splitlines()
+    assert lines[-1].startswith("hint: ") and out.splitlines() == lines[:-1]
+    code, out, _ = run(capsys, "merge", str(path), "--format", "rich", "--verbose")
+    assert code == 1 and out.count("CL101 baked-control-flow [R1]") == 8
+
+
 def test_group_ids_are_stable_across_runs(capsys, real_configurations):
     args = ("check", "--runner", "v1", "--eager-region", "narrow", "--mode", "PIECEWISE", "--layers", "2", "--steps",
             "4", "--format", "json")
