@@ -1,9 +1,12 @@
 """The check report: the records every output format renders, and their JSON form.
 
 JSON is byte-deterministic for a given command: sorted keys, no addresses, no
-timestamps, floats rounded. The other formats are reporters
-(``capturelint.reporters``): the Rich form (``capturelint.render.report``) carries the
-same content grouped by runner and mode and ends with the one-line summary.
+timestamps, floats rounded; each finding carries its ``group``, the id of the problem
+it belongs to (``capturelint.findings.group_findings``; ``Report.groups``). The other
+formats are reporters (``capturelint.reporters``): the Rich form
+(``capturelint.render.report``) prints the ``verdict_line``, one entry per group and
+the one-line summary, and with ``--verbose`` every finding's evidence grouped by runner
+and mode.
 
 **The summary tells the truth.** "replay matches eager execution" is said only when no
 finding was reported, every configuration compared its replays with eager execution

@@ -14,7 +14,7 @@ and configuration), its why and its fix, then the summary::
       fix: Move the branching code into an eager break, or make the capture take the path real steps take.
 
     4 findings in 1 problem: --verbose shows each with its ops, segments and replay steps; capturelint rules
-    CL101 explains a rule
+    CODE shows why a rule matters (CL101)
     4 findings (CL101 x4) in 2 configurations
 
 Each entry is one logical line (``soft_wrap``: the terminal wraps it, a file keeps it
@@ -93,10 +93,9 @@ def render_concise(report: Report, console: Console) -> None:
     if groups:
         console.print()
     for g in groups:
-        t = Text()
-        t.append(f"{g.where}: ", style="bold")
-        t.append(g.code, style="bold red")
-        t.append(g.line()[len(g.where) + 2 + len(g.code):])
+        t = Text(g.line())  # path:line: CODE ...
+        t.stylize("bold", 0, len(g.where) + 1)
+        t.stylize("bold red", len(g.where) + 2, len(g.where) + 2 + len(g.code))
         console.print(t, soft_wrap=True)
         for label, text in (("why", g.parts.why), ("fix", g.parts.fix)):
             if text:
@@ -109,8 +108,8 @@ def render_concise(report: Report, console: Console) -> None:
         n, codes = len(report.findings), sorted({g.code for g in groups})
         console.print()
         console.print(Text(f"{_count(n, 'finding')} in {_count(len(groups), 'problem')}: --verbose shows each with its "
-                           f"ops, segments and replay steps; capturelint rules {codes[0]} explains a rule",
-                           style="dim"), soft_wrap=True)
+                           f"ops, segments and replay steps; capturelint rules CODE shows why a rule matters "
+                           f"({', '.join(codes)})", style="dim"), soft_wrap=True)
     style = "bold red" if failed else "bold yellow" if report.not_compared else "bold green"
     console.print(Text(report.summary_line(), style=style), soft_wrap=True)
 
@@ -119,9 +118,9 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'s' * (n != 1)}"
 
 
-def render_evidence(report: Report, console: Console, verbose: bool = True) -> None:
-    """Findings grouped by runner and mode, graph segments with op counts, a summary:
-    every graph structure, or with ``verbose`` false the first five of each mode."""
+def render_evidence(report: Report, console: Console) -> None:
+    """A panel per runner and mode (what was compared, every graph structure with its
+    segments' op counts, every finding), then the summary."""
     for cfg in report.configs:
         title = f"runner {cfg.runner} · mode {cfg.mode} · eager region {cfg.region_title}"
         parts: list[Any] = []
@@ -150,17 +149,12 @@ def render_evidence(report: Report, console: Console, verbose: bool = True) -> N
             groups: dict[tuple, list[GraphMap]] = {}
             for g in sorted(cfg.graphs, key=_graph_order):
                 groups.setdefault((g.runtime_mode, g.segments), []).append(g)
-            rows = list(groups.values())
-            shown = rows if verbose else rows[:5]
-            for members in shown:
+            for members in groups.values():
                 g = members[0]
                 head = Text(f"graphs {', '.join(m.graph for m in members)}", style="bold")
                 head.append(f" ({g.runtime_mode}): {g.captured_ops} captured ops, {g.eager_ops} eager ops")
                 parts.append(head)
                 parts.append(_segments_text(g))
-            if len(rows) > len(shown):
-                parts.append(Text(f"... and {len(rows) - len(shown)} more segment structures (--verbose shows them)",
-                                  style="dim"))
         for f in cfg.findings:
             parts.append(render_finding(f))
         if not cfg.findings and cfg.diverged:
