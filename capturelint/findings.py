@@ -162,9 +162,12 @@ class MessageParts:
 
     Rule messages name cause, consequence and fix (``capturelint.rules.base.Rule``),
     in that order: the first sentence states the evidence, the last one is the fix,
-    and the sentences between say what replay does and, for a declared invariant, its
-    ``Why:``. A two-sentence message has its consequence after the last colon of the
-    first sentence (``... passes n=5: replay computes with the capture's value.``).
+    and the sentences between say what replay does (the last of them before any
+    ``Why:`` is ``what``) and, for a declared invariant, its ``Why:`` (``why``; else
+    the sentences before ``what``, as CL101's forward-context note, else the evidence).
+    A two-sentence message has its consequence after the last colon of the first
+    sentence, outside brackets (``... passes n=5: replay computes with the capture's
+    value.``): ``what`` is that, ``why`` the evidence before it.
     """
 
     what: str
