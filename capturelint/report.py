@@ -373,8 +373,8 @@ class Report:
         everywhere = len(self.configs) > 1 and len(matches) == len(self.configs)
         parts = [f"DIFFERS from eager execution in {_cut(differs)}"] if differs else []
         if agree_but:
-            parts.append(f"{'numbers agree' if parts else 'numbers agree with eager execution'} in {_cut(agree_but)}, "
-                         "but with findings")
+            parts.append(f"agrees numerically{'' if parts else ' with eager execution'} in {_cut(agree_but)}, yet has "
+                         "findings")
         if matches:
             where = f"all {len(matches)} configurations" if everywhere else _cut(matches)
             parts.append(f"{'matches' if parts else 'matches eager execution'} in {where}")

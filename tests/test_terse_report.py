@@ -19,10 +19,10 @@ import pytest
 
 from capturelint.cli import main
 from capturelint.findings import (
-    Condition, Finding, Frame, MessageParts, compact_names, group_findings, group_id,
+    Condition, Finding, Frame, MessageParts, Numerical, compact_names, group_findings, group_id,
 )
 from capturelint.formats import to_github
-from capturelint.report import ConfigReport, Report
+from capturelint.report import Checked, ConfigReport, Report
 
 SEED = ("check", "--runner", "v1", "--eager-region", "narrow")
 FINDING_LINE = re.compile(r"^(\S+:\d+|<no source line>): (CL\d{3}) ")
@@ -254,3 +254,25 @@ def test_assert_clean_prints_the_groups():
     assert text.startswith(f"{group.line()}\n  why: {group.parts.why}\n  fix: {group.parts.fix}\ncompared:\n")
     assert "[3 findings: model.layers.{0..2}.attn; mixed/32 in v1/PIECEWISE]" in text
     assert text.endswith(report.summary_line())
+
+
+def test_the_verdict_says_matches_only_where_replay_was_compared_and_found_nothing():
+    compared = Checked(rules=("CL101",), shadowed_steps=3, eager_twin=True)
+
+    def config(mode, findings=(), agreement=1.0, checked=compared):
+        numerical = Numerical("v1", mode, agreement, 0.0 if agreement == 1.0 else 2.0, 0.0, 3)
+        return ConfigReport("v1", mode, "narrow", list(findings), numerical, [], checked=checked)
+
+    bare = Checked(rules=("CL104",), bare_replays=2)
+    report = Report([config("PIECEWISE", [finding()], agreement=0.5), config("FULL", [finding(mode="FULL")]),
+                     config("FULL_DECODE_ONLY"), config("NONE", checked=bare)])
+    assert report.verdict_line() == (
+        "replay DIFFERS from eager execution in v1/PIECEWISE (token agreement 0.50, max step error 2); agrees "
+        "numerically in v1/FULL, yet has findings; matches in v1/FULL_DECODE_ONLY; NOT compared with eager in v1/NONE "
+        "(bare graph, no eager twin given) (compared: 9 replay steps with their eager shadow; 3 outputs with an eager "
+        "twin)")
+    assert Report([config("FULL_DECODE_ONLY")]).verdict_line() == (
+        "replay matches eager execution in v1/FULL_DECODE_ONLY (compared: 3 replay steps with their eager shadow; "
+        "each output with its eager twin)")
+    assert Report([config("FULL", [finding()])], static=True).verdict_line().startswith(
+        "static check: captures only (declared invariants, host syncs at capture); replay was NOT compared")
