@@ -1,12 +1,23 @@
 """What the checker reports: findings, their source frames, and per-configuration
 numerical results. Every output format (Rich, JSON, SARIF, GitHub annotations) renders
-these records and nothing else."""
+these records and nothing else.
+
+**Groups.** One cause usually shows in many findings: the same captured branch in every
+layer, under every mode that captures it. ``group_findings`` (a pure function, the one
+grouping every format uses) gathers the findings that share their rule, their source
+line and their cause into a ``FindingGroup``, whose ``id`` (``group_id``) every member
+carries in the JSON and SARIF reports; the terminal report, the GitHub annotations and
+``Report.assert_clean`` print one entry per group (``FindingGroup.line``, ``why``,
+``fix``).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any
+import hashlib
+import re
+from typing import Any, Iterable
 
 from capturelint.runtime.protocol import Frame
 
@@ -90,6 +101,7 @@ class Finding:
             "steps": list(self.steps),
             "occurrences": self.occurrences,
             **({"invariant": self.invariant} if self.invariant is not None else {}),
+            "group": group_id(self),
         }
 
     @classmethod
@@ -109,6 +121,253 @@ class Finding:
 def _frame(doc: dict[str, Any] | None) -> Frame | None:
     """A ``Frame`` from its JSON (file, line, function), or ``None``."""
     return None if doc is None else Frame(doc["file"], doc["line"], doc["function"])
+
+
+# ------------------------------------------------------------------------ groups
+
+
+def cause_key(f: Finding) -> tuple[str, ...]:
+    """What makes two findings one problem: the rule, the declared invariant, the source
+    lines on both sides (capture, step, re-allocation), the op and the tensor, with
+    module indices abstracted (``model.layers.3.attn.kv_cache`` is
+    ``model.layers.*.attn.kv_cache``). Scope, graph, configuration, replay steps and
+    the message's counts and op lists are evidence of one occurrence, not the cause,
+    and are left out: they differ from layer to layer for one and the same branch."""
+    return (f.code, f.invariant or "", _where(f.capture_frame), _where(f.shadow_frame), _where(f.allocation_frame),
+            abstract_indices(f.op), abstract_indices(f.tensor or ""))
+
+
+def group_id(f: Finding) -> str:
+    """The id of ``f``'s group: 12 hex digits hashed from ``cause_key``, so the same
+    command gives the same ids (and the members of a group the same one)."""
+    return hashlib.sha256("\x1f".join(cause_key(f)).encode("utf-8")).hexdigest()[:12]
+
+
+_INDEX = re.compile(r"(?<=[A-Za-z_]\.)\d+\b")
+
+
+def abstract_indices(name: str) -> str:
+    """``model.layers.3.attn`` -> ``model.layers.*.attn``: numeric components of dotted names."""
+    return _INDEX.sub("*", name)
+
+
+def _where(frame: Frame | None) -> str:
+    return f"{frame.file}:{frame.line}" if frame is not None else ""
+
+
+@dataclasses.dataclass(frozen=True)
+class MessageParts:
+    """A finding's message in three sentences: ``what`` replay gets wrong, ``why``
+    (the cause the rule found, or the declared invariant's own reason) and ``fix``.
+
+    Rule messages name cause, consequence and fix (``capturelint.rules.base.Rule``),
+    in that order: the first sentence states the evidence, the last one is the fix,
+    and the sentences between say what replay does (the last of them before any
+    ``Why:`` is ``what``) and, for a declared invariant, its ``Why:`` (``why``; else
+    the sentences before ``what``, as CL101's forward-context note, else the evidence).
+    A two-sentence message has its consequence after the last colon of the first
+    sentence, outside brackets (``... passes n=5: replay computes with the capture's
+    value.``): ``what`` is that, ``why`` the evidence before it.
+    """
+
+    what: str
+    why: str
+    fix: str
+
+    @classmethod
+    def of(cls, message: str) -> MessageParts:
+        sentences = _split_top(message.strip(), _SENTENCE_END)
+        if len(sentences) < 2:
+            return cls(_sentence(message, upper=False), "", "")
+        first, middle, fix = sentences[0], sentences[1:-1], sentences[-1]
+        why_at = next((i for i, s in enumerate(middle) if s.startswith("Why: ")), len(middle))
+        stated, reasons = middle[:why_at], middle[why_at:]
+        if stated:
+            what, why = stated[-1], " ".join(reasons)[5:] or " ".join(stated[:-1]) or first
+        else:
+            head, _, tail = _rsplit_top(first, ": ")
+            what, why = (tail, head) if tail else (first, "")
+            why = " ".join(reasons)[5:] or why
+        return cls(_sentence(what, upper=False), _sentence(why), _sentence(fix))
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`])")
+
+
+def _depths(text: str) -> list[int]:
+    """The bracket depth before each character of ``text``."""
+    depth, out = 0, []
+    for ch in text:
+        out.append(depth)
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}" and depth:
+            depth -= 1
+    return out
+
+
+def _split_top(text: str, pattern: re.Pattern[str]) -> list[str]:
+    """``text`` split where ``pattern`` matches outside brackets."""
+    depths, parts, start = _depths(text), [], 0
+    for m in pattern.finditer(text):
+        if depths[m.start()] == 0:
+            parts.append(text[start:m.start()])
+            start = m.end()
+    parts.append(text[start:])
+    return [p for p in (p.strip() for p in parts) if p]
+
+
+def _rsplit_top(text: str, sep: str) -> tuple[str, str, str]:
+    """``str.rpartition`` at the last ``sep`` outside brackets."""
+    depths = _depths(text)
+    at = text.rfind(sep)
+    while at >= 0 and depths[at]:
+        at = text.rfind(sep, 0, at)
+    return (text[:at], sep, text[at + len(sep):]) if at >= 0 else (text, "", "")
+
+
+def _sentence(text: str, upper: bool = True) -> str:
+    """``text`` as a sentence ending in a full stop, its first word capitalised
+    (``upper``) or not, as ruff's messages begin; a first word that is not a plain word
+    (``aten.mm.default``, ``CUDA``) is left as it is."""
+    text = text.strip()
+    if not text:
+        return ""
+    word = text.split(None, 1)[0]
+    if upper and word.isalpha() and word.islower():
+        text = text[0].upper() + text[1:]
+    elif not upper and word.isalpha() and word[0].isupper() and (len(word) == 1 or word[1:].islower()):
+        text = text[0].lower() + text[1:]
+    return text if text.endswith((".", "!", "?")) else text + "."
+
+
+@dataclasses.dataclass(frozen=True)
+class FindingGroup:
+    """The findings of one problem (``cause_key``), in ``Finding.sort_key`` order;
+    ``findings[0]`` speaks for the group."""
+
+    id: str
+    findings: tuple[Finding, ...]
+
+    @property
+    def first(self) -> Finding:
+        return self.findings[0]
+
+    @property
+    def code(self) -> str:
+        return self.first.code
+
+    @property
+    def frame(self) -> Frame | None:
+        """Where the group is located: the capture-side frame, else the step-side one."""
+        return self.first.capture_frame or self.first.shadow_frame
+
+    @property
+    def where(self) -> str:
+        """``path:line``, or ``<no source line>`` (the numerical oracle's CL901)."""
+        return _where(self.frame) or "<no source line>"
+
+    @property
+    def parts(self) -> MessageParts:
+        return MessageParts.of(self.first.message)
+
+    @property
+    def occurrences(self) -> int:
+        """Replay steps (or captures) where the group's findings were seen, in all."""
+        return sum(f.occurrences for f in self.findings)
+
+    def scopes(self) -> str:
+        """``model.layers.{0..3}.attn``: the module scopes of the members, compacted."""
+        return compact_names([f.scope for f in self.findings])
+
+    def graphs(self) -> str:
+        """``mixed/32 in v1/PIECEWISE, v1/FULL_AND_PIECEWISE``: the graphs of the
+        members, per set of configurations (runner/mode) they were found in."""
+        by_config: dict[str, list[str]] = {}
+        for f in self.findings:
+            graphs = by_config.setdefault(f"{f.runner}/{f.mode}", [])
+            if f.graph and f.graph not in graphs:
+                graphs.append(f.graph)
+        by_graphs: dict[str, list[str]] = {}
+        for label, graphs in by_config.items():
+            by_graphs.setdefault(compact_graphs(graphs), []).append(label)
+        return "; ".join(f"{graphs} in {', '.join(labels)}" if graphs else ", ".join(labels)
+                         for graphs, labels in by_graphs.items())
+
+    def line(self) -> str:
+        """The group as ruff and flake8 print a finding: ``path:line: CODE what
+        [N findings: invariant ID; scopes; graphs]`` (one line; ``parts`` has the why
+        and the fix)."""
+        n = len(self.findings)
+        invariant = f"invariant {self.first.invariant}" if self.first.invariant else ""
+        scopes = self.scopes()
+        seen = "; ".join(p for p in (invariant, scopes if scopes != "<top>" else "", self.graphs()) if p)
+        what = self.parts.what.rstrip(".")
+        return f"{self.where}: {self.code} {what} [{f'{n} findings: ' if n > 1 else ''}{seen}]"
+
+
+def group_findings(findings: Iterable[Finding]) -> list[FindingGroup]:
+    """The findings grouped by cause (``cause_key``): one ``FindingGroup`` per problem,
+    ordered as ruff orders its lines, by file, line and code (groups without a source
+    line, the numerical oracle's, last). Pure: the same findings give the same groups
+    in any order."""
+    groups: dict[str, list[Finding]] = {}
+    for f in sorted(findings, key=Finding.sort_key):
+        groups.setdefault(group_id(f), []).append(f)
+    out = [FindingGroup(gid, tuple(members)) for gid, members in groups.items()]
+    return sorted(out, key=lambda g: (g.frame is None, g.frame.file if g.frame else "", g.frame.line if g.frame else 0,
+                                      g.code, g.first.sort_key()))
+
+
+_NAME_INDEX = re.compile(r"((?<=[A-Za-z_]\.)\d+\b)")
+
+
+def compact_names(names: Iterable[str]) -> str:
+    """``model.layers.{0..3}.attn``: distinct dotted names that differ in one numeric
+    component written once, with the numbers as runs (``{0..3,6}``); other names
+    listed, at most five."""
+    patterns: dict[tuple[str, ...], list[list[str]]] = {}
+    for name in dict.fromkeys(names):
+        parts = _NAME_INDEX.split(name)  # text, index, text, index, ...
+        patterns.setdefault(tuple(p if i % 2 == 0 else "#" for i, p in enumerate(parts)), []).append(parts)
+    out: list[str] = []
+    for members in patterns.values():
+        varying = [i for i in range(1, len(members[0]), 2) if len({m[i] for m in members}) > 1]
+        if len(members) == 1 or len(varying) != 1:
+            out.extend("".join(m) for m in members)
+            continue
+        at = varying[0]
+        numbers = sorted({int(m[at]) for m in members})
+        out.append("".join(members[0][:at]) + "{" + _runs(numbers) + "}" + "".join(members[0][at + 1:]))
+    return ", ".join(out[:5]) + (f" ... and {len(out) - 5} more" if len(out) > 5 else "")
+
+
+def compact_graphs(graphs: list[str]) -> str:
+    """``mixed/1-32 (6 graphs), decode/4``: graphs of one kind (``kind/size``) as the
+    range of their sizes when there are more than two."""
+    kinds: dict[str, list[str]] = {}
+    for g in graphs:
+        kind, sep, size = g.rpartition("/")
+        kinds.setdefault(kind if sep and size.isdigit() else g, []).append(g)
+    out = []
+    for kind, members in kinds.items():
+        if len(members) > 2:
+            sizes = sorted(int(g.rpartition("/")[2]) for g in members)
+            out.append(f"{kind}/{sizes[0]}-{sizes[-1]} ({len(members)} graphs)")
+        else:
+            out.extend(members)
+    return ", ".join(out)
+
+
+def _runs(numbers: list[int]) -> str:
+    """``0..3,6``: sorted numbers with runs of three or more as ranges."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ",".join(f"{r[0]}..{r[-1]}" if len(r) >= 3 else ",".join(map(str, r)) for r in runs)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,9 +1,12 @@
 """The check report: the records every output format renders, and their JSON form.
 
 JSON is byte-deterministic for a given command: sorted keys, no addresses, no
-timestamps, floats rounded. The other formats are reporters
-(``capturelint.reporters``): the Rich form (``capturelint.render.report``) carries the
-same content grouped by runner and mode and ends with the one-line summary.
+timestamps, floats rounded; each finding carries its ``group``, the id of the problem
+it belongs to (``capturelint.findings.group_findings``; ``Report.groups``). The other
+formats are reporters (``capturelint.reporters``): the Rich form
+(``capturelint.render.report``) prints the ``verdict_line``, one entry per group and
+the one-line summary, and with ``--verbose`` every finding's evidence grouped by runner
+and mode.
 
 **The summary tells the truth.** "replay matches eager execution" is said only when no
 finding was reported, every configuration compared its replays with eager execution
@@ -24,7 +27,7 @@ from typing import Any
 from typing import TYPE_CHECKING
 
 from capturelint import __version__
-from capturelint.findings import Finding, Numerical
+from capturelint.findings import Finding, FindingGroup, Numerical, group_findings
 from capturelint.regions import GraphMap
 from capturelint.shard import ShardInfo
 
@@ -205,6 +208,12 @@ class Report:
         return sorted(out, key=Finding.sort_key)
 
     @property
+    def groups(self) -> list[FindingGroup]:
+        """The findings grouped by cause (``capturelint.findings.group_findings``): one
+        entry per problem, as the terminal report and ``assert_clean`` print them."""
+        return group_findings(self.findings)
+
+    @property
     def failed(self) -> bool:
         return bool(self.findings) or bool(self.region_changes is not None and self.region_changes.failed)
 
@@ -323,22 +332,67 @@ class Report:
             raise AssertionError(self.failure_text())
 
     def failure_text(self) -> str:
-        """The findings as ruff and flake8 print them, ``path:line: CODE message
-        [runner/mode scope]`` (a finding seen alike in several scopes or graphs once, with
-        their count), then what each configuration compared and the summary line."""
-        lines: dict[str, int] = {}
-        for f in self.findings:
-            frame = f.capture_frame or f.shadow_frame
-            where = f"{frame.file}:{frame.line}" if frame is not None else "<no source line>"
-            text = f"{where}: {f.code} {f.message} [{f.runner}/{f.mode} {f.scope}]"
-            lines[text] = lines.get(text, 0) + 1
-        out = [text + (f" (x{n})" if n > 1 else "") for text, n in lines.items()]
+        """The findings as the terminal report prints them: one entry per problem
+        (``groups``), ``path:line: CODE what [scopes; graphs]`` with its why and fix,
+        then what each configuration compared and the summary line."""
+        out = []
+        for g in self.groups:
+            out.append(g.line())
+            out.extend(f"  {label}: {text}" for label, text in (("why", g.parts.why), ("fix", g.parts.fix)) if text)
         if self.region_changes is not None and self.region_changes.failed:
             out.append(f"regions: {self.region_changes.summary_line()}")
         out.append("compared:")
         out.extend(f"  {c.label} (eager region {c.region_title}): {c.checked.describe()}" for c in self.configs)
         out.append(self.summary_line())
         return "\n".join(out)
+
+    def verdict_line(self) -> str:
+        """Whether replay computes what eager execution computes, per configuration,
+        and what was compared, in one line::
+
+            replay DIFFERS from eager execution in v1/PIECEWISE (token agreement 0.05, max step error 4.79);
+            matches in v1/FULL (compared: 46 replay steps with their eager shadow; each output with its eager twin)
+
+        "matches" is said of a configuration only when it compared its replays with
+        eager execution (``Checked.with_eager``), the numbers agree and it has no finding."""
+        if self.static:
+            return ("static check: captures only (declared invariants, host syncs at capture); replay was NOT "
+                    "compared with eager execution")
+        differs, agree_but, matches, uncompared, unreplayed = [], [], [], [], []
+        for c in self.configs:
+            if c.diverged and c.numerical is not None:
+                differs.append(f"{c.label} ({c.numerical.describe()})")
+            elif not c.checked.replayed:
+                unreplayed.append(c.label)
+            elif not c.checked.with_eager:
+                uncompared.append(f"{c.label} ({c.checked.not_compared()})")
+            elif c.findings:
+                agree_but.append(c.label)
+            else:
+                matches.append(c.label)
+        everywhere = len(self.configs) > 1 and len(matches) == len(self.configs)
+        parts = [f"DIFFERS from eager execution in {_cut(differs)}"] if differs else []
+        if agree_but:
+            parts.append(f"agrees numerically{'' if parts else ' with eager execution'} in {_cut(agree_but)}, yet has "
+                         "findings")
+        if matches:
+            where = f"all {len(matches)} configurations" if everywhere else _cut(matches)
+            parts.append(f"{'matches' if parts else 'matches eager execution'} in {where}")
+        if uncompared:
+            parts.append(f"NOT compared with eager in {_cut(uncompared)}")
+        if unreplayed:
+            parts.append(f"nothing replayed in {_cut(unreplayed)}")
+        if not parts:
+            return "replay: no configuration was checked"
+        steps = sum(c.checked.shadowed_steps for c in self.configs)
+        twins = sum(c.checked.eager_twin for c in self.configs)
+        compared = [f"{_count(steps, 'replay step')} with {'its' if steps == 1 else 'their'} eager shadow"] if steps else []
+        if twins:
+            compared.append("each output with its eager twin" if twins == len(self.configs)
+                            else f"{_count(twins, 'output')} with an eager twin")
+        elif steps:
+            compared.append("no eager twin")
+        return f"replay {'; '.join(parts)}" + (f" (compared: {'; '.join(compared)})" if compared else "")
 
     def summary_line(self) -> str:
         n = len(self.findings)

@@ -47,6 +47,17 @@ def test_v1_narrow_region_is_caught_as_baked_control_flow(capsys):
 def test_v1_narrow_rich_report_shows_the_finding_and_a_summary(capsys):
     code, out, _ = run(capsys, "--runner", "v1", "--eager-region", "narrow", "--mode", "PIECEWISE")
     assert code == 1
+    # one line per problem, as ruff prints: the four layers' CL101 once
+    (line,) = [t for t in out.splitlines() if ": CL101 " in t]
+    assert line.startswith("capturelint/engine/dsv4/attention.py:305: CL101 ")
+    assert "[4 findings: model.layers.{0..3}.attn; mixed/32 in v1/PIECEWISE]" in line
+    assert out.splitlines()[0].startswith("replay DIFFERS from eager execution in v1/PIECEWISE (token agreement ")
+    lines = out.rstrip().splitlines()
+    assert lines[-2].startswith("8 findings (CL101 x4, CL201 x4) in 1 configuration")
+    assert lines[-1].startswith("hint: run `capturelint suggest --runner v1 --eager-region narrow --mode PIECEWISE`")
+    # --verbose: the evidence, every finding with its segment, both sides' source lines and the graphs' segments
+    code, out, _ = run(capsys, "--runner", "v1", "--eager-region", "narrow", "--mode", "PIECEWISE", "--verbose")
+    assert code == 1
     assert "CL101 baked-control-flow [R1]" in out
     assert "capture: capturelint/engine/dsv4/attention.py:" in out
     assert "step:    capturelint/engine/dsv4/attention.py:" in out
@@ -167,6 +178,9 @@ def test_github_annotations_point_at_the_engine_line(capsys):
     code, out, _ = run(capsys, "--runner", "v1", "--eager-region", "narrow", "--mode", "PIECEWISE", "--format", "github")
     assert code == 1
     lines = out.splitlines()
-    assert len(lines) == 8 and all(line.startswith("::error file=capturelint/engine/dsv4/attention.py,line=") for line in lines)
-    assert sum("title=CL101 baked-control-flow::" in line for line in lines) == 4
-    assert sum("title=CL201 declared-eager-captured::invariant dsv4-v1-attention-prep-eager" in line for line in lines) == 4
+    # one annotation per problem: the four layers' findings of each cause once, saying where else it was seen
+    assert len(lines) == 2 and all(line.startswith("::error file=capturelint/engine/dsv4/attention.py,line=") for line in lines)
+    assert sum("title=CL101 baked-control-flow::" in line for line in lines) == 1
+    assert sum("title=CL201 declared-eager-captured::invariant dsv4-v1-attention-prep-eager" in line for line in lines) == 1
+    assert all(line.endswith("%0A%0ASame cause in 4 findings: model.layers.{0..3}.attn; mixed/32 in v1/PIECEWISE")
+               for line in lines)

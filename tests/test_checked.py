@@ -118,12 +118,17 @@ def validator() -> jsonschema.protocols.Validator:
 def test_a_bare_graph_without_a_twin_never_says_matches_in_any_format(capsys, program, validator):
     code, out, err = check(capsys, "--target", f"{program}:bare")
     assert code == 0
+    assert out.splitlines()[0] == "replay NOT compared with eager in torch/bare (bare graph, no eager twin given)"
     assert out.rstrip().splitlines()[-1] == BARE_STATEMENT
-    assert "checked: rules CL104, CL106, CL108-CL112; 3 bare-graph replays, not shadowed; no eager twin" in out
-    assert "replay NOT compared with eager (bare graph, no eager twin given)" in out
-    assert "rules with nothing to check: CL101-CL103, CL105, CL107, CL201-CL203" in " ".join(out.replace("│", " ").split())
-    assert "numerical:" not in out  # no step error "0 over 3 replay steps" for steps never compared
     texts = [out, err]
+    code, out, err = check(capsys, "--target", f"{program}:bare", "--verbose")  # the evidence
+    assert code == 0 and out.rstrip().splitlines()[-1] == BARE_STATEMENT
+    assert "checked: rules CL104, CL106, CL108-CL112; 3 bare-graph replays, not shadowed; no eager twin" in out
+    assert "numerical:" not in out  # no step error "0 over 3 replay steps" for steps never compared
+    texts += [out, err]
+    for out in texts[::2]:
+        assert "replay NOT compared with eager (bare graph, no eager twin given)" in out
+        assert "rules with nothing to check: CL101-CL103, CL105, CL107, CL201-CL203" in " ".join(out.replace("│", " ").split())
     for fmt in ("json", "sarif", "github"):
         code, out, err = check(capsys, "--target", f"{program}:bare", "--format", fmt)
         assert code == 0 and err.splitlines() == [BARE_STATEMENT]
@@ -155,6 +160,10 @@ def test_a_finding_in_a_bare_graph_without_a_twin_still_says_what_was_not_compar
 
 def test_a_bare_graph_with_a_twin_says_it_compared(capsys, program):
     code, out, err = check(capsys, "--target", f"{program}:twin")
+    assert code == 0 and "NOT compared" not in out
+    assert out.splitlines() == ["replay matches eager execution in torch/twin (compared: each output with its eager twin)",
+                                "no findings in 1 configuration: replay matches eager execution"]
+    code, out, err = check(capsys, "--target", f"{program}:twin", "--verbose")  # the evidence
     assert code == 0 and "NOT compared" not in out
     assert out.rstrip().splitlines()[-1] == "no findings in 1 configuration: replay matches eager execution"
     assert "checked: rules CL104, CL106, CL108-CL112; 3 bare-graph replays, not shadowed; eager twin compared" in out
@@ -190,6 +199,10 @@ def test_the_bundled_engine_shadows_every_step_and_compares_its_twin(capsys):
 
 def test_shadowed_steps_without_a_twin_are_a_comparison(capsys):
     code, out, err = check(capsys, "--target", "tests/toy_engine.py:fixed_targets", "--require-oracle")
+    assert code == 0 and out.rstrip().splitlines()[-1] == "no findings in 2 configurations: replay matches eager execution"
+    assert out.splitlines()[0] == ("replay matches eager execution in all 2 configurations (compared: 6 replay steps with "
+                                   "their eager shadow; no eager twin)")
+    code, out, err = check(capsys, "--target", "tests/toy_engine.py:fixed_targets", "--require-oracle", "--verbose")
     assert code == 0 and out.rstrip().splitlines()[-1] == "no findings in 2 configurations: replay matches eager execution"
     assert "checked: rules CL101-CL107; 3 replay steps shadowed; no eager twin" in out
 

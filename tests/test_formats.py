@@ -12,7 +12,7 @@ import referencing
 import referencing.jsonschema
 
 from capturelint.errors import CapturelintError
-from capturelint.findings import Condition, Finding, Frame, RuleInfo
+from capturelint.findings import Condition, Finding, Frame, RuleInfo, group_id
 from capturelint.formats import fingerprint, to_github, to_sarif
 from capturelint.formats.github import annotation, escape_data, escape_property
 from capturelint.formats.sarif import markdown_to_text
@@ -146,6 +146,7 @@ def test_sarif_rules_and_result_fields():
         "condition": "R1",
         "steps": [1, 2, 3],
         "occurrences": 7,
+        "group": group_id(make_finding()),
     }
 
 

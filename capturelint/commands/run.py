@@ -23,7 +23,7 @@ FORMATS = formats("check")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Report format (default rich; settings: format).")
 @click.option("-o", "--output", metavar="FILE", help="Write the report to FILE (atomically, after the run) instead of stdout; - is stdout.")
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
-@click.option("-v", "--verbose", is_flag=True, help="Show every graph in the Rich report.")
+@click.option("-v", "--verbose", is_flag=True, help="Rich report: the evidence (a panel per runner and mode with every graph's segments and every finding with its ops, source lines and replay steps) instead of one line per problem.")
 @click.option("--invariants", "invariants_file", metavar="FILE", help="Also hold the invariants of this TOML file ([invariants.ID] tables).")
 @click.option("--require-oracle", is_flag=True, help="Replay not compared with eager execution is an error (exit 2); a script's bare graphs have no eager twin, so this asks for shadowed steps (make_graphed_callables) only (settings: require-oracle).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), metavar="PYPROJECT",

@@ -1,10 +1,16 @@
-"""Findings as GitHub Actions workflow commands: one ``::error`` annotation a line, and
-a ``::warning`` for each configuration whose replay was not compared with eager execution.
+"""Findings as GitHub Actions workflow commands: one ``::error`` annotation a problem
+(a ``capturelint.findings.FindingGroup``: the findings of one cause in several layers,
+graphs or configurations), and a ``::warning`` for each configuration whose replay was
+not compared with eager execution.
 
 Printed form::
 
-    ::error file=engine/model.py,line=42,title=CL101 baked-control-flow::capture recorded ...
+    ::error file=engine/model.py,line=42,title=CL101 baked-control-flow::capture recorded ...%0A%0A
+    Same cause in 8 findings: model.layers.{0..3}.attn; mixed/32 in v1/PIECEWISE, v1/FULL_AND_PIECEWISE
     ::warning title=replay not compared with eager (torch/cudagraph)::replay NOT compared ...
+
+(the first line is one line). The annotation of a group carries the message of its
+first finding, and, for a group of several, where else the cause was seen.
 
 A finding is located at its capture-side frame, else its shadow-side frame; without
 either the annotation has a title only. Escaping follows the Actions toolkit
@@ -17,20 +23,32 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from capturelint.findings import Finding
+from capturelint.findings import Finding, FindingGroup, group_findings
 
 
 def to_github(findings: Sequence[Finding], warnings: Sequence[tuple[str, str]] = ()) -> str:
-    """One annotation line per finding, in ``Finding.sort_key`` order, then one
-    ``::warning`` line per ``(title, message)`` of ``warnings`` (what the check could not
-    compare), each ending in a newline; the empty string for neither."""
-    lines = [annotation(f) for f in sorted(findings, key=Finding.sort_key)]
+    """One annotation line per group of findings (``group_findings``, in the order of
+    their first findings' ``Finding.sort_key``), then one ``::warning`` line per
+    ``(title, message)`` of ``warnings`` (what the check could not compare), each
+    ending in a newline; the empty string for neither."""
+    lines = [group_annotation(g) for g in group_findings(findings)]
     lines += [f"::warning title={escape_property(title)}::{escape_data(message)}" for title, message in warnings]
     return "".join(line + "\n" for line in lines)
 
 
-def annotation(finding: Finding) -> str:
-    """The ``::error`` workflow command of one finding (no trailing newline)."""
+def group_annotation(group: FindingGroup) -> str:
+    """The ``::error`` workflow command of a group: its first finding's, and where else
+    the cause was seen when the group has several findings."""
+    if len(group.findings) == 1:
+        return annotation(group.first)
+    also = f"Same cause in {len(group.findings)} findings: " + "; ".join(
+        p for p in (group.scopes(), group.graphs()) if p and p != "<top>")
+    return annotation(group.first, f"{group.first.message}\n\n{also}")
+
+
+def annotation(finding: Finding, message: str | None = None) -> str:
+    """The ``::error`` workflow command of one finding (no trailing newline), with
+    ``message`` instead of the finding's own when given."""
     frame = finding.capture_frame or finding.shadow_frame
     props: list[tuple[str, str]] = []
     if frame is not None and frame.file and not frame.file.startswith("<"):
@@ -39,7 +57,7 @@ def annotation(finding: Finding) -> str:
             props.append(("line", str(frame.line)))
     props.append(("title", f"{finding.code} {finding.name}"))
     rendered = ",".join(f"{key}={escape_property(value)}" for key, value in props)
-    return f"::error {rendered}::{escape_data(finding.message)}"
+    return f"::error {rendered}::{escape_data(finding.message if message is None else message)}"
 
 
 def escape_data(text: str) -> str:

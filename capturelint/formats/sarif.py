@@ -14,7 +14,7 @@ still says whether replay was compared with eager) and, for a shard, its ``shard
          "region": {"startLine": 42}}, ...}],
      "relatedLocations": [{"id": 1, "message": {"text": "shadow side ..."}, ...}],
      "partialFingerprints": {"capturelint/v1": "3f2a..."},
-     "properties": {"runner": "v1", "mode": "PIECEWISE", "graph": "decode/4", ...}}
+     "properties": {"runner": "v1", "mode": "PIECEWISE", "graph": "decode/4", ..., "group": "1fcd90973aaf"}}
 
 **Location.** The primary location is the capture-side frame; a finding without one is
 located at its shadow-side frame, and one with neither at ``fallback_uri`` if given. The shadow frame is also given as a related location
@@ -25,6 +25,12 @@ checked project); absolute paths become ``file://`` URIs; frames that name no fi
 **Fingerprint.** ``partialFingerprints["capturelint/v1"]`` hashes the code, the file,
 the scope, the op and the tensor, and no line number, so an alert survives edits that
 move code; the same hazard found under several runners or modes shares a fingerprint.
+
+**Group.** ``properties.group`` is the finding's group id
+(``capturelint.findings.group_id``): the results of one cause (the same rule, source
+line and cause in several layers, graphs or configurations) share it, so a viewer can
+show them as one problem. It names the line, so unlike the fingerprint it changes when
+code moves.
 
 **Determinism.** Results follow ``Finding.sort_key``; the log has no timestamps, no
 absolute paths of its own and no environment details: the same findings give the same
@@ -41,7 +47,7 @@ from typing import Any, Sequence
 from urllib.parse import quote
 
 from capturelint.errors import CapturelintError
-from capturelint.findings import Finding, Frame, RuleInfo
+from capturelint.findings import Finding, Frame, RuleInfo, group_id
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
@@ -171,6 +177,7 @@ def _result(finding: Finding, rule_index: int, fallback_uri: str | None) -> dict
         "condition": str(finding.condition),
         "steps": list(finding.steps),
         "occurrences": finding.occurrences,
+        "group": group_id(finding),
     }
     if finding.invariant is not None:
         result["properties"]["invariant"] = finding.invariant

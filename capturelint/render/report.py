@@ -1,5 +1,27 @@
-"""The Rich form of the check report: a panel per runner and mode, then the summary.
+"""The Rich form of the check report: concise by default, the evidence with ``--verbose``.
 
+The default (``render_concise``) reads at a glance, as ruff and flake8 print: the
+verdict and what was compared in one line, then one entry per problem (a
+``capturelint.findings.FindingGroup``: the findings of one cause in every layer, graph
+and configuration), its why and its fix, then the summary::
+
+    replay DIFFERS from eager execution in v1/PIECEWISE (token agreement 0.05, max step error 4.79); matches in
+    v1/FULL (compared: 46 replay steps with their eager shadow; each output with its eager twin)
+
+    capturelint/engine/dsv4/attention.py:305: CL101 replay re-issues the recorded ops, so the step's ops never
+    run [4 findings: model.layers.{0..3}.attn; mixed/32 in v1/PIECEWISE]
+      why: The forward context differed at capture: attn_metadata was None (...), ...
+      fix: Move the branching code into an eager break, or make the capture take the path real steps take.
+
+    4 findings in 1 problem: --verbose shows each with its ops, segments and replay steps; capturelint rules
+    CODE shows why a rule matters (CL101)
+    4 findings (CL101 x4) in 2 configurations
+
+Each entry is one logical line (``soft_wrap``: the terminal wraps it, a file keeps it
+whole, so ``grep path:line`` finds it).
+
+``--verbose`` (``render_rich`` with ``verbose``) prints the evidence: a panel per
+runner and mode with every graph's segments and every finding, then the summary.
 Printed form (abridged)::
 
     ╭─ runner v1 · mode PIECEWISE · eager region narrow ─────────────────────────╮
@@ -51,7 +73,54 @@ def _segments_text(g: GraphMap) -> Text:
 
 
 def render_rich(report: Report, console: Console, verbose: bool = False) -> None:
-    """Findings grouped by runner and mode, graph segments with op counts, a summary."""
+    """The concise report, or with ``verbose`` the evidence (``render_evidence``)."""
+    if verbose:
+        render_evidence(report, console)
+    else:
+        render_concise(report, console)
+
+
+def render_concise(report: Report, console: Console) -> None:
+    """The verdict, one entry per problem with its why and fix, the summary."""
+    failed = report.failed or report.diverged
+    console.print(Text(report.verdict_line(), style="red" if report.diverged else "yellow" if report.not_compared
+                       else "green"), soft_wrap=True)
+    for cfg in report.configs:  # what a configuration did not compare, and why nothing ran
+        for note in (cfg.unchecked_text(), cfg.note):
+            if note:
+                console.print(Text(f"{cfg.label}: {note}", style="yellow"), soft_wrap=True)
+    groups = report.groups
+    if groups:
+        console.print()
+    for g in groups:
+        t = Text(g.line())  # path:line: CODE ...
+        t.stylize("bold", 0, len(g.where) + 1)
+        t.stylize("bold red", len(g.where) + 2, len(g.where) + 2 + len(g.code))
+        console.print(t, soft_wrap=True)
+        for label, text in (("why", g.parts.why), ("fix", g.parts.fix)):
+            if text:
+                console.print(Text(f"  {label}: {text}", style="dim" if label == "why" else ""), soft_wrap=True)
+    if report.region_changes is not None:  # the gate's panel
+        from capturelint.render.changes import region_changes_panel
+
+        console.print(region_changes_panel(report.region_changes))
+    if groups:
+        n, codes = len(report.findings), sorted({g.code for g in groups})
+        console.print()
+        console.print(Text(f"{_count(n, 'finding')} in {_count(len(groups), 'problem')}: --verbose shows each with its "
+                           f"ops, segments and replay steps; capturelint rules CODE shows why a rule matters "
+                           f"({', '.join(codes)})", style="dim"), soft_wrap=True)
+    style = "bold red" if failed else "bold yellow" if report.not_compared else "bold green"
+    console.print(Text(report.summary_line(), style=style), soft_wrap=True)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' * (n != 1)}"
+
+
+def render_evidence(report: Report, console: Console) -> None:
+    """A panel per runner and mode (what was compared, every graph structure with its
+    segments' op counts, every finding), then the summary."""
     for cfg in report.configs:
         title = f"runner {cfg.runner} · mode {cfg.mode} · eager region {cfg.region_title}"
         parts: list[Any] = []
@@ -80,17 +149,12 @@ def render_rich(report: Report, console: Console, verbose: bool = False) -> None
             groups: dict[tuple, list[GraphMap]] = {}
             for g in sorted(cfg.graphs, key=_graph_order):
                 groups.setdefault((g.runtime_mode, g.segments), []).append(g)
-            rows = list(groups.values())
-            shown = rows if verbose else rows[:5]
-            for members in shown:
+            for members in groups.values():
                 g = members[0]
                 head = Text(f"graphs {', '.join(m.graph for m in members)}", style="bold")
                 head.append(f" ({g.runtime_mode}): {g.captured_ops} captured ops, {g.eager_ops} eager ops")
                 parts.append(head)
                 parts.append(_segments_text(g))
-            if len(rows) > len(shown):
-                parts.append(Text(f"... and {len(rows) - len(shown)} more segment structures (--verbose shows them)",
-                                  style="dim"))
         for f in cfg.findings:
             parts.append(render_finding(f))
         if not cfg.findings and cfg.diverged:
@@ -127,4 +191,4 @@ def render_finding(f: Finding) -> Text:
     return t
 
 
-__all__ = ["render_finding", "render_rich"]
+__all__ = ["render_concise", "render_evidence", "render_finding", "render_rich"]

@@ -26,7 +26,10 @@ class Rule:
     ``condition`` (which condition of the replay model it checks), ``summary`` (one
     sentence), ``doc`` (Markdown with the sections of ``DOC_SECTIONS``) and ``message``
     (the finding's message: a ``str.format`` template with named fields, naming cause,
-    consequence and fix; a rule with more than one kind of finding has more templates),
+    consequence and fix; a rule with more than one kind of finding has more templates:
+    sentences, the first stating the evidence, the last the fix in words that name no
+    field, those between what replay does, as ``findings.MessageParts`` reads them for
+    the one-line-per-problem report),
     and implement one or more of ``check`` (a replay step), ``check_capture`` (a
     capture), ``check_region`` (a capture's region graph against the declared
     invariants that apply to it), ``check_stale`` (a freed input of a graph without a

@@ -21,8 +21,8 @@ class StaleInput(Rule):
     summary = "A captured op reads a storage that the step no longer uses: the tensor was re-allocated after capture."
     message = (
         "{op} in captured segment {segment} at {at} {access} {captured} ({arg}) as captured{also}, but replay step "
-        "{step} uses {used}: {reason}. Replay {access} the stale tensor. Allocate it once and refresh it in place "
-        "each step.{allocated}"
+        "{step} uses {used}: {reason}{allocated}. Replay {access} the stale tensor. Allocate it once and refresh it in "
+        "place each step."
     )
     freed_message = (  # a graph without a shadow (a bare CUDA graph)
         "{op} in graph {graph} at {at} reads {name} ({arg}) as captured{also}, but the program dropped that tensor "
@@ -30,7 +30,7 @@ class StaleInput(Rule):
         "Allocate the input once and refresh it in place (static.copy_(new)) before each replay."
     )
     readers_note = " (and {others} more captured op{s} read it)"
-    allocated_note = " The step's tensor is allocated at {at} ({function})."
+    allocated_note = " (the step's tensor is allocated at {at}, in {function})"
     moved_note = "; {name} now holds a new tensor{allocated}"
     freed_allocated_note = ", allocated at {at} ({function})"
     doc = """

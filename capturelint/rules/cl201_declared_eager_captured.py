@@ -16,7 +16,7 @@ class DeclaredEagerCaptured(DeclaredInvariantRule):
     message = (
         "invariant {id} ({source}) requires these ops to run in an eager break under {runner} {runtime_mode}, but "
         "{count} of {scope} ran in {segment}: {ops}. A captured op replays what it did at capture instead of "
-        "re-running every step.{why} Move them into an eager break (a wider eager region), or change the invariant "
+        "re-running every step.{why} Move these ops into an eager break (a wider eager region), or change the invariant "
         "if the region decision changed."
     )
     doc = """

@@ -15,8 +15,8 @@ class DeclaredCapturedEager(DeclaredInvariantRule):
     requirement = Requirement.CAPTURED
     message = (
         "invariant {id} ({source}) requires these ops to be captured under {runner} {runtime_mode}, but {count} of "
-        "{scope} ran in {segment}: {ops}. They re-run live on every replayed step.{why} Keep them out of eager "
-        "breaks, or change the invariant if the region decision changed."
+        "{scope} ran in {segment}: {ops}. Ops in eager breaks re-run live on every replayed step.{why} Keep these ops "
+        "out of eager breaks, or change the invariant if the region decision changed."
     )
     doc = """
     ## What it does

@@ -22,8 +22,8 @@ class EagerBudgetExceeded(DeclaredInvariantRule):
     requirement = Requirement.BUDGET
     message = (
         "invariant {id} ({source}) allows at most {budget} eager ops per replayed step {group} under {runner} "
-        "{runtime_mode}, but graph {graph} runs {eager}; the first over the budget is {op} at {at}. Each re-runs "
-        "live on every step.{why} Narrow the eager region, or raise the budget as a reviewed decision."
+        "{runtime_mode}, but graph {graph} runs {eager}; the first over the budget is {op} at {at}. Each eager op "
+        "re-runs live on every step.{why} Narrow the eager region, or raise the budget as a reviewed decision."
     )
     doc = """
     ## What it does
