@@ -136,6 +136,18 @@ def test_a_failing_check_is_one_page_with_every_finding_its_source_and_a_diagram
         line = (ROOT / frame["file"]).read_text().splitlines()[frame["line"] - 1]
         assert f'<mark class="line" data-n="{frame["line"]}">{escape(line)}\n</mark>' in body
         assert f'data-n="{frame["line"] - 1}"' in body and f'data-n="{frame["line"] + 1}"' in body
+    # the problems first, as the terminal prints them: one per group, with its why and fix, linking its findings
+    groups = sorted({f["group"] for f in doc["findings"]})
+    assert len(groups) == 2 and page.count("li", **{"class": "problem"}) == len(groups)
+    for gid in groups:
+        start = text.index(f'<li class="problem" id="problem-{gid}">')
+        li = text[start:text.index("</li>", start)]
+        members = [i for i, f in enumerate(doc["findings"], 1) if f["group"] == gid]
+        assert re.findall(r'href="(#finding-\d+)"', li) == [f"#finding-{i}" for i in members]
+        assert "<b>why:</b>" in li and "<b>fix:</b>" in li
+    # the verdict line says what was compared
+    verdict = text[text.index('<header id="verdict"'):text.index("</header>")]
+    assert "compared:" in verdict
     # one inline SVG diagram for the one configuration, its segments collapsible
     assert page.count("svg") == 1 and text.count("<svg") == 1
     assert page.count("details", **{"class": "segment captured"}) >= 2

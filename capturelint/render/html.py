@@ -38,7 +38,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from capturelint import __version__
-from capturelint.findings import Finding
+from capturelint.findings import Finding, FindingGroup, group_findings, group_id
 from capturelint.inputs import InputProblem, read_text
 from capturelint.runtime.protocol import Frame, SegmentKind
 
@@ -79,7 +79,7 @@ def check_html(report: Report) -> str:
     ids = {id(f): f"finding-{i}" for i, f in enumerate(findings, 1)}
     headline, tone = _verdict(report)
     body = [
-        _verdict_section("capturelint check", headline, tone, report.summary_line()),
+        _verdict_section("capturelint check", headline, tone, report.verdict_line(), report.summary_line()),
         _compared_section(report.configs, report.static),
         _findings_section(findings, ids, _Sources()),
         _regions_section(report_views(report), ids),
@@ -154,9 +154,10 @@ def _verdict(report: Report) -> tuple[str, str]:
     return "No findings: replay matches eager execution", "pass"
 
 
-def _verdict_section(command: str, headline: str, tone: str, summary: str) -> str:
+def _verdict_section(command: str, headline: str, tone: str, *lines: str) -> str:
+    summary = "".join(f'<p class="summary">{esc(line)}</p>' for line in lines if line)
     return (f'<header id="verdict" class="verdict {tone}"><p class="command">{esc(command)}</p>'
-            f"<h1>{esc(headline)}</h1><p class=\"summary\">{esc(summary)}</p></header>")
+            f"<h1>{esc(headline)}</h1>{summary}</header>")
 
 
 def _compared_section(configs: list[ConfigReport], static: bool) -> str:
@@ -213,17 +214,27 @@ def where(f: Finding) -> str:
 def _findings_section(findings: list[Finding], ids: dict[int, str], sources: _Sources, empty: str = "No findings.") -> str:
     if not findings:
         return f'<section id="findings"><h2>Findings</h2><p class="none">{esc(empty)}</p></section>'
-    toc = "".join(
-        f'<li><a href="#{ids[id(f)]}"><b>{esc(f.code)}</b> {esc(f.name)} · <code>{esc(where(f))}</code> · '
-        f"{esc(f.runner)}/{esc(f.mode)}</a></li>"
-        for f in findings
-    )
-    articles = "".join(_finding(f, ids[id(f)], sources) for f in findings)
-    return (f'<section id="findings"><h2>Findings ({len(findings)})</h2><nav class="toc"><ol>{toc}</ol></nav>'
-            f"{articles}</section>")
+    groups = group_findings(findings)
+    problems = "".join(_problem(g, ids) for g in groups)
+    articles = "".join(_finding(f, ids[id(f)], sources, group_id(f)) for f in findings)
+    count = f"{len(findings)} finding{'s' if len(findings) != 1 else ''} in {len(groups)} problem{'s' if len(groups) != 1 else ''}"
+    return (f'<section id="findings"><h2>Problems ({esc(count)})</h2><ol class="problems">{problems}</ol>'
+            f"<h2>Findings, one per location</h2>{articles}</section>")
 
 
-def _finding(f: Finding, fid: str, sources: _Sources) -> str:
+def _problem(g: FindingGroup, ids: dict[int, str]) -> str:
+    """One problem (a group of findings with one cause), as the terminal prints it:
+    ``path:line: CODE what``, its why and fix, then a link to each of its findings."""
+    parts = g.parts
+    links = " ".join(f'<a href="#{ids[id(f)]}">{esc(f.scope)} · {esc(f.runner)}/{esc(f.mode)}</a>' for f in g.findings)
+    return (f'<li class="problem" id="problem-{esc(g.id)}"><p class="line"><code>{esc(g.where)}</code>: '
+            f'<b class="code">{esc(g.code)}</b> {esc(parts.what)}</p>'
+            + (f'<p class="why"><b>why:</b> {esc(parts.why)}</p>' if parts.why else "")
+            + (f'<p class="fix"><b>fix:</b> {esc(parts.fix)}</p>' if parts.fix else "")
+            + f'<p class="members">{len(g.findings)} finding{"s" if len(g.findings) != 1 else ""}: {links}</p></li>')
+
+
+def _finding(f: Finding, fid: str, sources: _Sources, group: str) -> str:
     what = f"{f.scope} · {f.op}" + (f" · {f.tensor}" if f.tensor else "")
     seen = ""
     if f.steps:
@@ -233,7 +244,8 @@ def _finding(f: Finding, fid: str, sources: _Sources) -> str:
         f'<article class="finding" id="{fid}"><h3><a class="anchor" href="#{fid}">#</a> '
         f'<span class="code">{esc(f.code)}</span> {esc(f.name)} <span class="cond">[{esc(f.condition)}]</span></h3>'
         f'<p class="where"><code>{esc(where(f))}</code> · runner {esc(f.runner)} · {esc(f.mode)} · '
-        f"segment {esc(f.segment)} ({esc(f.runtime_mode)})</p>"
+        f"segment {esc(f.segment)} ({esc(f.runtime_mode)}) · "
+        f'problem <a href="#problem-{esc(group)}">{esc(group)}</a></p>'
         f'<p class="what">{esc(what)}</p><p class="message">{esc(f.message)}</p>'
         + (f'<p class="steps">{esc(seen)}</p>' if seen else "")
         + "".join(sources.excerpt(label, frame) for label, frame in frames if frame is not None)
@@ -409,6 +421,8 @@ table{border-collapse:collapse;margin:.4em 0}th,td{border:1px solid var(--line);
 tr.fail th{color:var(--fail)}tr.warn th{color:var(--warn)}tr.pass th{color:var(--pass)}
 .note{color:var(--warn);margin:.3em 0 0}.none{color:var(--muted)}
 .toc ol{padding-left:2em}.toc a{text-decoration:none}
+.problems{padding-left:1.5em}.problem{margin:.2em 0 1em}.problem p{margin:.15em 0}.problem .code{color:var(--fail)}
+.problem:target{background:#fef3f2}.problem .members a{margin-right:.6em}
 .finding{border:1px solid var(--line);border-left:5px solid var(--fail);border-radius:4px;padding:.3em 1em .6em;
  margin:1em 0;scroll-margin-top:1em}
 .finding:target{box-shadow:0 0 0 3px #fda29b}

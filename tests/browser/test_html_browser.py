@@ -114,7 +114,7 @@ def test_a_findings_anchor_navigates_to_it(browser, report):
     driver.get(path.as_uri())
     target = driver.find_element(By.ID, last)
     assert not _in_view(driver, target)  # far below the top of the page
-    driver.find_element(By.CSS_SELECTOR, f'nav.toc a[href="#{last}"]').click()
+    driver.find_element(By.CSS_SELECTOR, f'.problems a[href="#{last}"]').click()  # from its problem's list
     assert driver.current_url.endswith(f"#{last}") and _in_view(driver, target)
     # a link from elsewhere (report.html#finding-N) opens on it too
     driver.get(path.as_uri() + "#finding-2")
