@@ -209,6 +209,9 @@ def _install(patches: _Patches, graph_pool_handle: Callable[[], Any], kernels: A
     patches.set(o_proj, "fused_inv_rope_fp8_quant", kernels.fused_inv_rope_fp8_quant)
     patches.set(flashmla, "flash_mla_with_kvcache", flash_mla_interface.flash_mla_with_kvcache)
     patches.set(flashmla, "compute_fp8_einsum_recipe", _sm90_einsum_recipe)
+    from capturelint.adapters import vllm_kernels_compressed
+
+    vllm_kernels_compressed.install(patches)  # the compressed layers' kernels
 
 
 def _no_accelerator(*args: Any, **kwargs: Any) -> None:

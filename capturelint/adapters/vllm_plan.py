@@ -9,7 +9,7 @@ Options, resolved like the bundled engine's (command line over settings over def
 - ``--eager-region``: ``per-runner`` (default) keeps vLLM's own choice
   (attention.py:323-328), ``narrow`` / ``wide`` force ``_prepare_and_attn`` /
   ``_prepare_and_attn_eager`` on every layer;
-- ``--layers`` (default 2), ``--steps`` (decode steps, default 6), ``--seed``.
+- ``--layers`` (default 3: one layer of each kind, ``vllm_layers``), ``--steps`` (decode steps, default 6), ``--seed``.
 
 ``--fresh-metadata``, ``--kernels triton`` and ``--break-outputs`` describe the bundled
 engine and are refused (vLLM 0.33.0's ``add_eager`` discards break outputs).
@@ -41,7 +41,7 @@ OPTIONS = frozenset(ENGINE_OPTIONS)  # those of the bundled engine alone are ref
 OTHER_OPTIONS = ""
 UNIT = "configuration"
 VLLM_MODES = (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL)
-DEFAULT_LAYERS = 2
+DEFAULT_LAYERS = 3
 DEFAULT_STEPS = 6
 
 
