@@ -1009,7 +1009,7 @@ def register_reference_kernels() -> tuple[str, ...]:
     """
     for qualified in REFERENCE_KERNELS:
         _register(qualified)
-    return tuple(_registered)
+    return tuple(q for q in _registered if q in _IMPLS)
 
 
 def register_ops(impls: dict) -> tuple[str, ...]:

@@ -228,7 +228,7 @@ def fused_indexer_q_rope_quant(positions: torch.Tensor, index_q: torch.Tensor, c
                                weights: torch.Tensor, softmax_scale: float,
                                head_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE and FP8-quantize the index q; fold the q scales into the weights."""
-    n, heads, dim = index_q.shape
+    dim = index_q.shape[-1]
     rows = cos_sin_cache.float()[positions.long()]
     half = ROPE_DIM // 2
     x = index_q.float()
@@ -507,7 +507,7 @@ class FillShortContextKernel:
     ``kernel[(num_tokens,)](output, positions, TOP_K=, COMPRESS_RATIO=, ...)``."""
 
     def __getitem__(self, grid: tuple[int, ...]) -> Any:
-        def launch(output, positions, TOP_K, COMPRESS_RATIO, **unused: Any) -> None:  # noqa: N803 - Triton's names
+        def launch(output, positions, TOP_K, COMPRESS_RATIO, **unused: Any) -> None:
             _op("fill_short_context_topk_indices")(output, positions, int(grid[0]), TOP_K, COMPRESS_RATIO)
         return launch
 
@@ -555,13 +555,11 @@ def install(patches: Any) -> None:
     """Bind the drop-ins in vLLM's modules through ``patches`` (``vllm._Patches``,
     undone when ``cpu_shim`` exits); register the ops."""
     import vllm.model_executor.layers.sparse_attn_indexer as indexer_layer
-    import vllm.models.deepseek_v4.attention as attention
-    import vllm.models.deepseek_v4.common.ops.cache_utils as cache_utils
     import vllm.models.deepseek_v4.common.ops.fused_compress_quant_cache as fused_compress
-    import vllm.models.deepseek_v4.compressor as compressor
-    import vllm.models.deepseek_v4.nvidia.flashmla as flashmla
-    import vllm.models.deepseek_v4.sparse_mla as sparse_mla
-    import vllm.v1.attention.backends.mla.compressor_utils as compressor_utils
+    from vllm.models.deepseek_v4 import attention, compressor, sparse_mla
+    from vllm.models.deepseek_v4.common.ops import cache_utils
+    from vllm.models.deepseek_v4.nvidia import flashmla
+    from vllm.v1.attention.backends.mla import compressor_utils
 
     register()
     store = CompressNormRopeStoreKernel()

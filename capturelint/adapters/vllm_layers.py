@@ -200,11 +200,19 @@ class LayerMetadata:
     def build(self, b: Any, num_tokens: int) -> dict[str, Any]:
         """The compressed layers' entries of one step's ``attn_metadata``, from the
         runner's buffers ``b`` (already filled for the step)."""
-        from vllm.model_executor.layers.sparse_attn_indexer import DeepseekV32IndexerMetadata
-        from vllm.models.deepseek_v4.compressor import CompressorMetadata
-        from vllm.models.deepseek_v4.sparse_mla import DeepseekV4FlashMLAMetadata, build_c128a_topk_metadata
-        from vllm.v1.attention.backends.mla.compressor_utils import get_compressed_slot_mapping
-        from vllm.v1.attention.backends.mla.indexer import DeepSeekV32IndexerDecodeMetadata
+        from vllm.model_executor.layers.sparse_attn_indexer import (
+            DeepseekV32IndexerMetadata,
+        )
+        from vllm.models.deepseek_v4.sparse_mla import (
+            DeepseekV4FlashMLAMetadata,
+            build_c128a_topk_metadata,
+        )
+        from vllm.v1.attention.backends.mla.compressor_utils import (
+            get_compressed_slot_mapping,
+        )
+        from vllm.v1.attention.backends.mla.indexer import (
+            DeepSeekV32IndexerDecodeMetadata,
+        )
 
         if not self.caches.layers:
             return {}
@@ -274,5 +282,12 @@ def _next_pow2(x: int) -> int:
     return 1 << (x - 1).bit_length()
 
 
-__all__ = ["COMPRESSED_BLOCK", "INDEX_TOPK", "LayerCaches", "LayerMetadata", "RATIO_PATTERN", "START_POSITION",
-           "layer_ratios"]
+__all__ = [
+    "COMPRESSED_BLOCK",
+    "INDEX_TOPK",
+    "RATIO_PATTERN",
+    "START_POSITION",
+    "LayerCaches",
+    "LayerMetadata",
+    "layer_ratios",
+]

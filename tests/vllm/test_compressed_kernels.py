@@ -19,13 +19,12 @@ import types
 
 import pytest
 import torch
-
 from vllm_required import require_vllm  # tests/vllm/vllm_required.py
 
 vllm = require_vllm()
 
-from capturelint.adapters import vllm_kernels as K  # noqa: E402
-from capturelint.adapters import vllm_kernels_compressed as C  # noqa: E402
+from capturelint.adapters import vllm_kernels as K
+from capturelint.adapters import vllm_kernels_compressed as C
 
 C.register()
 ops = torch.ops.capturelint_vllm
