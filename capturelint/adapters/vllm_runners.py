@@ -10,12 +10,13 @@ attention and its capture regions. The configuration is built in code (``hf_conf
 ``sliding_window`` 8, 8 heads (FlashMLA pads them to 64), ``q_lora_rank`` 64,
 ``o_groups`` 2, head dim 512 (448 NoPE + 64 RoPE), fp8_ds_mla SWA cache.
 
-Layers are sliding-window only (compress ratio 1). vLLM builds the compressor
-(ratio 4 and 128) and indexer (ratio 4) layers on a CPU too (``build_attention``), but
-their forward needs kernels that have no CPU reference here yet (see README, "Checking
-vLLM itself": Triton ``save_partial_states``, ``compress_norm_rope_store``,
-``fused_indexer_q_rope_quant``, ``compute_global_topk_indices_and_lens``, DeepGEMM's
-``fp8_fp4_paged_mqa_logits``, the top-k ops and the C128A metadata kernel).
+Layer ``i`` has compress ratio 1, 4 or 128 in turn (``vllm_layers.layer_ratios``: the
+default three layers are one sliding-window, one compressed-sparse layer with its
+indexer, one heavily compressed layer); their caches, metadata and the stand-in
+prefill of the context before the first step (decode starts at position 126, so the
+steps cross each kind's boundaries) live in ``vllm_layers``, the kernels they reach in
+``vllm_kernels_compressed``. The hooks here: ``build_model`` (the ratios and the
+top-k buffer), ``_bind_caches`` and ``metadata``.
 
 **The runners** (``Runner``), each a loop of uniform decode steps (every request adds
 one token per step, prompt tokens first, then greedy tokens) over persistent input
