@@ -227,9 +227,10 @@ class LayerMetadata:
             table = self.caches.state_tables[r].long()
             slots = table[req, torch.div(positions, bs, rounding_mode="floor")] * bs + positions % bs
             self.state_slots[r][:n] = torch.where(valid, slots, -1)
-        # _get_c128_boundary (compressor.py:45) from the host sequence lengths
-        starts = (seq_lens - 1).tolist()
-        c128_boundary = any(s % 128 + 1 >= 128 for s in starts)
+        # _get_c128_boundary (compressor.py:45), from the host's sequence and query lengths
+        query_lens = (b.query_start_loc[1:num_reqs + 1] - b.query_start_loc[:num_reqs]).tolist()
+        starts = (seq_lens.long() - torch.tensor(query_lens)).tolist()
+        c128_boundary = any(s % 128 + q >= 128 for s, q in zip(starts, query_lens))
         md: dict[str, Any] = {}
         table = self.caches.compressed_table
         for attn in self.caches.layers:
