@@ -79,6 +79,13 @@ Limits
   summation order).
 * The paged logits are fp32 with ``-inf`` past each row; SM100's bf16 logits are not
   modelled.
+* ``SparseAttnIndexer.forward_cuda`` calls ``torch.ops.vllm.sparse_attn_indexer``, a
+  custom op with a Python body: a FULL graph records it as one op, which replay calls
+  again (its host decisions taken from the replayed step's metadata, where a GPU graph
+  keeps the capture's). Calling the body directly instead shows its kernels, but then
+  ``topk_indices_buffer[:n] = -1`` (``aten.lift_fresh`` of a Python number feeding
+  ``fill_.Tensor``, a value a GPU graph bakes in) reads to the checker as a fresh input
+  each step (CL104): the checker's model of wrapped numbers needs that first.
 """
 
 from __future__ import annotations
