@@ -63,6 +63,9 @@ def test_v1_narrow_region_fails_at_the_profile_run_branch(v1_narrow):
     # the declared invariant of vLLM's region decision is broken too, in vLLM's own function
     cl201 = [f for f in report["findings"] if f["code"] == "CL201"]
     assert {f["invariant"] for f in cl201} == {"dsv4-v1-attention-prep-eager"}
+    assert sorted(f["scope"] for f in cl201) == LAYERS
+    # in the ratio-4 layer it selects the indexer's query path as well
+    assert "model.layers.1.attn.indexer.wq_b" in next(f for f in cl201 if f["scope"] == LAYERS[1])["message"]
     assert all(f["capture_frame"]["file"].endswith(ATTENTION) for f in cl201)
     piecewise = next(n for n in report["numerical"] if n["mode"] == "PIECEWISE")
     assert piecewise["max_step_error"] > 1e-2
