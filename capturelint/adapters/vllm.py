@@ -14,7 +14,13 @@ bundled engine's.
   ``_fused_qnorm_rope_kv_insert`` (with its profile-run ``F.pad`` branch),
   ``_sparse_indexer_and_attn``, ``forward_mqa``/``_forward_decode``, ``_o_proj``
   (``deep_gemm_fp8_o_proj``'s bf16 branch), the linear layers, RoPE caches, the
-  workspace manager and ``execute_in_parallel``;
+  workspace manager and ``execute_in_parallel``; in the compressed layers
+  ``DeepseekCompressor.forward`` and ``_compress_norm_rope_store``,
+  ``DeepseekV4Indexer.forward``, ``SparseAttnIndexer.forward_cuda`` and the
+  ``sparse_attn_indexer`` op (its decode path), the top-k dispatcher
+  (``SparseIndexerTopk``), and the Python wrappers around the kernels replaced below
+  (``compute_global_topk_indices_and_lens``, ``compress_norm_rope_store_triton``,
+  ``get_compressed_slot_mapping``, ``build_c128a_topk_metadata``);
 - the breakable runtime (``compilation/breakable_cudagraph.py``):
   ``BreakableCUDAGraphWrapper``'s keying, capture and replay, ``BreakableCUDAGraphCapture``
   with ``add_eager`` (which discards break return values) and
@@ -33,7 +39,14 @@ bundled engine's.
   (``fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert`` and its bf16 variant,
   ``weak_ref_tensor``), FlashMLA's ``_flashmla_C.sparse_decode_fwd``, and the Triton
   kernels ``fused_q_kv_rmsnorm`` and ``fused_inv_rope_fp8_quant`` (vLLM disables Triton
-  without a GPU driver), whose module-level names are rebound for the run;
+  without a GPU driver), whose module-level names are rebound for the run; for the
+  compressed layers (``capturelint.adapters.vllm_kernels_compressed``) the compressor's
+  ``save_partial_states`` and compress/norm/RoPE/store kernels (Triton, CuTe DSL), the
+  indexer's q quantization, DeepGEMM's paged MQA logits, ``_C.top_k_per_row_decode``,
+  the short-context fill, the global top-k slots and the metadata kernels (C128A,
+  compressed slot mapping), and a CPU kernel for ``aten::mm.dtype``; the compressor
+  module sees a CUDA platform (``is_cuda()``, for its CUDA branches) and the indexer op
+  dispatches to ``forward_cuda``;
 - ``compute_fp8_einsum_recipe`` (asserts a CUDA device; answers SM90's recipe), the
   linear layers' CPU GEMM choice (``F.linear``, vLLM's own fallback), and the attention
   metadata, which the runner shims build themselves (``vllm_runners``) into
@@ -209,6 +222,9 @@ def _install(patches: _Patches, graph_pool_handle: Callable[[], Any], kernels: A
     patches.set(o_proj, "fused_inv_rope_fp8_quant", kernels.fused_inv_rope_fp8_quant)
     patches.set(flashmla, "flash_mla_with_kvcache", flash_mla_interface.flash_mla_with_kvcache)
     patches.set(flashmla, "compute_fp8_einsum_recipe", _sm90_einsum_recipe)
+    from capturelint.adapters import vllm_kernels_compressed
+
+    vllm_kernels_compressed.install(patches)  # the compressed layers' kernels
 
 
 def _no_accelerator(*args: Any, **kwargs: Any) -> None:

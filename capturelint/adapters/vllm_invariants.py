@@ -20,9 +20,9 @@ bundled engine's.
   under it (``_forward_decode``, ``_forward_prefill``, ``flash_mla_*``), and the
   indexer's top-k (``indexer.indexer_op``).
 
-The tiny model's layers are sliding-window only (``vllm_runners``), so the compressor
-and indexer selectors select nothing there yet; they are written from vLLM's module
-tree (the compressed layers' ``named_modules``) for when those layers run.
+The compressor and indexer selectors are written from vLLM's module tree (the
+compressed layers' ``named_modules``); the tiny model's ratio-4 and ratio-128 layers
+(``vllm_layers``) run them.
 """
 
 from __future__ import annotations

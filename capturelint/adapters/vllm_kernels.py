@@ -175,6 +175,7 @@ __all__ = [
     "fused_inv_rope_fp8_quant",
     "weak_ref_tensor",
     "register_reference_kernels",
+    "register_ops",
     "missing_kernel_error",
 ]
 
@@ -978,9 +979,11 @@ _libraries: dict[str, torch.library.Library] = {}
 _registered: list[str] = []
 
 
-def _register(qualified: str) -> None:
-    """Define ``qualified`` (``namespace::name``) with its reference unless the namespace
-    already has an op of that name (vLLM's own, or this module's from an earlier call)."""
+def _register(qualified: str, impls: dict | None = None) -> None:
+    """Define ``qualified`` (``namespace::name``) with its reference from ``impls``
+    (qualified name -> ``(schema, reference, fake)``; this module's table by default)
+    unless the namespace already has an op of that name (vLLM's own, or one registered
+    here by an earlier call)."""
     if qualified in _registered:
         return
     namespace, name = qualified.split("::")
@@ -989,7 +992,7 @@ def _register(qualified: str) -> None:
     library = _libraries.get(namespace)
     if library is None:
         library = _libraries[namespace] = torch.library.Library(namespace, "FRAGMENT")
-    schema, impl, fake = _IMPLS[qualified]
+    schema, impl, fake = (_IMPLS if impls is None else impls)[qualified]
     library.define(name + schema)
     # Plain torch: the same code runs on whatever device the tensors are on.
     library.impl(name, impl, "CompositeExplicitAutograd")
@@ -1006,7 +1009,17 @@ def register_reference_kernels() -> tuple[str, ...]:
     """
     for qualified in REFERENCE_KERNELS:
         _register(qualified)
-    return tuple(_registered)
+    return tuple(q for q in _registered if q in _IMPLS)
+
+
+def register_ops(impls: dict) -> tuple[str, ...]:
+    """Register the references of another table (qualified name -> ``(schema,
+    reference, fake)``, e.g. ``vllm_kernels_compressed``'s) the way this module
+    registers its own: where the namespace lacks the op, idempotently, sharing the
+    ``torch.library`` fragments. Returns the names whose op is a reference here."""
+    for qualified in impls:
+        _register(qualified, impls)
+    return tuple(q for q in impls if q in _registered)
 
 
 def _own_op(name: str):

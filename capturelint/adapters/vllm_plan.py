@@ -9,7 +9,7 @@ Options, resolved like the bundled engine's (command line over settings over def
 - ``--eager-region``: ``per-runner`` (default) keeps vLLM's own choice
   (attention.py:323-328), ``narrow`` / ``wide`` force ``_prepare_and_attn`` /
   ``_prepare_and_attn_eager`` on every layer;
-- ``--layers`` (default 2), ``--steps`` (decode steps, default 6), ``--seed``;
+- ``--layers`` (default 3: one layer of each kind, ``vllm_layers``), ``--steps`` (decode steps, default 6), ``--seed``;
 - ``--spec mtp|dspark``: speculative decoding (``vllm_spec``): each step is the target's
   verify forward and the draft's forwards, their graphs captured as each runner
   captures them. DSpark runs only on V2 (its default runner); ``--runner v1`` (or
@@ -45,7 +45,7 @@ OPTIONS = frozenset(ENGINE_OPTIONS)  # those of the bundled engine alone are ref
 OTHER_OPTIONS = ""
 UNIT = "configuration"
 VLLM_MODES = (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL)
-DEFAULT_LAYERS = 2
+DEFAULT_LAYERS = 3
 DEFAULT_STEPS = 6
 SPEC_METHODS = (None, "mtp", "dspark")  # --spec: none, or a draft vLLM 0.33.0 ships for DeepSeek V4
 

@@ -10,12 +10,13 @@ attention and its capture regions. The configuration is built in code (``hf_conf
 ``sliding_window`` 8, 8 heads (FlashMLA pads them to 64), ``q_lora_rank`` 64,
 ``o_groups`` 2, head dim 512 (448 NoPE + 64 RoPE), fp8_ds_mla SWA cache.
 
-Layers are sliding-window only (compress ratio 1). vLLM builds the compressor
-(ratio 4 and 128) and indexer (ratio 4) layers on a CPU too (``build_attention``), but
-their forward needs kernels that have no CPU reference here yet (see README, "Checking
-vLLM itself": Triton ``save_partial_states``, ``compress_norm_rope_store``,
-``fused_indexer_q_rope_quant``, ``compute_global_topk_indices_and_lens``, DeepGEMM's
-``fp8_fp4_paged_mqa_logits``, the top-k ops and the C128A metadata kernel).
+Layer ``i`` has compress ratio 1, 4 or 128 in turn (``vllm_layers.layer_ratios``: the
+default three layers are one sliding-window, one compressed-sparse layer with its
+indexer, one heavily compressed layer); their caches, metadata and the stand-in
+prefill of the context before the first step (decode starts at position 126, so the
+steps cross each kind's boundaries) live in ``vllm_layers``, the kernels they reach in
+``vllm_kernels_compressed``. The hooks here: ``build_model`` (the ratios and the
+top-k buffer), ``_bind_caches`` and ``metadata``.
 
 **The runners** (``Runner``), each a loop of uniform decode steps (every request adds
 one token per step, prompt tokens first, then greedy tokens) over persistent input
@@ -57,8 +58,10 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from capturelint.errors import CapturelintError
 from capturelint.options import CUDAGraphMode, EagerRegion
 from capturelint.options import Runner as RunnerName  # this module's Runner is the step loop
+from capturelint.adapters import vllm_layers
 from capturelint.runtime import frames
 
 frames.register_runtime_file(__file__)
@@ -82,7 +85,7 @@ def hf_config(num_layers: int, ratios: tuple[int, ...] | None = None) -> types.S
         compress_rates={"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
         rms_norm_eps=1e-6, max_position_embeddings=1024, rope_theta=10000.0, compress_rope_theta=160000.0,
         rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
-        index_topk=16, index_n_heads=4, index_head_dim=128, model_type="deepseek_v4",
+        index_topk=vllm_layers.INDEX_TOPK, index_n_heads=4, index_head_dim=128, model_type="deepseek_v4",
         architectures=["DeepseekV4ForCausalLM"], vocab_size=VOCAB,
     )
 
@@ -101,7 +104,8 @@ def vllm_config(num_layers: int, runner: RunnerName, ratios: tuple[int, ...] | N
     object.__setattr__(vc, "model_config", mc)
     # None trips an assert in the indexer's metadata builder (v1/attention/backends/mla/indexer.py:919).
     vc.attention_config.sparse_mla_prefill_workspace_factor = 5
-    vc.scheduler_config.max_num_batched_tokens = 64
+    vc.scheduler_config.max_num_batched_tokens = vllm_layers.MAX_TOKENS
+    vc.kernel_config.enable_jit_warmup = False  # Triton/CuTe JIT warmup registrations: no kernels to warm here
     return vc
 
 
@@ -250,21 +254,23 @@ class RunSpec:
     runner: RunnerName = RunnerName.V1
     mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE
     eager_region: EagerRegion = EagerRegion.PER_RUNNER
-    layers: int = 2
+    layers: int = 3
     steps: int = 6
     batch: int = 2
     prompt: int = 3
     seed: int = 0
+    start: int = vllm_layers.START_POSITION  # the first decode step's position (vllm_layers)
 
 
 def build_model(spec: RunSpec) -> tuple[TinyDeepseekV4, Any]:
     """The tiny model under the runner's ``VllmConfig``; caches allocated and bound."""
     from vllm.config import set_current_vllm_config
 
-    vc = vllm_config(spec.layers, spec.runner)
+    vc = vllm_config(spec.layers, spec.runner, vllm_layers.layer_ratios(spec.layers))
     with _runner_env(spec.runner), set_current_vllm_config(vc), _default_dtype(torch.bfloat16):
         _ensure_distributed(vc)
-        topk = torch.zeros(64, 16, dtype=torch.int32)
+        # the model-level top-k buffer (nvidia/model.py:848): [max tokens, index_topk]
+        topk = torch.zeros(vllm_layers.MAX_TOKENS, vllm_layers.INDEX_TOPK, dtype=torch.int32)
         attns = [build_attention(vc, i, topk) for i in range(spec.layers)]
         model = TinyDeepseekV4(attns)
     _use_cpu_gemm(model)
@@ -357,7 +363,15 @@ class Runner:
             cache = torch.zeros(blocks, 1, SWA_BLOCK, 584, dtype=torch.uint8)
             layer.attn.swa_cache_layer.bind_kv_cache(cache)
             caches.append((f"kv_cache.layers.{i}.swa", layer.attn.swa_cache_layer.kv_cache))
-        return caches
+        # the compressed layers' caches and metadata, and the stand-in prefill (vllm_layers)
+        max_len = self.vc.model_config.max_model_len
+        if self.spec.start + self.spec.steps > max_len:
+            raise CapturelintError(f"--steps {self.spec.steps} from position {self.spec.start} passes max_model_len {max_len}")
+        layer_caches = vllm_layers.LayerCaches(self.model, self.spec.batch, max_len)
+        swa = [(c.view(c.shape[0], -1), self.buffers.block_table) for _, c in caches]
+        layer_caches.prefill(self.spec.start, swa, SWA_BLOCK, WINDOW, self.spec.seed)
+        self.layer_metadata = vllm_layers.LayerMetadata(layer_caches, self.spec.batch)
+        return caches + layer_caches.named
 
     # -- attention metadata, built by the runner (vLLM's builders are Triton kernels)
     def metadata(self) -> dict[str, Any]:
@@ -374,9 +388,12 @@ class Runner:
             is_valid_token=b.is_valid_token, token_to_req_indices=b.token_to_req_indices,
             decode_swa_indices=b.swa_indices, decode_swa_lens=b.swa_lens, decode_swa_width=WINDOW,
             num_decodes=n, num_prefills=0, num_decode_tokens=n, num_prefill_tokens=0,
-            tile_sched_swaonly=FlashMLASchedMeta(),
+            tile_sched_swaonly=FlashMLASchedMeta(), tile_sched_c4a=FlashMLASchedMeta(),
+            tile_sched_c128a=FlashMLASchedMeta(),
         )
-        return {layer.attn.swa_cache_layer.prefix: swa for layer in self.model.layers}
+        md = {layer.attn.swa_cache_layer.prefix: swa for layer in self.model.layers}
+        md.update(self.layer_metadata.build(b, n))  # the compressed layers' (vllm_layers)
+        return md
 
     def _forward(self, attn_metadata: Any, mode: Any) -> torch.Tensor:
         from vllm.config import set_current_vllm_config
@@ -405,7 +422,7 @@ class Runner:
         logits = []
         tokens = self.prompts[0]
         for step in range(self.spec.steps):
-            self.buffers.fill(tokens, step)
+            self.buffers.fill(tokens, self.spec.start + step)
             out = self._forward(self.metadata(), self.mode)
             out = out.detach().clone()
             logits.append(out)

@@ -12,11 +12,12 @@ import json
 import sys
 
 import pytest
-
-from capturelint.cli import main
 from vllm_required import require_vllm
 
+from capturelint.cli import main
+
 ATTENTION = "vllm/models/deepseek_v4/attention.py"
+LAYERS = ["model.layers.0.attn", "model.layers.1.attn", "model.layers.2.attn"]  # compress ratios 1, 4, 128
 
 
 def check(tmp_path_factory, *args: str) -> tuple[int, dict]:
@@ -52,11 +53,19 @@ def test_v1_narrow_region_fails_at_the_profile_run_branch(v1_narrow):
         assert f["capture_frame"]["function"] == "_fused_qnorm_rope_kv_insert"
         assert f["op"] == "aten.constant_pad_nd.default"  # the profile run's F.pad, captured instead of the insert
         assert "attn_metadata was None" in f["message"]
-    # one finding per layer, each in its own layer's scope
-    assert sorted(f["scope"] for f in cl101) == ["model.layers.0.attn", "model.layers.1.attn"]  # vLLM's prefixes
+    # one finding per layer (ratio 1, 4 and 128), each in its own layer's scope
+    assert sorted(f["scope"] for f in cl101) == LAYERS  # vLLM's prefixes
+    # the compressed layers' finding also names what their capture lost: with attn_metadata None the
+    # compressors return before writing (compressor.py:369-371), so replay never writes their states and caches
+    for f in cl101:
+        compressor_ops = "capturelint_vllm.save_partial_states.default" in f["message"]
+        assert compressor_ops == (f["scope"] != "model.layers.0.attn"), f["message"]
     # the declared invariant of vLLM's region decision is broken too, in vLLM's own function
     cl201 = [f for f in report["findings"] if f["code"] == "CL201"]
     assert {f["invariant"] for f in cl201} == {"dsv4-v1-attention-prep-eager"}
+    assert sorted(f["scope"] for f in cl201) == LAYERS
+    # in the ratio-4 layer it selects the indexer's query path as well
+    assert "model.layers.1.attn.indexer.wq_b" in next(f for f in cl201 if f["scope"] == LAYERS[1])["message"]
     assert all(f["capture_frame"]["file"].endswith(ATTENTION) for f in cl201)
     piecewise = next(n for n in report["numerical"] if n["mode"] == "PIECEWISE")
     assert piecewise["max_step_error"] > 1e-2
@@ -94,9 +103,9 @@ def _segments(report: dict, mode: str) -> list[dict]:
 
 def test_piecewise_graphs_break_where_vllm_breaks(v1_default, v2_narrow):
     wide = [s["break"] for s in _segments(v1_default[1], "PIECEWISE") if s["kind"] == "eager"]
-    assert wide == ["DeepseekV4Attention._prepare_and_attn_eager"] * 2  # one per layer
+    assert wide == ["DeepseekV4Attention._prepare_and_attn_eager"] * 3  # one per layer
     narrow = _segments(v2_narrow[1], "PIECEWISE")
-    assert [s["break"] for s in narrow if s["kind"] == "eager"] == ["DeepseekV4Attention._sparse_indexer_and_attn"] * 2
+    assert [s["break"] for s in narrow if s["kind"] == "eager"] == ["DeepseekV4Attention._sparse_indexer_and_attn"] * 3
     captured = {op for s in narrow if s["kind"] == "captured" for ops in s["ops"].values() for op in ops}
     # under V2 the KV insert is captured (metadata was built at capture) ...
     assert "_C.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert.default" in captured
@@ -211,7 +220,11 @@ def test_compressor_and_indexer_layers_build_through_vllms_init():
     from vllm.config import set_current_vllm_config
 
     from capturelint.adapters.vllm import cpu_shim
-    from capturelint.adapters.vllm_runners import _ensure_distributed, build_attention, vllm_config
+    from capturelint.adapters.vllm_runners import (
+        _ensure_distributed,
+        build_attention,
+        vllm_config,
+    )
     from capturelint.options import Runner
 
     with cpu_shim():
@@ -265,3 +278,103 @@ def test_invariants_explain_selects_vllms_ops(capsys):
     placed = {(o["scope"], o["op"], o["placement"]) for o in selection["ops"]}
     assert ("model.layers.0.attn", "aten.constant_pad_nd.default", "captured") in placed
     assert ("model.layers.0.attn.wq_b", "aten.mm.default", "captured") in placed
+
+
+# ------------------------------------------------- the compressed layers' paths
+
+
+def _scope_ops(segment: dict, prefix: str) -> set[str]:
+    return {op for scope, ops in segment["ops"].items() if scope.startswith(prefix) for op in ops}
+
+
+def test_v2_captures_the_compressors_and_breaks_for_the_indexer_and_attention(v2_narrow):
+    narrow = _segments(v2_narrow[1], "PIECEWISE")
+    eager = [s for s in narrow if s["kind"] == "eager"]
+    captured = [s for s in narrow if s["kind"] == "captured"]
+    c4 = set().union(*(_scope_ops(s, "model.layers.1.attn") for s in captured))
+    c128 = set().union(*(_scope_ops(s, "model.layers.2.attn") for s in captured))
+    compressor = {"capturelint_vllm.save_partial_states.default", "capturelint_vllm.compress_norm_rope_store.default"}
+    # metadata at capture: the compressors' state writes and compression are in the graph (under capture the
+    # C128 compressor does not take its off-boundary skip, compressor.py:410-417) ...
+    assert compressor <= c4 and compressor <= c128
+    # ... as is the indexer's query (under capture it does not take the short-context fill, attention.py:1121)
+    assert "capturelint_vllm.fused_indexer_q_rope_quant.default" in c4
+    assert "capturelint_vllm.fill_short_context_topk_indices.default" not in c4
+    # the break runs vLLM's sparse_attn_indexer op, the C4A slot mapping and the sparse decode over both caches
+    assert {"vllm.sparse_attn_indexer.default", "capturelint_vllm.compute_global_topk_indices_and_lens.default",
+            "_flashmla_C.sparse_decode_fwd.default"} <= _scope_ops(eager[1], "model.layers.1.attn")
+    assert "_flashmla_C.sparse_decode_fwd.default" in _scope_ops(eager[2], "model.layers.2.attn")
+    assert "vllm.sparse_attn_indexer.default" not in _scope_ops(eager[2], "model.layers.2.attn")
+
+
+def _spy_runs(runner, mode, region, graphs=True):
+    """Run a configuration recording, per call of the compressors' store, the indexer's
+    short-context fill and the paged logits, whether the stream was capturing."""
+    import torch
+    import vllm.model_executor.layers.sparse_attn_indexer as indexer_layer
+    from vllm.models.deepseek_v4 import attention
+    from vllm.models.deepseek_v4.compressor import DeepseekCompressor
+
+    from capturelint.adapters.vllm import cpu_shim
+    from capturelint.adapters.vllm_runners import Runner, RunSpec
+
+    calls = []
+    with cpu_shim(), pytest.MonkeyPatch.context() as mp:
+        store, fill, logits = DeepseekCompressor._compress_norm_rope_store, attention._fill_short_context_topk_indices, \
+            indexer_layer.fp8_fp4_paged_mqa_logits
+
+        def spy_store(self, state_metadata, *args):
+            calls.append((f"store{self.compress_ratio}:{self.head_dim}", torch.cuda.is_current_stream_capturing()))
+            return store(self, state_metadata, *args)
+
+        class SpyFill:
+            def __getitem__(self, grid):
+                calls.append(("short-fill", torch.cuda.is_current_stream_capturing()))
+                return fill[grid]
+
+        def spy_logits(*args, **kwargs):
+            calls.append(("indexer-topk", torch.cuda.is_current_stream_capturing()))
+            return logits(*args, **kwargs)
+
+        mp.setattr(DeepseekCompressor, "_compress_norm_rope_store", spy_store)
+        mp.setattr(attention, "_fill_short_context_topk_indices", SpyFill())
+        mp.setattr(indexer_layer, "fp8_fp4_paged_mqa_logits", spy_logits)
+        engine = Runner(RunSpec(runner=runner, mode=mode, eager_region=region, layers=3), graphs=graphs)
+        engine.capture()
+        captured = list(calls)
+        calls.clear()
+        if not graphs:
+            engine.generate()
+    return captured, calls
+
+
+def test_capture_answers_capturing_in_segments_and_not_in_breaks():
+    require_vllm()
+    from capturelint.options import CUDAGraphMode, EagerRegion, Runner
+
+    # V2, narrow region: metadata at capture; the compressors and the indexer's query run in captured
+    # segments, where is_current_stream_capturing() is True: the C128 store is captured although the dummy
+    # batch is off the boundary, and the indexer takes its real path although the context is short; the
+    # indexer's logits run in the break, where it is False (the segment's capture_end ran before it).
+    captured, _ = _spy_runs(Runner.V2, CUDAGraphMode.PIECEWISE, EagerRegion.PER_RUNNER)
+    warmup = captured[:next(i for i, (_, capturing) in enumerate(captured) if capturing)]
+    assert ("short-fill", False) in warmup  # the warmup (mode NONE) is eager: short context, every candidate
+    assert ("store128:512", False) not in warmup  # ... and the C128 store skipped off the boundary
+    capture = captured[len(warmup):]
+    assert {("store4:512", True), ("store4:128", True), ("store128:512", True), ("indexer-topk", False)} == set(capture)
+    # V1, wide region: everything runs in the eager break, not capturing, and without metadata: no store at all
+    captured, _ = _spy_runs(Runner.V1, CUDAGraphMode.PIECEWISE, EagerRegion.PER_RUNNER)
+    assert captured == []
+
+
+def test_eager_steps_cross_each_kinds_boundary():
+    require_vllm()
+    from capturelint.options import CUDAGraphMode, EagerRegion, Runner
+
+    _, steps = _spy_runs(Runner.V2, CUDAGraphMode.PIECEWISE, EagerRegion.PER_RUNNER, graphs=False)
+    # positions 126..131: the indexer fills every candidate while (pos+1)//4 <= index_topk (32), then ranks
+    assert [c for c, _ in steps if c in ("short-fill", "indexer-topk")] == ["short-fill"] * 5 + ["indexer-topk"]
+    # the C128 compressor stores only at its boundary (position 127), eagerly; the C4 ones every step
+    assert sum(c == "store128:512" for c, _ in steps) == 1
+    assert sum(c == "store4:512" for c, _ in steps) == 6
+    assert not any(capturing for _, capturing in steps)

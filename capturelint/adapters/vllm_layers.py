@@ -1,0 +1,294 @@
+"""The tiny DeepSeek V4's three attention layer kinds: their caches, the decode metadata
+the runner passes them, and a stand-in prefill of the context before the first step.
+
+**Layout.** Layer ``i`` has compress ratio ``RATIO_PATTERN[i % 3]``: 1 (sliding window
+only), 4 (compressed sparse: ``DeepseekCompressor`` plus ``DeepseekV4Indexer``) and 128
+(heavily compressed: ``DeepseekCompressor``), vLLM's ``layer_types`` /
+``compress_rates`` of ``hf_config``. ``--layers 3`` (the default) has one of each;
+``--layers 1`` is the sliding-window layer alone.
+
+**Positions.** Decode starts at position ``START_POSITION`` (126), so that the default
+six steps (126..131) cross what each kind does at a boundary: a ratio-4 compression
+at 127 and 131, the ratio-128 compression at 127 (with vLLM's eager skip of the
+C128 compressor off the boundary, compressor.py:410-417, on the other steps), and
+the indexer's switch from "every candidate" (``max_seq_len // 4 <= index_topk``,
+attention.py:1121, ``_fill_short_context_topk_indices``) to the real top-k
+(``sparse_attn_indexer``'s decode path) at 131 (``index_topk`` is 32).
+
+**Stand-in prefill.** The context before ``START_POSITION`` is not computed (a
+128-token prefill per configuration would cost more than the whole check, and vLLM's
+prefill kernels have no references here): ``LayerCaches.prefill`` writes random,
+well-formed entries, seeded by the run's seed (the graph run and its eager twin see
+the same), into every cache the first steps read: the sliding-window rows of the last
+``WINDOW`` positions, the compressor states of the windows still open, the compressed
+entries of the closed ones (main and indexer caches). What the steps compute from
+there is vLLM's.
+
+**Caches** (``LayerCaches``), allocated and bound as vLLM's ``bind_kv_cache`` takes
+them (``[blocks, 1, block_size, width]``; vLLM shares pages between some of them, here
+each is its own tensor): per compressed layer its compressed KV cache (block size
+``COMPRESSED_BLOCK`` tokens = 256/ratio entries of 584 bytes, sparse_mla.py:57), its
+compressor's state cache (fp32 ``[4|8, 2*coff*512]`` blocks, compressor.py:160-171)
+and, at ratio 4, the indexer's K cache (132 bytes per entry) and its compressor's
+state cache. Each request owns its own blocks (block tables ``arange``).
+
+**Metadata** (``LayerMetadata``), built per step over persistent buffers from the
+runner's ``Buffers`` (positions, slots, sequence lengths), with vLLM's builders'
+semantics and, where the builder's work is a wrapper around a kernel, vLLM's wrapper
+itself (its kernel a reference, ``vllm_kernels_compressed``):
+
+- ``{layer}`` -> ``DeepseekV4FlashMLAMetadata`` (``DeepseekV4SparseMLAMetadataBuilder.build``,
+  sparse_mla.py:185): the compressed slot mapping from vLLM's
+  ``get_compressed_slot_mapping``; at ratio 128 the C128A decode indices from vLLM's
+  ``build_c128a_topk_metadata`` (``_build_c128a_metadata``, width rounded to 128);
+- ``{layer}.compressor.state_cache`` and ``{layer}.indexer.compressor.state_cache`` ->
+  ``CompressorMetadata`` (``CompressorMetadataBuilder.build``, compressor.py:107): the
+  state slots, the block table, ``c128_boundary`` (vLLM's ``_get_c128_boundary``
+  rule) for the 8-token state blocks;
+- ``{layer}.indexer.k_cache`` -> ``DeepseekV32IndexerMetadata`` with its decode part
+  (``DeepseekV32IndexerMetadataBuilder.build``, v1/attention/backends/mla/indexer.py
+  :1415, the uniform non-varlen decode: compressed ``seq_lens`` ``[B, 1]``,
+  ``decode_lens`` of ones, no padding).
+
+A dummy batch (``position=None``: capture and warmup) has every slot ``-1``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+RATIO_PATTERN = (1, 4, 128)
+START_POSITION = 126
+INDEX_TOPK = 32
+COMPRESSED_BLOCK = 256  # tokens per block of the compressed caches (sparse_mla.py:57)
+STATE_BLOCK = {4: 4, 128: 8}  # CompressorStateCache.block_size (compressor.py:166-171)
+INDEXER_ENTRY_BYTES = 132  # 128 fp8 + one fp32 scale (attention.py, DeepseekV4Indexer)
+C128A_ALIGNMENT = 128  # sparse_mla._C128A_TOPK_ALIGNMENT
+MAX_TOKENS = 64  # scheduler_config.max_num_batched_tokens of the tiny model
+
+
+def layer_ratios(num_layers: int) -> tuple[int, ...]:
+    """The compress ratio of each layer: ``RATIO_PATTERN`` repeated."""
+    return tuple(RATIO_PATTERN[i % len(RATIO_PATTERN)] for i in range(num_layers))
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class LayerCaches:
+    """The compressed layers' caches, bound to vLLM's modules; see the module docstring."""
+
+    def __init__(self, model: Any, batch: int, max_len: int):
+        self.batch = batch
+        self.max_len = max_len
+        self.compressed_table = torch.arange(batch, dtype=torch.int32).view(batch, 1)
+        self.state_tables = {r: torch.arange(batch * (max_len // bs), dtype=torch.int32).view(batch, max_len // bs)
+                             for r, bs in STATE_BLOCK.items()}
+        self.named: list[tuple[str, torch.Tensor]] = []
+        self.layers = []
+        for i, layer in enumerate(model.layers):
+            attn = layer.attn
+            if attn.compress_ratio == 1:
+                continue
+            self.layers.append(attn)
+            r = attn.compress_ratio
+            self._bind(f"kv_cache.layers.{i}.compressed", attn,
+                       torch.zeros(batch, 1, COMPRESSED_BLOCK // r, 584, dtype=torch.uint8))
+            self._bind_state(f"kv_cache.layers.{i}.compressor_state", attn.compressor)
+            if attn.indexer is not None:
+                self._bind(f"kv_cache.layers.{i}.indexer", attn.indexer.k_cache,
+                           torch.zeros(batch, 1, COMPRESSED_BLOCK // r, INDEXER_ENTRY_BYTES, dtype=torch.uint8))
+                self._bind_state(f"kv_cache.layers.{i}.indexer_compressor_state", attn.indexer.compressor)
+                # CustomOp dispatches by platform: on a CPU to forward_cpu (vLLM's own CPU
+                # kernels, not in the CUDA wheel); the CUDA path is forward_cuda.
+                op = attn.indexer.indexer_op
+                op._forward_method = op.forward_cuda
+
+    def _bind(self, name: str, owner: Any, cache: torch.Tensor) -> None:
+        owner.bind_kv_cache(cache)
+        self.named.append((name, owner.kv_cache))
+
+    def _bind_state(self, name: str, compressor: Any) -> None:
+        r = compressor.compress_ratio
+        blocks = self.state_tables[r].numel()
+        width = compressor.state_cache.state_dim
+        self._bind(name, compressor.state_cache,
+                   torch.zeros(blocks, 1, STATE_BLOCK[r], width, dtype=torch.float32))
+
+    # -- the stand-in prefill
+    def prefill(self, start: int, swa: list[tuple[torch.Tensor, torch.Tensor]], swa_block: int, window: int,
+                seed: int) -> None:
+        """Random, well-formed cache entries for the positions before ``start`` (every
+        request alike): ``swa`` lists each sliding-window cache (2-D byte view) with
+        its block table."""
+        from capturelint.adapters.vllm_kernels import _write_fp8_ds_mla
+
+        if start <= 0:
+            return
+        gen = torch.Generator().manual_seed(seed + 7)
+
+        def rows(n: int, dim: int) -> torch.Tensor:
+            return torch.randn(n, dim, generator=gen)
+
+        positions = torch.arange(max(start - window, 0), start)
+        for cache, table in swa:
+            slots = table.long()[:, positions // swa_block] * swa_block + positions % swa_block
+            _write_fp8_ds_mla(cache, rows(slots.numel(), 512).bfloat16(), slots.reshape(-1), swa_block)
+        for attn in self.layers:
+            r = attn.compress_ratio
+            entries = torch.arange(start // r)
+            slots = (self.compressed_table.long()[:, :1] * (COMPRESSED_BLOCK // r) + entries).reshape(-1)
+            if slots.numel():
+                cache = attn.kv_cache.view(attn.kv_cache.shape[0], -1)
+                _write_fp8_ds_mla(cache, rows(slots.numel(), 512).bfloat16(), slots, COMPRESSED_BLOCK // r)
+            self._prefill_state(attn.compressor, start, rows)
+            if attn.indexer is not None:
+                self._prefill_indexer(attn.indexer.k_cache.kv_cache, slots, gen)
+                self._prefill_state(attn.indexer.compressor, start, rows)
+
+    def _prefill_state(self, compressor: Any, start: int, rows: Any) -> None:
+        """States of the positions of the windows still open at ``start``."""
+        r = compressor.compress_ratio
+        window = (1 + int(compressor.overlap)) * r
+        first = max((start // r) * r - (window - r), 0)
+        positions = torch.arange(first, start)
+        bs = STATE_BLOCK[r]
+        table = self.state_tables[r].long()
+        blocks = table[:, positions // bs].reshape(-1)
+        offsets = (positions % bs).repeat(self.batch)
+        state = compressor.state_cache.kv_cache
+        state[blocks, offsets] = rows(blocks.numel(), state.shape[-1])
+
+    @staticmethod
+    def _prefill_indexer(cache: torch.Tensor, slots: torch.Tensor, gen: torch.Generator) -> None:
+        """Indexer entries: e4m3 values and power-of-two fp32 scales."""
+        if slots.numel() == 0:
+            return
+        bs = cache.shape[1]
+        flat = cache.view(cache.shape[0], -1)
+        block, offset = slots // bs, slots % bs
+        values = torch.randn(slots.numel(), 128, generator=gen).mul(64).to(torch.float8_e4m3fn).view(torch.uint8)
+        flat[block[:, None], offset[:, None] * 128 + torch.arange(128)] = values
+        exponents = torch.randint(-8, -4, (slots.numel(),), generator=gen)
+        scales = torch.ldexp(torch.ones(slots.numel()), exponents)[:, None].view(torch.uint8)
+        flat[block[:, None], bs * 128 + offset[:, None] * 4 + torch.arange(4)] = scales
+
+
+class LayerMetadata:
+    """Per-layer-kind decode metadata over persistent buffers; see the module docstring."""
+
+    def __init__(self, caches: LayerCaches, batch: int):
+        self.caches = caches
+        n = batch
+        self.state_slots = {r: torch.full((n,), -1, dtype=torch.long) for r in STATE_BLOCK}
+        self.compressed_slots: dict[str, torch.Tensor] = {}
+        for attn in caches.layers:  # one buffer per builder: the layer's and its indexer's
+            self.compressed_slots[attn.prefix] = torch.full((MAX_TOKENS,), -1, dtype=torch.long)
+            if attn.indexer is not None:
+                self.compressed_slots[attn.indexer.k_cache.prefix] = torch.full((MAX_TOKENS,), -1, dtype=torch.long)
+        width = _cdiv(_cdiv(caches.max_len, 128), C128A_ALIGNMENT) * C128A_ALIGNMENT
+        self.c128a = (torch.empty(MAX_TOKENS, width, dtype=torch.int32), torch.empty(MAX_TOKENS, dtype=torch.int32),
+                      torch.empty(MAX_TOKENS, width, dtype=torch.int32))
+        self.c128a_width = width
+        self.indexer_seq_lens = torch.zeros(batch, 1, dtype=torch.int32)
+        self.indexer_decode_lens = torch.ones(batch, dtype=torch.int32)
+        self.schedule_metadata = torch.zeros(1, 2, dtype=torch.int32)  # DeepGEMM's SM schedule: no meaning on CPU
+
+    def build(self, b: Any, num_tokens: int) -> dict[str, Any]:
+        """The compressed layers' entries of one step's ``attn_metadata``, from the
+        runner's buffers ``b`` (already filled for the step)."""
+        from vllm.model_executor.layers.sparse_attn_indexer import (
+            DeepseekV32IndexerMetadata,
+        )
+        from vllm.models.deepseek_v4.sparse_mla import (
+            DeepseekV4FlashMLAMetadata,
+            build_c128a_topk_metadata,
+        )
+        from vllm.v1.attention.backends.mla.compressor_utils import (
+            get_compressed_slot_mapping,
+        )
+        from vllm.v1.attention.backends.mla.indexer import (
+            DeepSeekV32IndexerDecodeMetadata,
+        )
+
+        if not self.caches.layers:
+            return {}
+        n = num_tokens
+        num_reqs = b.seq_lens.shape[0]
+        seq_lens = b.seq_lens[:num_reqs]
+        max_seq_len = int(seq_lens.max())
+        positions = b.positions[:n]
+        req = b.token_to_req_indices[:n].long()
+        valid = b.slot_mapping[:n] >= 0
+        for r, bs in STATE_BLOCK.items():
+            table = self.caches.state_tables[r].long()
+            slots = table[req, torch.div(positions, bs, rounding_mode="floor")] * bs + positions % bs
+            self.state_slots[r][:n] = torch.where(valid, slots, -1)
+        # _get_c128_boundary (compressor.py:45), from the host's sequence and query lengths
+        query_lens = (b.query_start_loc[1:num_reqs + 1] - b.query_start_loc[:num_reqs]).tolist()
+        starts = (seq_lens.long() - torch.tensor(query_lens)).tolist()
+        c128_boundary = any(s % 128 + q >= 128 for s, q in zip(starts, query_lens))
+        md: dict[str, Any] = {}
+        table = self.caches.compressed_table
+        for attn in self.caches.layers:
+            r = attn.compress_ratio
+            slots = get_compressed_slot_mapping(n, b.slot_mapping[:n], b.query_start_loc, seq_lens, table.clamp_(min=0),
+                                                COMPRESSED_BLOCK // r, r, out=self.compressed_slots[attn.prefix])
+            c128a: dict[str, Any] = {}
+            if r == 128:
+                width = min(max(_next_pow2(max(max_seq_len // r, 1)), C128A_ALIGNMENT), self.c128a_width)
+                decode, lens, _ = build_c128a_topk_metadata(positions, r, n, b.token_to_req_indices[:n],
+                                                            table[:num_reqs], COMPRESSED_BLOCK // r,
+                                                            b.slot_mapping[:n], *self.c128a,
+                                                            max_compressed_tokens=width)
+                c128a = {"c128a_global_decode_topk_indices": decode.view(n, 1, -1), "c128a_decode_topk_lens": lens}
+            md[attn.prefix] = DeepseekV4FlashMLAMetadata(
+                num_reqs=num_reqs, max_query_len=1, max_seq_len=max_seq_len, num_actual_tokens=n,
+                query_start_loc=b.query_start_loc, slot_mapping=slots, block_table=table,
+                req_id_per_token=b.token_to_req_indices, block_size=COMPRESSED_BLOCK, topk_tokens=INDEX_TOPK, **c128a)
+            md[attn.compressor.state_cache.prefix] = self._state(attn.compressor, n, b, c128_boundary)
+            if attn.indexer is not None:
+                indexer = attn.indexer
+                prefix = indexer.k_cache.prefix
+                islots = get_compressed_slot_mapping(n, b.slot_mapping[:n], b.query_start_loc, seq_lens,
+                                                     table.clamp_(min=0), COMPRESSED_BLOCK // r, r,
+                                                     out=self.compressed_slots[prefix])
+                self.indexer_seq_lens[:, 0] = torch.div(seq_lens, r, rounding_mode="floor")
+                decode = DeepSeekV32IndexerDecodeMetadata(
+                    block_table=table[:num_reqs], seq_lens=self.indexer_seq_lens[:num_reqs],
+                    decode_lens=self.indexer_decode_lens[:num_reqs], requires_padding=False,
+                    schedule_metadata=self.schedule_metadata)
+                md[prefix] = DeepseekV32IndexerMetadata(
+                    seq_lens=seq_lens, max_seq_len=max_seq_len, slot_mapping=islots, num_decodes=num_reqs,
+                    num_decode_tokens=n, num_prefills=0, num_prefill_tokens=0, decode=decode, positions=positions,
+                    block_table=table)
+                md[indexer.compressor.state_cache.prefix] = self._state(indexer.compressor, n, b, c128_boundary)
+        return md
+
+    def _state(self, compressor: Any, n: int, b: Any, c128_boundary: bool) -> Any:
+        from vllm.models.deepseek_v4.compressor import CompressorMetadata
+
+        r = compressor.compress_ratio
+        bs = STATE_BLOCK[r]
+        return CompressorMetadata(block_table=self.caches.state_tables[r].clamp_(min=0),
+                                  slot_mapping=self.state_slots[r][:n], block_size=bs,
+                                  token_to_req_indices=b.token_to_req_indices[:n], num_decode_tokens=None,
+                                  c128_boundary=c128_boundary if bs == 8 else None)
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << (x - 1).bit_length()
+
+
+__all__ = [
+    "COMPRESSED_BLOCK",
+    "INDEX_TOPK",
+    "RATIO_PATTERN",
+    "START_POSITION",
+    "LayerCaches",
+    "LayerMetadata",
+    "layer_ratios",
+]
