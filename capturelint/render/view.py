@@ -40,11 +40,14 @@ def finding_tag(f: Finding) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Marks:
-    """Finding tags placed on one graph, by op index, by (segment, scope), by segment."""
+    """Finding tags placed on one graph, by op index, by (segment, scope), by segment;
+    ``sites`` says per (segment, scope) which op and source line each tag concerns
+    (``CL101 R1: aten.constant_pad_nd at attention.py:305``)."""
 
     ops: dict[int, tuple[str, ...]]
     scopes: dict[tuple[int, str], tuple[str, ...]]
     segments: dict[int, tuple[str, ...]]
+    sites: dict[tuple[int, str], tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     def op(self, index: int) -> tuple[str, ...]:
         return self.ops.get(index, ())
@@ -54,6 +57,10 @@ class Marks:
 
     def segment(self, segment: int) -> tuple[str, ...]:
         return self.segments.get(segment, ())
+
+    def site(self, segment: int, scope: str) -> tuple[str, ...]:
+        """The scope's tags with the op and source line each concerns, where known."""
+        return self.sites.get((segment, scope), ())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +118,7 @@ def _place(G: nx.MultiDiGraph, findings: Iterable[Finding]) -> tuple[Marks, list
     ops: dict[int, list[str]] = {}
     scopes: dict[tuple[int, str], list[str]] = {}
     segs: dict[int, list[str]] = {}
+    sites: dict[tuple[int, str], list[str]] = {}
     unplaced: list[Finding] = []
     seg_index = {s.index: s for s in G.graph["segments"]}
     by_segment: dict[int, list] = {}
@@ -129,12 +137,14 @@ def _place(G: nx.MultiDiGraph, findings: Iterable[Finding]) -> tuple[Marks, list
         if op_hit is not None:
             _add(ops, op_hit["index"], tag)
             _add(scopes, (f.segment_index, scope), tag)
+            _add(sites, (f.segment_index, scope), f"{tag}: {short_op(f.op)} at {op_hit['file']}:{op_hit['line']}")
         elif any(d["scope"] == scope for d in seg_ops):
             _add(scopes, (f.segment_index, scope), tag)
+            _add(sites, (f.segment_index, scope), tag)
         else:
             _add(segs, f.segment_index, tag)
     freeze = lambda m: {k: tuple(sorted(set(v))) for k, v in m.items()}  # noqa: E731
-    return Marks(freeze(ops), freeze(scopes), freeze(segs)), unplaced
+    return Marks(freeze(ops), freeze(scopes), freeze(segs), freeze(sites)), unplaced
 
 
 def _add(m: dict, key, tag: str) -> None:
@@ -190,6 +200,12 @@ def report_views(report: Report, all_graphs: bool = False) -> list[ConfigView]:
 def segment_title(seg: RegionSegment) -> str:
     """``captured #0`` / ``eager break DeepseekV4Attention._prepare_and_attn_eager (#1)``."""
     return seg.label if seg.kind.value == "captured" else f"{seg.label} (#{seg.index})"
+
+
+def short_op(op: str) -> str:
+    """``aten.mm.default`` -> ``aten.mm`` (the overload adds nothing in a diagram)."""
+    parts = op.split(".")
+    return ".".join(parts[:-1]) if len(parts) >= 3 else op
 
 
 def scope_label(scope: str) -> str:
