@@ -29,9 +29,8 @@ from typing import Callable, Hashable, Sequence
 import graphviz
 
 from capturelint.errors import CapturelintError
-from capturelint.graph import op_dataflow
 from capturelint.render.fold import Item, Layer, Piece, Row, Segment, item_rows, rows, split_layer
-from capturelint.render.view import ConfigView, GraphView, op_runs, scope_label, short_op
+from capturelint.render.view import ConfigView, GraphView, scope_label, short_op, view_segments
 
 FONT = "Helvetica"
 CAPTURED = {"style": "filled,rounded", "fillcolor": "#eef4fb", "color": "#7a9cc6", "penwidth": "1.2", "fontcolor": "#3f5f86"}
@@ -187,11 +186,13 @@ def _flow_edges(dot: graphviz.Digraph, node_of: dict[Hashable, str], flows: Sequ
                 eager: set[Hashable]) -> None:
     """Tensors crossing a segment boundary: into or out of an eager break in green, from
     one captured segment to a later one (across a break) in thin grey; a folded row's
-    flows are drawn once."""
+    flows are drawn once, between its shown layers."""
     drawn: set[tuple[str, str]] = set()
     for src, dst, n in flows:
         a, b = node_of.get(src), node_of.get(dst)
-        if a and b and a != b and (a, b) not in drawn:
+        # ids follow execution order: a flow that maps backwards runs from one repeat of a
+        # folded pattern into the next, which the shown layers cannot draw
+        if a and b and int(a[1:]) < int(b[1:]) and (a, b) not in drawn:
             drawn.add((a, b))
             if src in eager or dst in eager:
                 dot.edge(a, b, label=_plural(n, "tensor"), color=FLOW_COLOR, fontcolor=FLOW_COLOR, penwidth="1.6", constraint="false")
@@ -244,31 +245,6 @@ SHOW_LEGEND = (
 )
 
 
-def _view_segments(view: GraphView, ops: bool) -> tuple[list[Segment], list[tuple[Hashable, Hashable, int]]]:
-    """A shown graph as ``fold`` segments (scopes, or op runs with ``ops``) and its flows."""
-    segs = []
-    run_of: dict[int, Hashable] = {}
-    for ov in view.overview:
-        seg = ov.segment
-        items = []
-        for sc in ov.scopes:
-            if not ops:
-                marks = view.marks.site(seg.index, sc.scope) or view.marks.scope(seg.index, sc.scope)
-                items.append(Item((seg.index, sc.scope), sc.scope, sc.ops, sc.by_op, marks))
-                continue
-            for d, indices in op_runs(view.G, seg.index, sc.scope):
-                marks = tuple(sorted({t for i in indices for t in view.marks.op(i)}))
-                key = ("op", indices[0])
-                run_of.update((i, key) for i in indices)
-                items.append(Item(key, sc.scope, len(indices), (d["op"], d["file"], d["line"], d["function"]), marks))
-        segs.append(Segment(seg.index, seg.kind.value, seg.label, ov.ops, tuple(items), view.marks.segment(seg.index)))
-    if ops:
-        flows = [(run_of[f.src], run_of[f.dst], f.tensors) for f in op_dataflow(view.G)]
-    else:
-        flows = [((f.src_segment, f.src_scope), (f.dst_segment, f.dst_scope), f.tensors) for f in view.flows]
-    return segs, flows
-
-
 def _show_item(item: Item, layer: Layer) -> tuple[list[str], dict[str, str]]:
     name = _below_layer(item.scope, layer)
     if isinstance(item.key[0], str):  # an op run
@@ -281,11 +257,11 @@ def _show_item(item: Item, layer: Layer) -> tuple[list[str], dict[str, str]]:
     return lines, (FINDING if item.marks else {})
 
 
-def _graph_cluster(canvas: _Canvas, cfg: ConfigView, view: GraphView, gi: int, ops: bool, fold: bool) -> None:
+def _graph_cluster(canvas: _Canvas, cfg: ConfigView, view: GraphView, gi: int, ops: bool) -> None:
     stands = f"; stands for {view.stands_for} graphs" if view.stands_for > 1 else ""
     title = f"{cfg.title} · graph {view.graph} ({view.runtime_mode}{stands})"
-    segs, flows = _view_segments(view, ops)
-    rows_ = rows(segs, flows, fold)
+    segs, flows = view_segments(view, ops)
+    rows_ = rows(segs, cfg.fold)
     with canvas.dot.subgraph(name=f"cluster_g{gi}") as outer:
         outer.attr(label=_label(title, cfg.totals_line()), labeljust="l", style="rounded", color="#999999", fontsize="12", fontcolor="#222222")
         node_of = _draw_rows(outer, canvas, rows_, f"g{gi}", _show_item, FINDING)
@@ -293,14 +269,14 @@ def _graph_cluster(canvas: _Canvas, cfg: ConfigView, view: GraphView, gi: int, o
     _flow_edges(canvas.dot, node_of, flows, {i.key for s in segs if s.kind == "eager" for i in s.items})
 
 
-def report_dot(views: list[ConfigView], ops: bool = False, fold: bool = True) -> str:
-    """The DOT text of every shown graph of every configuration (``fold=False``: every
-    layer drawn, none folded)."""
+def report_dot(views: list[ConfigView], ops: bool = False) -> str:
+    """The DOT text of every shown graph of every configuration, repeated layers folded
+    unless the views say not to (``ConfigView.fold``)."""
     canvas = _Canvas(_digraph("capturelint"))
     gi = 0
     for cfg in views:
         for view in cfg.graphs:
-            _graph_cluster(canvas, cfg, view, gi, ops, fold)
+            _graph_cluster(canvas, cfg, view, gi, ops)
             gi += 1
         if not cfg.graphs:
             nid = canvas.ids()
@@ -319,8 +295,14 @@ DIFF_LEGEND = (
 def changes_dot(pairs, changes, fold: bool = True) -> str:
     """The DOT text of a region diff: for each pair of configurations and each runtime
     mode, the first graph both sides captured, before above after; ops that moved and
-    segments added or removed are purple."""
+    segments added or removed are purple.
+
+    Region maps keep segments in execution order but a segment's scopes by name (a
+    snapshot holds counts, not order), so scopes are drawn in natural order: layers in
+    execution order (``layers.9`` before ``layers.10``), scopes within a layer by name."""
     from capturelint.region_changes import Direction, graph_diff
+
+    from capturelint.snapshot import natural
 
     canvas = _Canvas(_digraph("capturelint_diff"))
     gi = 0
@@ -349,7 +331,7 @@ def changes_dot(pairs, changes, fold: bool = True) -> str:
                     Segment(si, str(seg.kind), ("eager break " + str(seg.name)) if str(seg.kind) == "eager" else f"captured #{si}",
                             seg.op_count,
                             tuple(Item((gi, si, scope), scope, sum(k for _, k in by_op), tuple(by_op), _cut(moved.get((si, scope), [])))
-                                  for scope, by_op in seg.ops),
+                                  for scope, by_op in sorted(seg.ops, key=lambda so: natural(so[0]))),
                             (word,) if si in changed else ())
                     for si, seg in enumerate(graph.segments)
                 ]
@@ -358,9 +340,10 @@ def changes_dot(pairs, changes, fold: bool = True) -> str:
                     title += f" · eager ops per step {change.describe_growth()}"
                 with canvas.dot.subgraph(name=f"cluster_d{gi}") as outer:
                     outer.attr(label=_label(title), labeljust="l", style="rounded", color="#999999", fontsize="12", fontcolor="#222222")
-                    _draw_rows(outer, canvas, rows(segs, (), fold), f"d{gi}", _diff_item, MOVED)
+                    _draw_rows(outer, canvas, rows(segs, fold), f"d{gi}", _diff_item, MOVED)
                 gi += 1
-    return canvas.finish("capturelint region diff, top to bottom in execution order", DIFF_LEGEND)
+    return canvas.finish("capturelint region diff: segments and layers top to bottom in execution order, "
+                         "scopes within a layer by name", DIFF_LEGEND)
 
 
 def _cut(notes: list[str]) -> tuple[str, ...]:

@@ -11,9 +11,9 @@ diagram reads best cut the other way, so ``rows`` cuts the sequence at layer bou
   form rows of their own;
 - a **layer** is a maximal run of consecutive items with the same layer, cut into
   **pieces**, one per segment it touches, in execution order;
-- consecutive layers with the same **signature** (pieces: segment kind and break name;
-  items: scope below the layer, op counts, marks; data flow leaving the layer, by
-  relative position) are **folded** into one ``Row``: ``model.layers.0-3 (×4)``, or a
+- consecutive layers with the same **signature** (pieces: segment kind, break name,
+  where segments start; items: scope below the layer, op counts, marks) are
+  **folded** into one ``Row``: ``model.layers.0-3 (×4)``, or a
   pattern of ``period`` layers repeated (``model.layers.0-59 (layers 0-3 ×15)``), drawn
   once. A layer that differs (a finding only it has, ops a diff moved in it) breaks the
   run and is drawn on its own.
@@ -162,31 +162,17 @@ def layers_of(segments: Sequence[Segment]) -> list[Layer]:
     return out
 
 
-def _signatures(layers: list[Layer], flows: Sequence[tuple[Hashable, Hashable, int]]) -> list[tuple]:
-    where: dict[Hashable, tuple[int, int, int]] = {}
-    for li, layer in enumerate(layers):
-        for pi, piece in enumerate(layer.pieces):
-            for ii, item in enumerate(piece.items):
-                where[item.key] = (li, pi, ii)
-    leaving: dict[int, list[tuple]] = {}
-    for src, dst, n in flows:
-        if src in where and dst in where:
-            (sl, sp, si), (dl, dp, di) = where[src], where[dst]
-            # the destination by relative position: the next layer, or a named row outside layers
-            to = dl - sl if layers[dl].prefix is not None else ("other", dl)
-            leaving.setdefault(sl, []).append((sp, si, to, dp, di, n))
-    sigs = []
-    for li, layer in enumerate(layers):
-        if layer.prefix is None:
-            sigs.append(("other", li))  # never folds
-            continue
-        sigs.append((
-            tuple((p.segment.kind, p.segment.label if p.segment.kind == "eager" else "", p.starts and p.segment.marks,
-                   tuple((split_layer(i.scope)[2], i.ops, i.detail, i.marks) for i in p.items))
-                  for p in layer.pieces),
-            tuple(sorted(leaving.get(li, []), key=repr)),
-        ))
-    return sigs
+def signature(layer: Layer) -> Hashable:
+    """What two layers must share to fold: per piece the segment kind, the break's name
+    and whether the segment starts there (with its marks), and per item the scope below
+    the layer, op count, detail and marks. Rows outside layers never fold."""
+    if layer.prefix is None:
+        return id(layer)
+    return tuple(
+        (p.segment.kind, p.segment.label if p.segment.kind == "eager" else "", p.starts, p.starts and p.segment.marks,
+         tuple((split_layer(i.scope)[2], i.ops, i.detail, i.marks) for i in p.items))
+        for p in layer.pieces
+    )
 
 
 def fold_runs(signatures: Sequence[Hashable], max_period: int = MAX_PERIOD) -> list[tuple[int, int, int]]:
@@ -210,14 +196,13 @@ def fold_runs(signatures: Sequence[Hashable], max_period: int = MAX_PERIOD) -> l
     return out
 
 
-def rows(segments: Sequence[Segment], flows: Sequence[tuple[Hashable, Hashable, int]] = (), fold: bool = True) -> list[Row]:
+def rows(segments: Sequence[Segment], fold: bool = True) -> list[Row]:
     """The rows of a diagram: ``segments`` cut into layers (``layers_of``), consecutive
-    repeats folded (``fold_runs`` over the layers' signatures) unless ``fold`` is false.
-    ``flows`` are ``(source item key, destination item key, tensors)``."""
+    repeats folded (``fold_runs`` over the layers' signatures) unless ``fold`` is false."""
     layers = layers_of(segments)
     if not fold:
         return [Row((layer,)) for layer in layers]
-    return [Row(tuple(layers[i:i + p * r]), p) for i, p, r in fold_runs(_signatures(layers, flows))]
+    return [Row(tuple(layers[i:i + p * r]), p) for i, p, r in fold_runs([signature(layer) for layer in layers])]
 
 
 def item_rows(rows_: Sequence[Row]) -> dict[Hashable, tuple[int, int, int, int]]:
@@ -232,4 +217,4 @@ def item_rows(rows_: Sequence[Row]) -> dict[Hashable, tuple[int, int, int, int]]
     return out
 
 
-__all__ = ["Item", "Layer", "Piece", "Row", "Segment", "fold_runs", "item_rows", "layers_of", "rows", "split_layer"]
+__all__ = ["Item", "Layer", "Piece", "Row", "Segment", "fold_runs", "item_rows", "layers_of", "rows", "signature", "split_layer"]
