@@ -47,7 +47,11 @@ DIFF_FORMATS = formats("diff")
 @click.option("--no-fold", is_flag=True, help="Draw every layer; by default consecutive layers of the same structure "
               "(scopes, op counts, segments, findings) are drawn once, e.g. 'model.layers.0-3 (×4)'.")
 @click.option("--no-check", is_flag=True, help="Record the captures only: faster, but no findings are marked.")
-def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_fold: bool, no_check: bool, **kw: Any) -> int:
+@click.option("--target", metavar="SPEC", help="Show your own engine instead of the bundled one, as for check: FILE.py:FUNCTION or "
+              "MODULE:FUNCTION returning capturelint.target.Target objects (engine options such as --runner or --layers do "
+              "not apply: an error).")
+def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_fold: bool, no_check: bool, target: str | None,
+         **kw: Any) -> int:
     """Show the regions of each runner and mode: captured segments and eager breaks in
     execution order, layer by layer, the module scopes in each with their op counts,
     and the findings in red (code, op, source line) where they occur.
@@ -71,7 +75,7 @@ def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_fold: boo
         from capturelint.render.dot import require_dot
 
         require_dot(fmt)
-    report = api.show_with(settings_for(kw), command_options(kw), no_check=no_check)
+    report = api.show_with(settings_for(kw), command_options(kw, target=target), no_check=no_check)
     views = report_views(report, all_graphs, fold=not no_fold)
     options = Options(ops=ops)
     rep = reporter("show", fmt)

@@ -81,16 +81,22 @@ class _Canvas:
         self.dot = dot
         self.ids = _Ids()
         self.same_rank: list[list[str]] = []
-        self.edges: list[tuple[str, str, str]] = []  # invisible (tail, head, weight)
-        self.bottom: str | None = None
+        self.edges: list[tuple[str, str, str, str]] = []  # invisible (tail, head, weight, minlen)
+        self.foot: str | None = None
+        self.spacers = 0
         self.folded = False  # some row stands for several layers
         self.flows = False  # some tensor crosses a segment boundary
 
-    def below(self, head: str, bottom: str) -> None:
-        """``head`` starts the next band, under the previous one."""
-        if self.bottom is not None:
-            self.edges.append((self.bottom, head, "5"))
-        self.bottom = bottom
+    def below(self, head: str, foot: str) -> None:
+        """A band starts at ``head``: under the previous band and left-aligned with it,
+        by one edge from the previous band's ``foot``, the bottom of its first column
+        (padded to the band's depth: a longer edge would be routed, and pull the band,
+        around the clusters beside it). The rank between holds the band's cluster
+        labels: a cluster whose label shares a rank with the band above is put beside
+        that band, not under it."""
+        if self.foot is not None:
+            self.edges.append((self.foot, head, "5", "2"))
+        self.foot = foot
 
     def finish(self, title: str, legend: Sequence[tuple[dict[str, str], str]]) -> str:
         """The DOT text, headed by ``title`` and a legend of what the diagram shows."""
@@ -105,14 +111,20 @@ class _Canvas:
         keys = "".join(f"<tr>{''.join(cells[i:i + width])}</tr>" for i in range(0, len(cells), width))
         self.dot.attr(label=f'<<table border="0" cellspacing="4" cellpadding="3"><tr><td colspan="{width}" align="left">'
                             f'<b>{_html(title)}</b></td></tr>{keys}</table>>')
-        for a, b, weight in self.edges:
-            self.dot.edge(a, b, style="invis", weight=weight)
+        for a, b, weight, minlen in self.edges:
+            self.dot.edge(a, b, style="invis", weight=weight, **({"minlen": minlen} if minlen != "1" else {}))
         for group in self.same_rank:
             self.dot.body.append("\t{rank=same; " + "; ".join(group) + "}\n")
         return self.dot.source
 
 
 ItemLabel = Callable[[Item, Layer], tuple[list[str], dict[str, str]]]
+
+
+def _columns(ids: list[str]) -> list[list[str]]:
+    """Ids in balanced columns of at most ``COLUMN_ROWS``, in order."""
+    per = math.ceil(len(ids) / math.ceil(len(ids) / COLUMN_ROWS))
+    return [ids[i:i + per] for i in range(0, len(ids), per)]
 
 
 def _draw_line(c: graphviz.Digraph, canvas: _Canvas, layer: Layer, row: Row, name: str,
@@ -127,8 +139,15 @@ def _draw_line(c: graphviz.Digraph, canvas: _Canvas, layer: Layer, row: Row, nam
     pieces = []
     for piece in layer.pieces:
         members = [(canvas.ids(), item) for item in piece.items] or [(canvas.ids(), None)]
-        pieces.append((piece, members))
-    for pi, (piece, members) in reversed(list(enumerate(pieces))):
+        pieces.append((piece, members, _columns([nid for nid, _ in members])))
+    depth = max(len(col) for _, _, columns in pieces for col in columns)
+    first = pieces[0][2][0]
+    pad = []
+    for _ in range(depth - len(first)):  # invisible, so the first column reaches the band's foot
+        canvas.spacers += 1
+        pad.append(f"s{canvas.spacers}")
+    first.extend(pad)
+    for pi, (piece, members, _) in reversed(list(enumerate(pieces))):
         style = EAGER if piece.segment.kind == "eager" else CAPTURED
         if piece.starts and piece.segment.marks:
             style = {**style, "color": mark["color"], "fontcolor": mark["color"]}
@@ -141,20 +160,15 @@ def _draw_line(c: graphviz.Digraph, canvas: _Canvas, layer: Layer, row: Row, nam
                 lines, attrs = item_label(item, layer)
                 p.node(nid, label=_label(*lines), **attrs)
                 node_of.setdefault(item.key, nid)
-    heads: list[str] = []
-    bottom, depth = "", -1
-    for _, members in pieces:
-        ids = [nid for nid, _ in members]
-        per = math.ceil(len(ids) / math.ceil(len(ids) / COLUMN_ROWS))
-        for start in range(0, len(ids), per):
-            column = ids[start:start + per]
-            heads.append(column[0])
-            canvas.edges.extend((a, b, "10") for a, b in zip(column, column[1:]))
-            if len(column) > depth:
-                bottom, depth = column[-1], len(column)
-    canvas.edges.extend((a, b, "1") for a, b in zip(heads, heads[1:]))
+            for sid in pad if pi == 0 else ():
+                p.node(sid, label="", style="invis")
+    heads = [col[0] for _, _, columns in pieces for col in columns]
+    for _, _, columns in pieces:
+        for col in columns:
+            canvas.edges.extend((a, b, "10", "1") for a, b in zip(col, col[1:]))
+    canvas.edges.extend((a, b, "1", "1") for a, b in zip(heads, heads[1:]))
     canvas.same_rank.append(heads)
-    canvas.below(heads[0], bottom)
+    canvas.below(heads[0], first[-1])
 
 
 def _draw_rows(outer: graphviz.Digraph, canvas: _Canvas, rows_: Sequence[Row], name: str,
