@@ -23,12 +23,30 @@ class DotNode:
     clusters: tuple[tuple[str, str], ...]  # (name, first label line ... whole label), outermost first
 
     @property
+    def piece_cluster(self) -> str:
+        return next((name for name, _ in reversed(self.clusters) if re.search(r"_p\d+$", name)), "")
+
+    @property
+    def line(self) -> str:
+        """The band (one layer, or a row outside layers) the node is drawn in."""
+        return re.sub(r"_p\d+$", "", self.piece_cluster)
+
+    @property
+    def piece_label(self) -> str:
+        return dict(self.clusters).get(self.piece_cluster, "")
+
+    @property
     def piece(self) -> str:
         """``captured #2``, ``captured`` (a folded row) or ``eager break <name>``."""
-        label = next((lab for name, lab in reversed(self.clusters) if re.search(r"_p\d+$", name)), "")
-        first, *rest = label.split("\\n")
+        first, *rest = self.piece_label.split("\\n")
         head = re.split(r" · |, continued| \(×", first)[0]
-        return f"{head} {rest[0]}" if head == "eager break" and rest else head
+        return f"eager break {rest[-1]}" if head.startswith("eager break") else head
+
+    @property
+    def segment(self) -> int | None:
+        """The segment index its piece names (``None`` in a folded row)."""
+        m = re.match(r"(?:captured|eager break) #(\d+)", self.piece_label)
+        return int(m.group(1)) if m else None
 
     @property
     def row(self) -> str:
@@ -74,7 +92,8 @@ def nodes(dot: str) -> list[DotNode]:
 def positions(dot: str) -> dict[int, tuple[float, float]]:
     """Each node's drawn centre, from ``dot -Tplain`` (inches; y grows upwards)."""
     plain = subprocess.run(["dot", "-Tplain"], input=dot, capture_output=True, text=True, check=True, timeout=60).stdout
-    return {int(p[1][1:]): (float(p[2]), float(p[3])) for p in (line.split() for line in plain.splitlines()) if p[0] == "node"}
+    return {int(p[1][1:]): (float(p[2]), float(p[3])) for p in (line.split() for line in plain.splitlines())
+            if p[0] == "node" and re.fullmatch(r"n\d+", p[1])}  # not the invisible spacers s1, s2, ...
 
 
 def size_px(dot: str) -> tuple[int, int]:

@@ -216,10 +216,14 @@ def _flow_edges(dot: graphviz.Digraph, node_of: dict[Hashable, str], flows: Sequ
 
 def _piece_label(piece: Piece, row: Row) -> str:
     """``captured #2 · 157 ops`` where the segment starts, ``captured #0, continued``
-    after; in a folded row ``captured (×4)``: the piece stands for one per layer."""
+    after, ``eager break #1 · 3 ops`` and the break's name; in a folded row ``captured
+    (×4)``, without the index: the piece stands for one per layer."""
     seg = piece.segment
     eager = seg.kind == "eager"
-    head = "eager break" if eager else ("captured" if row.folded else seg.label)
+    if row.folded:
+        head = "eager break" if eager else "captured"
+    else:
+        head = f"eager break #{seg.index}" if eager else seg.label
     if not piece.starts:
         head += ", continued"
     elif not row.folded:
