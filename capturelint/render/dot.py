@@ -44,6 +44,7 @@ FLOW_COLOR = "#1b8a5a"
 FINDING_COLOR = FINDING["color"]
 MOVED_COLOR = MOVED["color"]
 COLUMN_ROWS = 6  # a piece with more scopes wraps into columns, so a row stays short
+LINE_COLUMNS = 5  # ... but a band has about this many columns at most (with --ops, taller ones)
 
 
 class DotMissing(CapturelintError):
@@ -121,9 +122,9 @@ class _Canvas:
 ItemLabel = Callable[[Item, Layer], tuple[list[str], dict[str, str]]]
 
 
-def _columns(ids: list[str]) -> list[list[str]]:
-    """Ids in balanced columns of at most ``COLUMN_ROWS``, in order."""
-    per = math.ceil(len(ids) / math.ceil(len(ids) / COLUMN_ROWS))
+def _columns(ids: list[str], rows: int) -> list[list[str]]:
+    """Ids in balanced columns of at most ``rows``, in order."""
+    per = math.ceil(len(ids) / math.ceil(len(ids) / rows))
     return [ids[i:i + per] for i in range(0, len(ids), per)]
 
 
@@ -136,10 +137,12 @@ def _draw_line(c: graphviz.Digraph, canvas: _Canvas, layer: Layer, row: Row, nam
     right to left in the order they are declared, so the pieces are declared last
     first (node ids stay in execution order). ``tests/test_dot_order.py`` checks the
     drawn order with ``dot -Tplain``."""
+    # columns of COLUMN_ROWS, taller where a band holds many items (ops), so it stays narrow
+    rows = max(COLUMN_ROWS, math.ceil(sum(len(p.items) for p in layer.pieces) / LINE_COLUMNS))
     pieces = []
     for piece in layer.pieces:
         members = [(canvas.ids(), item) for item in piece.items] or [(canvas.ids(), None)]
-        pieces.append((piece, members, _columns([nid for nid, _ in members])))
+        pieces.append((piece, members, _columns([nid for nid, _ in members], rows)))
     depth = max(len(col) for _, _, columns in pieces for col in columns)
     first = pieces[0][2][0]
     pad = []
