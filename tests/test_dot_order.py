@@ -209,3 +209,29 @@ def test_diff_marks_the_moved_ops_and_the_changed_segments(memo_runs, tmp_path, 
     assert {int(i) for i, c in styled if c == MOVED["color"]} == {n.id for n in moved}
     assert re.search(r'label="eager break #1 · 1 op\\nremoved\\nDeepseekV4Attention._sparse_indexer_and_attn"', dot)
     assert dot_layout.size_px(dot)[0] <= MAX_WIDTH
+
+
+def test_the_rich_tree_folds_the_same_way(seed):
+    from rich.console import Console
+
+    from capturelint.render.tree import render_tree
+
+    cfg = seed[0]
+    deep = dataclasses.replace(cfg, graphs=(deepen(cfg.graphs[0], 61),))
+    for fold in (True, False):
+        console = Console(width=200, record=True)
+        render_tree([dataclasses.replace(deep, fold=fold)], console)
+        text = console.export_text()
+        assert ("model.layers.0-59 (layers 0-3 ×15)" in text) is fold
+        assert ("── model.layers.5\n" in text) is not fold
+        assert text.count("CL101 R1") == (5 if fold else 61)
+
+
+def test_show_folds_the_engines_layers_unless_told_not_to(memo_runs, capsys):
+    args = ["show", "--runner", "v1", "--mode", "PIECEWISE", "--steps", "2", "--layers", "8", "--no-check"]
+    assert main(args) == 0
+    folded = capsys.readouterr().out
+    assert "model.layers.0-7 (layers 0-3 ×2)" in folded and "── model.layers.1, 5 (×2)\n" in folded
+    assert main([*args, "--no-fold"]) == 0
+    unfolded = capsys.readouterr().out
+    assert "×2" not in unfolded and all(f"── model.layers.{i}\n" in unfolded for i in range(8))

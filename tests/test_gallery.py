@@ -52,6 +52,5 @@ def test_the_gallery_pictures_keep_the_size_targets():
     sizes = dict(re.findall(r"!\[([\w-]+)\]\(\S+\.svg\) \((\d+ x \d+) px", (GALLERY / "README.md").read_text()))
     assert set(sizes) == {e.name for e in load_make().ENTRIES}
     for name, size in sizes.items():
-        w, h = map(int, size.split(" x "))
-        assert w <= 1440, (name, w)
+        assert int(size.split(" x ")[0]) <= 1440, (name, size)
     assert int(sizes["layers-61"].split(" x ")[1]) <= 3000

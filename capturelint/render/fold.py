@@ -112,12 +112,14 @@ class Row:
         return f"{span} (layers {first.number}-{self.shown[-1].number} ×{self.repeats})"
 
     def member_label(self, k: int) -> str:
-        """The label of shown layer ``k`` of a pattern: ``model.layers.1, 5, …, 57 (×15)``."""
+        """The label of shown layer ``k`` of a pattern: ``model.layers.1, 5, …, 57 (×15)``,
+        ``model.layers.1, 5 (×2)``."""
         layer = self.shown[k]
         if self.period == 1 or not self.folded:
             return layer.prefix or ""
         numbers = [m.number for m in self.layers[k::self.period]]
-        return f"{layer.prefix}, {numbers[1]}, …, {numbers[-1]} (×{len(numbers)})"
+        rest = numbers[1:] if len(numbers) <= 3 else [numbers[1], "…", numbers[-1]]
+        return f"{layer.prefix}, {', '.join(map(str, rest))} (×{len(numbers)})"
 
 
 def split_layer(scope: str) -> tuple[str | None, int | None, str]:
