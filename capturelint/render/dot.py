@@ -41,8 +41,6 @@ MUTED = {"fillcolor": "#ffffff", "color": "#b5b5b5", "fontcolor": "#555555"}
 FINDING = {"fillcolor": "#fde0e0", "color": "#d62728", "fontcolor": "#a50f15", "penwidth": "2.5"}
 MOVED = {"fillcolor": "#efe3f7", "color": "#7b3fb0", "fontcolor": "#5a2a86", "penwidth": "2.5"}
 FLOW_COLOR = "#1b8a5a"
-FINDING_COLOR = FINDING["color"]
-MOVED_COLOR = MOVED["color"]
 COLUMN_ROWS = 6  # a piece with more scopes wraps into columns, so a row stays short
 LINE_COLUMNS = 5  # ... but a band has about this many columns at most (with --ops, taller ones)
 
@@ -74,9 +72,9 @@ class _Ids:
 
 
 class _Canvas:
-    """A diagram being drawn: node ids, the same-rank groups that order pieces left to
-    right (emitted last, after every node is declared in its cluster), and the bottom
-    node of what was drawn last (the next row goes below it)."""
+    """A diagram being drawn: node ids, the invisible edges and same-rank groups that
+    fix the order (emitted last, after every node is declared in its cluster), the foot
+    of the band drawn last (the next one goes below it), and what the legend explains."""
 
     def __init__(self, dot: graphviz.Digraph) -> None:
         self.dot = dot
@@ -268,7 +266,7 @@ SHOW_LEGEND = (
 
 def _show_item(item: Item, layer: Layer) -> tuple[list[str], dict[str, str]]:
     name = _below_layer(item.scope, layer)
-    if isinstance(item.key[0], str):  # an op run
+    if item.key[0] == "op":  # a run of one op (view_segments with ops)
         op, file, line, _ = item.detail
         lines = [name, short_op(op) + (f" ×{item.ops}" if item.ops > 1 else ""), f"{file}:{line}"]
     else:
