@@ -85,7 +85,8 @@ def make(out: Path = HERE, record_only: Iterable[str] | None = None) -> None:
     ]
     for entry in ENTRIES:
         w, h = draw(entry, out)
-        lines += [f"## {entry.name}", "", entry.about, "", f"    capturelint {' '.join(entry.args)} --format svg",
+        lines += [f"## {entry.name}", "", entry.about, "",
+                  f"    capturelint {' '.join(entry.args)} --format dot | dot -Tsvg -o {entry.name}.svg",
                   "", f"![{entry.name}]({entry.name}.svg) ({w} x {h} px; DOT: [{entry.name}.dot]({entry.name}.dot))", ""]
     (out / "README.md").write_text("\n".join(lines))
 
