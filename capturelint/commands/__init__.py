@@ -43,8 +43,8 @@ COMMANDS: dict[str, CommandEntry] = {
                         "device, and check every CUDA graph it captures and replays."),
     "show": CommandEntry("capturelint.commands.regions", "show",
                          "Show the regions of each runner and mode: captured segments and eager breaks in execution "
-                         "order, the module scopes in each with their op counts, and the findings in red where they "
-                         "occur."),
+                         "order, layer by layer, the module scopes in each with their op counts, and the findings in "
+                         "red (code, op, source line) where they occur."),
     "suggest": CommandEntry("capturelint.commands.suggest", "suggest",
                             "Find the smallest eager region that makes replay equal eager: try the functions on the "
                             "capture-time stack of each finding as eager breaks, verify each with the full check, and "

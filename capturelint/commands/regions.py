@@ -45,15 +45,23 @@ DIFF_FORMATS = formats("diff")
 @click.option("-o", "--output", metavar="FILE", help="Write to FILE instead of stdout (required for png).")
 @click.option("--ops", is_flag=True, help="Expand module scopes to their ops, with source lines.")
 @click.option("--all-graphs", is_flag=True, help="Show every captured graph, not one per runtime mode.")
+@click.option("--no-fold", is_flag=True, help="Draw every layer; by default consecutive layers of the same structure "
+              "(scopes, op counts, segments, findings) are drawn once, e.g. 'model.layers.0-3 (×4)'.")
 @click.option("--no-check", is_flag=True, help="Record the captures only: faster, but no findings are marked.")
-def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_check: bool, **kw: Any) -> int:
+@click.option("--target", metavar="SPEC", help="Show your own engine instead of the bundled one, as for check: FILE.py:FUNCTION or "
+              "MODULE:FUNCTION returning capturelint.target.Target objects (engine options such as --runner or --layers do "
+              "not apply: an error).")
+def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_fold: bool, no_check: bool, target: str | None,
+         **kw: Any) -> int:
     """Show the regions of each runner and mode: captured segments and eager breaks in
-    execution order, the module scopes in each with their op counts, and the findings
-    in red where they occur.
+    execution order, layer by layer, the module scopes in each with their op counts,
+    and the findings in red (code, op, source line) where they occur.
 
     By default one graph per runtime mode stands for the others (they differ only in
-    batch size). Graphviz output has one cluster per segment (captured: blue, solid;
-    eager: orange, dashed) and edges for tensors that cross segment boundaries.
+    batch size), and consecutive layers of the same structure are drawn once
+    (--no-fold draws each). Graphviz output runs top to bottom, one row per layer, with
+    one cluster per segment piece (captured: blue, solid; eager: orange, dashed) and
+    edges for tensors that cross segment boundaries.
 
     svg, png and html are drawn by Graphviz's 'dot': without it they are an error, before
     the run (--format dot writes the DOT text). Exit status: 0 shown (findings do not
@@ -66,8 +74,8 @@ def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_check: bo
     check_output_path(output)
     rep = reporter("show", fmt)
     rep.preflight()
-    report = api.show_with(settings_for(kw), command_options(kw), no_check=no_check)
-    views = report_views(report, all_graphs)
+    report = api.show_with(settings_for(kw), command_options(kw, target=target), no_check=no_check)
+    views = report_views(report, all_graphs, fold=not no_fold)
     options = Options(ops=ops)
     emit(rep, views, output, options)
     if not rep.summary:

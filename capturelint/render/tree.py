@@ -1,19 +1,25 @@
 """The Rich form of ``capturelint show``: one tree per runner and mode.
 
-Printed form (``--ops`` adds the ops under each scope)::
+Printed form, layer by layer as the diagram (``capturelint.render.fold``; ``--ops``
+adds the ops under each scope)::
 
     runner v1 · PIECEWISE · eager region narrow
     ├── graph mixed/32 (PIECEWISE; stands for 6 graphs)
     │   ├── captured #0 · 28 ops
-    │   │   ├── model.embed · 1 op
-    │   │   └── model.layers.0.attn · 3 ops  CL101 R1
-    │   ├── eager break DeepseekV4Attention._sparse_indexer_and_attn (#1) · 1 op
-    │   │   └── model.layers.0.attn · 1 op
+    │   │   └── model.embed · 1 op
+    │   ├── model.layers.0
+    │   │   ├── captured #0, continued
+    │   │   │   ├── attn_norm · 6 ops
+    │   │   │   └── attn · 3 ops  CL101 R1: aten.constant_pad_nd at .../attention.py:305
+    │   │   ├── eager break DeepseekV4Attention._sparse_indexer_and_attn (#1) · 1 op
+    │   │   │   └── attn · 1 op
+    │   │   └── ...
+    │   ├── model.layers.4-7 (×4)
     │   └── ...
     └── 6 graphs; per step: 2 eager breaks, 299 captured ops, 4 eager ops
 
-Findings are marked in red with their code and condition on the op, scope or segment
-they concern (see ``capturelint.render.view``).
+Findings are marked in red with their code and condition (and the op and source line
+where known) on the op, scope or segment they concern (see ``capturelint.render.view``).
 """
 
 from __future__ import annotations
@@ -22,8 +28,8 @@ from rich.console import Console
 from rich.text import Text
 from rich.tree import Tree
 
-from capturelint.runtime.protocol import SegmentKind
-from capturelint.render.view import ConfigView, GraphView, finding_tag, num, op_runs, scope_label, segment_title
+from capturelint.render.fold import Layer, Piece, Row, rows, split_layer
+from capturelint.render.view import ConfigView, GraphView, finding_tag, num, op_runs, scope_label, view_segments
 
 CAPTURED_STYLE = "cyan"
 EAGER_STYLE = "yellow"
@@ -39,24 +45,36 @@ def _tags(text: Text, tags: tuple[str, ...]) -> None:
         text.append("  " + ", ".join(tags), style=FINDING_STYLE)
 
 
-def graph_tree(view: GraphView, ops: bool = False) -> Tree:
-    stands = f"; stands for {view.stands_for} graphs" if view.stands_for > 1 else ""
-    root = Tree(Text(f"graph {view.graph} ({view.runtime_mode}{stands})", style="bold"))
-    for ov in view.overview:
-        seg = ov.segment
-        eager = seg.kind is SegmentKind.EAGER
-        head = Text(segment_title(seg), style=EAGER_STYLE if eager else CAPTURED_STYLE)
-        head.append(f" · {_plural(ov.ops, 'op')}", style="dim")
-        _tags(head, view.marks.segment(seg.index))
-        branch = root.add(head)
-        for sc in ov.scopes:
-            tags = view.marks.scope(seg.index, sc.scope)
-            line = Text(scope_label(sc.scope), style=FINDING_STYLE if tags else "")
-            line.append(f" · {_plural(sc.ops, 'op')}", style="dim")
-            _tags(line, tags)
-            leaf = branch.add(line)
+def _piece_head(piece: Piece, row: Row) -> Text:
+    seg = piece.segment
+    eager = seg.kind == "eager"
+    title = seg.label if not eager or row.folded else f"{seg.label} (#{seg.index})"
+    if row.folded and not eager:
+        title = "captured"
+    head = Text(title, style=EAGER_STYLE if eager else CAPTURED_STYLE)
+    if not piece.starts:
+        head.append(", continued", style="dim")
+    elif not row.folded:
+        head.append(f" · {_plural(seg.ops, 'op')}", style="dim")
+    if row.folded:
+        head.append(f" (×{row.repeats})", style="dim")
+    if piece.starts:
+        _tags(head, seg.marks)
+    return head
+
+
+def _layer_branch(branch: Tree, view: GraphView, layer: Layer, row: Row, ops: bool) -> None:
+    for piece in layer.pieces:
+        node = branch.add(_piece_head(piece, row))
+        for item in piece.items:
+            name = scope_label(item.scope) if layer.prefix is None else (split_layer(item.scope)[2] or "<layer>")
+            line = Text(name, style=FINDING_STYLE if item.marks else "")
+            line.append(f" · {_plural(item.ops, 'op')}", style="dim")
+            _tags(line, item.marks)
+            leaf = node.add(line)
             if ops:
-                for d, indices in op_runs(view.G, seg.index, sc.scope):
+                segment, scope = item.key
+                for d, indices in op_runs(view.G, segment, scope):
                     op_tags = tuple(sorted({t for i in indices for t in view.marks.op(i)}))
                     t = Text(d["op"], style=FINDING_STYLE if op_tags else "")
                     if len(indices) > 1:
@@ -64,6 +82,20 @@ def graph_tree(view: GraphView, ops: bool = False) -> Tree:
                     t.append(f"  {d['file']}:{d['line']} in {d['function']}", style="dim")
                     _tags(t, op_tags)
                     leaf.add(t)
+
+
+def graph_tree(view: GraphView, ops: bool = False, fold: bool = True) -> Tree:
+    """One graph, layer by layer; ``fold``: consecutive layers alike shown once."""
+    stands = f"; stands for {view.stands_for} graphs" if view.stands_for > 1 else ""
+    root = Tree(Text(f"graph {view.graph} ({view.runtime_mode}{stands})", style="bold"))
+    segs, _ = view_segments(view)
+    for row in rows(segs, fold):
+        if row.layers[0].prefix is None:
+            _layer_branch(root, view, row.layers[0], row, ops)
+            continue
+        branch = root.add(Text(row.label, style="bold" if row.folded else ""))
+        for k, layer in enumerate(row.shown):
+            _layer_branch(branch if row.period == 1 else branch.add(Text(row.member_label(k))), view, layer, row, ops)
     return root
 
 
@@ -74,7 +106,7 @@ def config_tree(view: ConfigView, ops: bool = False) -> Tree:
     if not view.graphs:
         tree.add(Text("no graph captured: every step ran eagerly", style="dim"))
     for g in view.graphs:
-        tree.add(graph_tree(g, ops))
+        tree.add(graph_tree(g, ops, view.fold))
     if view.unplaced:
         for f in view.unplaced:
             tree.add(Text(f"{finding_tag(f)} {f.scope} · {f.op} in {f.segment} (not in the shown graphs)", style=FINDING_STYLE))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from typing import Iterable
+from typing import Hashable, Iterable
 
 import networkx as nx
 
@@ -22,10 +22,12 @@ from capturelint.graph import (
     ScopeFlow,
     SegmentOverview,
     build_region_graph,
+    op_dataflow,
     op_nodes,
     scope_dataflow,
     segment_overview,
 )
+from capturelint.render.fold import Item, Segment
 from capturelint.report import ConfigReport, Report
 from capturelint.snapshot import config_map
 
@@ -40,11 +42,14 @@ def finding_tag(f: Finding) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Marks:
-    """Finding tags placed on one graph, by op index, by (segment, scope), by segment."""
+    """Finding tags placed on one graph, by op index, by (segment, scope), by segment;
+    ``sites`` says per (segment, scope) which op and source line each tag concerns
+    (``CL101 R1: aten.constant_pad_nd at attention.py:305``)."""
 
     ops: dict[int, tuple[str, ...]]
     scopes: dict[tuple[int, str], tuple[str, ...]]
     segments: dict[int, tuple[str, ...]]
+    sites: dict[tuple[int, str], tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
     def op(self, index: int) -> tuple[str, ...]:
         return self.ops.get(index, ())
@@ -54,6 +59,10 @@ class Marks:
 
     def segment(self, segment: int) -> tuple[str, ...]:
         return self.segments.get(segment, ())
+
+    def site(self, segment: int, scope: str) -> tuple[str, ...]:
+        """The scope's tags with the op and source line each concerns, where known."""
+        return self.sites.get((segment, scope), ())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +85,8 @@ class GraphView:
 @dataclasses.dataclass(frozen=True)
 class ConfigView:
     """One runner and mode: shown graphs, totals per step, findings not placed.
-    ``eager_region`` is as titled: ``narrow``, or ``per-runner (wide under v1)``."""
+    ``eager_region`` is as titled: ``narrow``, or ``per-runner (wide under v1)``;
+    ``fold``: whether renderers fold repeated layers (``show --no-fold`` draws each)."""
 
     runner: str
     mode: str
@@ -89,6 +99,7 @@ class ConfigView:
     findings: tuple[Finding, ...]
     unplaced: tuple[Finding, ...]
     note: str | None
+    fold: bool = True  # draw consecutive layers of the same structure once (``capturelint.render.fold``)
 
     @property
     def title(self) -> str:
@@ -111,6 +122,7 @@ def _place(G: nx.MultiDiGraph, findings: Iterable[Finding]) -> tuple[Marks, list
     ops: dict[int, list[str]] = {}
     scopes: dict[tuple[int, str], list[str]] = {}
     segs: dict[int, list[str]] = {}
+    sites: dict[tuple[int, str], list[str]] = {}
     unplaced: list[Finding] = []
     seg_index = {s.index: s for s in G.graph["segments"]}
     by_segment: dict[int, list] = {}
@@ -129,19 +141,21 @@ def _place(G: nx.MultiDiGraph, findings: Iterable[Finding]) -> tuple[Marks, list
         if op_hit is not None:
             _add(ops, op_hit["index"], tag)
             _add(scopes, (f.segment_index, scope), tag)
+            _add(sites, (f.segment_index, scope), f"{tag}: {short_op(f.op)} at {op_hit['file']}:{op_hit['line']}")
         elif any(d["scope"] == scope for d in seg_ops):
             _add(scopes, (f.segment_index, scope), tag)
+            _add(sites, (f.segment_index, scope), tag)
         else:
             _add(segs, f.segment_index, tag)
     freeze = lambda m: {k: tuple(sorted(set(v))) for k, v in m.items()}  # noqa: E731
-    return Marks(freeze(ops), freeze(scopes), freeze(segs)), unplaced
+    return Marks(freeze(ops), freeze(scopes), freeze(segs), freeze(sites)), unplaced
 
 
 def _add(m: dict, key, tag: str) -> None:
     m.setdefault(key, []).append(tag)
 
 
-def config_view(cfg: ConfigReport, all_graphs: bool = False) -> ConfigView:
+def config_view(cfg: ConfigReport, all_graphs: bool = False, fold: bool = True) -> ConfigView:
     streams = list(cfg.captures)
     per_mode = Counter(s.runtime_mode for s in streams)
     if all_graphs:
@@ -180,16 +194,54 @@ def config_view(cfg: ConfigReport, all_graphs: bool = False) -> ConfigView:
         tuple(cfg.findings),
         tuple(f for i, f in enumerate(cfg.findings) if i not in placed),
         cfg.note,
+        fold,
     )
 
 
-def report_views(report: Report, all_graphs: bool = False) -> list[ConfigView]:
-    return [config_view(c, all_graphs) for c in report.configs]
+def report_views(report: Report, all_graphs: bool = False, fold: bool = True) -> list[ConfigView]:
+    return [config_view(c, all_graphs, fold) for c in report.configs]
+
+
+def view_segments(view: GraphView, ops: bool = False) -> tuple[list[Segment], list[tuple[Hashable, Hashable, int]]]:
+    """A shown graph as the segments that ``capturelint.render.fold`` cuts into rows, and
+    its data flow across segments as ``(source key, destination key, tensors)``.
+
+    Items are module scopes, keyed ``(segment, scope)`` and marked with the findings'
+    sites; with ``ops``, runs of one op at one source line (``op_runs``), keyed
+    ``("op", first op index)`` and marked with the findings' tags.
+    """
+    segs = []
+    run_of: dict[int, Hashable] = {}
+    for ov in view.overview:
+        seg = ov.segment
+        items = []
+        for sc in ov.scopes:
+            if not ops:
+                marks = view.marks.site(seg.index, sc.scope) or view.marks.scope(seg.index, sc.scope)
+                items.append(Item((seg.index, sc.scope), sc.scope, sc.ops, sc.by_op, marks))
+                continue
+            for d, indices in op_runs(view.G, seg.index, sc.scope):
+                marks = tuple(sorted({t for i in indices for t in view.marks.op(i)}))
+                key = ("op", indices[0])
+                run_of.update((i, key) for i in indices)
+                items.append(Item(key, sc.scope, len(indices), (d["op"], d["file"], d["line"], d["function"]), marks))
+        segs.append(Segment(seg.index, seg.kind.value, seg.label, ov.ops, tuple(items), view.marks.segment(seg.index)))
+    if ops:
+        flows = [(run_of[f.src], run_of[f.dst], f.tensors) for f in op_dataflow(view.G)]
+    else:
+        flows = [((f.src_segment, f.src_scope), (f.dst_segment, f.dst_scope), f.tensors) for f in view.flows]
+    return segs, flows
 
 
 def segment_title(seg: RegionSegment) -> str:
     """``captured #0`` / ``eager break DeepseekV4Attention._prepare_and_attn_eager (#1)``."""
     return seg.label if seg.kind.value == "captured" else f"{seg.label} (#{seg.index})"
+
+
+def short_op(op: str) -> str:
+    """``aten.mm.default`` -> ``aten.mm`` (the overload adds nothing in a diagram)."""
+    parts = op.split(".")
+    return ".".join(parts[:-1]) if len(parts) >= 3 else op
 
 
 def scope_label(scope: str) -> str:
@@ -215,4 +267,4 @@ def _same_site(a: dict, b: dict) -> bool:
     return (a["op"], a["file"], a["line"], a["function"]) == (b["op"], b["file"], b["line"], b["function"])
 
 
-__all__ = ["ConfigView", "GraphView", "Marks", "config_view", "report_views", "finding_tag", "op_runs"]
+__all__ = ["ConfigView", "GraphView", "Marks", "config_view", "report_views", "finding_tag", "op_runs", "view_segments"]
