@@ -45,6 +45,9 @@ request one token per step, prompt tokens first, then its greedy token).
   what it binds on a GPU;
 - ``Sampler.greedy_sample`` (``v1/sample/sampler.py:303``): on ``CpuPlatform`` it calls
   ``_C.greedy_argmax``; the GPU branch (``argmax``) is taken;
+- ``DeviceMemoryProfiler`` around ``load_model``'s load (:4989): it measures the
+  device memory the weights took, for a log line, with two ``gc.collect()`` at each end
+  (seconds in a process holding vLLM); it answers 0 here without collecting;
 - ``torch.Event`` (the runner's ``transfer_event``, :889, recorded in ``_to_list``):
   CPU torch has no events; the emulated CUDA event is used;
   ``torch.accelerator.get_memory_info`` (``capture_model`` :6477): answers 0;
@@ -153,6 +156,7 @@ def runner_context() -> Iterator[None]:
     from vllm.third_party.flashmla import flash_mla_interface
     from vllm.v1.attention.backends.mla import sparse_swa
     from vllm.v1.sample.sampler import Sampler
+    from vllm.v1.worker import gpu_model_runner
 
     from capturelint.adapters.vllm import _Patches
     from capturelint.adapters.vllm_triton import interpret_modules
@@ -170,12 +174,28 @@ def runner_context() -> Iterator[None]:
         patches.set(torch.accelerator, "get_memory_info", lambda *a, **k: (0, 0))
         patches.set(sparse_swa, "get_mla_metadata", flash_mla_interface.get_mla_metadata)
         patches.set(Sampler, "greedy_sample", staticmethod(_greedy_sample))
+        patches.set(gpu_model_runner, "DeviceMemoryProfiler", _NoMemoryProfiler)
         with _env("VLLM_USE_BREAKABLE_CUDAGRAPH", "1"), interpret_modules(INTERPRETED):
             yield
     finally:
         patches.undo()
         if not was_locked and workspace.is_workspace_manager_initialized() and workspace.current_workspace_manager().is_locked():
             workspace.unlock_workspace()
+
+
+class _NoMemoryProfiler:
+    """``DeviceMemoryProfiler`` without its measurement: no memory consumed."""
+
+    consumed_memory = 0
+
+    def __init__(self, device: Any = None):
+        pass
+
+    def __enter__(self) -> "_NoMemoryProfiler":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 def _event(device: Any = None, **kwargs: Any) -> Any:
