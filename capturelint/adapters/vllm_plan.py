@@ -126,7 +126,7 @@ RUNNER_IMPL_ENV = "CAPTURELINT_VLLM_RUNNER_IMPL"
 
 def real_runner(runner: Runner, mode: CUDAGraphMode) -> bool:
     """Whether vLLM's own model runner drives this configuration
-    (``vllm_real_runner``: V1 PIECEWISE) rather than ``vllm_runners``' reproduction of
+    (``vllm_real_runner``: PIECEWISE graphs, V1 and V2) rather than ``vllm_runners``' reproduction of
     its capture conditions: the internal switch ``CAPTURELINT_VLLM_RUNNER_IMPL``,
     ``real`` or ``shim`` (the default)."""
     from capturelint.adapters import vllm_real_runner
@@ -165,7 +165,7 @@ def check_one(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode, shadow: bool
     from capturelint.adapters.vllm import cpu_shim
     from capturelint.adapters.vllm_real_runner import runner_context
 
-    with cpu_shim(), runner_context() if real_runner(runner, mode) else contextlib.nullcontext():
+    with cpu_shim(), runner_context(runner) if real_runner(runner, mode) else contextlib.nullcontext():
         try:
             return check_configuration(configuration(plan, runner, mode), plan.codes, shadow=shadow, static=static)
         except (CapturelintError, AttributeError) as e:

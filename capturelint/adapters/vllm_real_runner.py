@@ -81,14 +81,21 @@ from capturelint.runtime import frames
 
 frames.register_runtime_file(__file__)
 
-# vLLM modules whose Triton kernels run in Triton's interpreter: all run between graphs.
-INTERPRETED = ("vllm.v1.worker.block_table", "vllm.v1.attention.ops.metadata",
-               "vllm.v1.attention.backends.mla.sparse_swa")
+# The vLLM modules whose Triton kernels run in Triton's interpreter (all run between
+# graphs): the attention metadata builder's, and each runner's input preparation and sampler.
+_BUILDERS = ("vllm.v1.attention.ops.metadata", "vllm.v1.attention.backends.mla.sparse_swa")
+INTERPRETED = {
+    RunnerName.V1: ("vllm.v1.worker.block_table", *_BUILDERS),
+    RunnerName.V2: ("vllm.v1.worker.gpu.buffer_utils", "vllm.v1.worker.gpu.input_batch",
+                    "vllm.v1.worker.gpu.block_table", "vllm.v1.worker.gpu.sample.gumbel", *_BUILDERS),
+}
+RUNNERS = {RunnerName.V1: "vllm.v1.worker.gpu_model_runner", RunnerName.V2: "vllm.v1.worker.gpu.model_runner"}
 
 
 def supports(runner: RunnerName, mode: CUDAGraphMode) -> bool:
-    """Whether vLLM's own runner drives this configuration (V1, PIECEWISE)."""
-    return runner is RunnerName.V1 and mode is CUDAGraphMode.PIECEWISE
+    """Whether vLLM's own runner drives this configuration (PIECEWISE; see the module
+    docstring for FULL)."""
+    return mode is CUDAGraphMode.PIECEWISE
 
 
 _MODEL_FIELDS = dict(
@@ -96,7 +103,8 @@ _MODEL_FIELDS = dict(
     is_mm_prefix_lm=False, uses_mrope=False, mrope_num_dims=0, supports_multimodal_inputs=False,
     is_encoder_decoder=False, logprobs_mode="raw_logprobs", use_fp64_gumbel=False, logits_processors=None,
     multimodal_config=None, uses_xdrope_dim=0, supports_kv_cache_grouping=False, rswa_window=None,
-    model="capturelint/tiny-deepseek-v4",
+    model="capturelint/tiny-deepseek-v4", is_hybrid=False, is_attention_free=False, enable_trace_replay=False,
+    return_sampling_mask=False, use_mla=True,
 )
 
 
@@ -111,6 +119,8 @@ def _configure(vc: Any, spec: shim.RunSpec, graphs: bool) -> None:
     mc.original_max_model_len = mc.max_model_len
     mc.get_inputs_embeds_size = lambda: shim.HIDDEN
     mc.get_vocab_size = lambda: shim.VOCAB
+    mc.get_sliding_window = lambda: None  # the model's windows are its layers' own (V2's model state reads it)
+    mc.hf_text_config = mc.hf_config
     mc.hf_config.num_nextn_predict_layers = 0  # read by the SWA builder (transformers_utils/deepseek_v4_utils.py:18)
     cc = vc.compilation_config
     cc.mode = CompilationMode.NONE
@@ -150,8 +160,8 @@ def _env(name: str, value: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def runner_context() -> Iterator[None]:
-    """What vLLM's runner needs on a CPU beyond ``cpu_shim``, for the block (see the
+def runner_context(runner: RunnerName) -> Iterator[None]:
+    """What vLLM's ``runner`` needs on a CPU beyond ``cpu_shim``, for the block (see the
     module docstring, "Stood in"). Enter it inside ``cpu_shim``."""
     from vllm.third_party.flashmla import flash_mla_interface
     from vllm.v1.attention.backends.mla import sparse_swa
@@ -175,7 +185,11 @@ def runner_context() -> Iterator[None]:
         patches.set(sparse_swa, "get_mla_metadata", flash_mla_interface.get_mla_metadata)
         patches.set(Sampler, "greedy_sample", staticmethod(_greedy_sample))
         patches.set(gpu_model_runner, "DeviceMemoryProfiler", _NoMemoryProfiler)
-        with _env("VLLM_USE_BREAKABLE_CUDAGRAPH", "1"), interpret_modules(INTERPRETED):
+        if runner is RunnerName.V2:
+            from vllm.v1.worker.gpu import buffer_utils
+
+            patches.set(buffer_utils, "get_accelerator_view_from_cpu_tensor", _uva_view)
+        with _env("VLLM_USE_BREAKABLE_CUDAGRAPH", "1"), interpret_modules(INTERPRETED[runner]):
             yield
     finally:
         patches.undo()
@@ -198,6 +212,12 @@ class _NoMemoryProfiler:
         return None
 
 
+def _uva_view(cpu: torch.Tensor) -> torch.Tensor:
+    """The device's view of pinned host memory (``_C.get_cuda_view_from_cpu_tensor``):
+    on the emulated device, one memory, the tensor itself."""
+    return cpu
+
+
 def _event(device: Any = None, **kwargs: Any) -> Any:
     return torch.cuda.Event(**kwargs)
 
@@ -211,11 +231,13 @@ class RealRunner:
     ``vllm_runners.Runner``'s, made by vLLM's code (see the module docstring)."""
 
     def __init__(self, spec: shim.RunSpec, graphs: bool = True):
+        import importlib
+
         from vllm.config import set_current_vllm_config
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
         if not supports(spec.runner, spec.mode):
-            raise CapturelintError(f"vLLM's own runner is driven for V1 PIECEWISE only, not {spec.runner} {spec.mode}")
+            raise CapturelintError(f"vLLM's own runner is driven for PIECEWISE graphs only, not {spec.mode}")
+        GPUModelRunner = importlib.import_module(RUNNERS[spec.runner]).GPUModelRunner
         self.spec = spec
         self.model, self.vc = shim.build_model(spec)
         self.model.__class__ = type("TinyDeepseekV4ForVllm", (_VllmModel, type(self.model)), {})
@@ -270,7 +292,8 @@ class RealRunner:
             new = [NewRequestData(req_id=rid, prompt_token_ids=self.prompts[:, i].tolist(), mm_features=[],
                                   sampling_params=SamplingParams(temperature=0.0, max_tokens=self.spec.steps),
                                   pooling_params=None, block_ids=(list(range(1 + i * blocks, 1 + (i + 1) * blocks)),),
-                                  num_computed_tokens=0, lora_request=None)
+                                  num_computed_tokens=0, lora_request=None,
+                                  prefill_token_ids=self.prompts[:, i].tolist())  # V2 reads these
                    for i, rid in enumerate(self.ids)]
         else:
             outputs = max(0, step - self.spec.prompt + 1)
@@ -296,11 +319,17 @@ class RealRunner:
         return torch.stack(self.model.logits_seen)
 
     def roots(self) -> dict[str, Any]:
+        """The model, the runner's persistent input buffers, the KV caches."""
         r = self.runner
-        buffers = types.SimpleNamespace(input_ids=r.input_ids.gpu, positions=r.positions, seq_lens=r.seq_lens,
-                                        query_start_loc=r.query_start_loc.gpu,
-                                        block_table=r.input_batch.block_table[0].block_table.gpu,
-                                        slot_mapping=r.input_batch.block_table[0].slot_mapping.gpu)
+        if self.spec.runner is RunnerName.V1:
+            buffers = types.SimpleNamespace(input_ids=r.input_ids.gpu, positions=r.positions, seq_lens=r.seq_lens,
+                                            query_start_loc=r.query_start_loc.gpu,
+                                            block_table=r.input_batch.block_table[0].block_table.gpu,
+                                            slot_mapping=r.input_batch.block_table[0].slot_mapping.gpu)
+        else:
+            ib = r.input_buffers
+            buffers = types.SimpleNamespace(input_ids=ib.input_ids, positions=ib.positions, seq_lens=ib.seq_lens,
+                                            query_start_loc=ib.query_start_loc, slot_mappings=r.block_tables.slot_mappings)
         caches = [(f"kv_cache.layers.{i}.swa", layer.attn.swa_cache_layer.kv_cache)
                   for i, layer in enumerate(self.model.layers)]
         return {"model": self.model, "runner": buffers, "caches": caches}

@@ -78,9 +78,13 @@ def _interpreted(fn: types.FunctionType) -> Any:
 
 
 def _targets(module: types.ModuleType) -> Iterator[tuple[Any, str, Any]]:
-    """(owner, name, interpreted) for a module's kernels and its kernel classes' ``kernel``."""
+    """(owner, name, interpreted) for a module's kernels, its kernel classes' ``kernel``,
+    and its ``triton`` and ``tl`` (the real ones, for the code that launches kernels)."""
     g = _interpreted_globals(vars(module))
-    for name, value in vars(module).items():
+    if _placeholder(vars(module)):  # the launch code's own uses (triton.next_power_of_2, tl.int64)
+        yield module, "tl", g["tl"]
+        yield module, "triton", g["triton"]
+    for name, value in list(vars(module).items()):
         if _is_kernel(value):
             yield module, name, g[name]
         elif isinstance(value, type) and value.__module__ == module.__name__:

@@ -1,7 +1,8 @@
-"""``check --engine vllm`` with vLLM's own Model Runner V1 (``CAPTURELINT_VLLM_RUNNER_IMPL=real``).
+"""``check --engine vllm`` with vLLM's own model runners (``CAPTURELINT_VLLM_RUNNER_IMPL=real``).
 
-The capture decision is made by vLLM's ``GPUModelRunner``: the tests count its
-``_dummy_run`` calls and the dispatcher's decisions, and check that the real path gives
+The capture decisions are made by vLLM's runners: the tests count the calls of V1's
+``_dummy_run``, its dispatcher and ``execute_model``, and of V2's
+``prepare_inputs_to_capture`` and ``prepare_attn``, and check that the real path gives
 the verdicts of the shim (``vllm_runners``). One layer and four steps keep them small.
 """
 
@@ -16,7 +17,8 @@ from capturelint.cli import main
 from vllm_required import require_vllm
 
 ATTENTION = "vllm/models/deepseek_v4/attention.py"
-SMALL = ("--runner", "v1", "--mode", "PIECEWISE", "--layers", "1", "--steps", "4")
+SMALL = ("--mode", "PIECEWISE", "--layers", "1", "--steps", "4")
+V1 = ("--runner", "v1")
 
 
 @pytest.fixture()
@@ -58,7 +60,7 @@ def check(tmp_path, monkeypatch, impl: str, *args: str) -> tuple[int, dict]:
 
 
 def test_v1_narrow_region_fails_where_vllms_runner_captured_without_metadata(tmp_path, monkeypatch, calls):
-    code, report = check(tmp_path, monkeypatch, "real", "--eager-region", "narrow")
+    code, report = check(tmp_path, monkeypatch, "real", *V1, "--eager-region", "narrow")
     assert code == 1
     cl101 = [f for f in report["findings"] if f["code"] == "CL101"]
     assert [f["scope"] for f in cl101] == ["model.layers.0.attn"]
@@ -78,10 +80,10 @@ def test_v1_narrow_region_fails_where_vllms_runner_captured_without_metadata(tmp
 
 
 def test_v1_with_vllms_own_region_matches_the_shim(tmp_path, monkeypatch, calls):
-    real_code, real = check(tmp_path, monkeypatch, "real")
+    real_code, real = check(tmp_path, monkeypatch, "real", *V1)
     assert calls["dummy_run"], "vLLM's runner did not capture"
     calls["dummy_run"].clear()
-    shim_code, shim = check(tmp_path, monkeypatch, "shim")
+    shim_code, shim = check(tmp_path, monkeypatch, "shim", *V1)
     assert calls["dummy_run"] == []  # the shim reproduces the capture; vLLM's runner is not involved
     assert (real_code, shim_code) == (0, 0)
     assert real["findings"] == shim["findings"] == []
@@ -90,10 +92,42 @@ def test_v1_with_vllms_own_region_matches_the_shim(tmp_path, monkeypatch, calls)
     assert real["numerical"][0]["replay_steps"] == 4 and real["numerical"][0]["max_step_error"] == 0.0
 
 
+def test_v2_builds_metadata_for_its_capture_and_the_narrow_region_holds(tmp_path, monkeypatch):
+    """V2's own capture (``cudagraph_utils.py``) prepares attention metadata for a
+    PIECEWISE capture (``prepare_inputs_to_capture``, ``prepare_attn(for_capture=False)``),
+    so vLLM's narrow region is safe there, as the shim says."""
+    require_vllm()
+    from vllm.v1.worker.gpu import cudagraph_utils
+    from vllm.v1.worker.gpu.model_states.default import DefaultModelState
+
+    seen: dict[str, list] = {"prepare_inputs_to_capture": [], "prepare_attn": []}
+    prepare_inputs, prepare_attn = cudagraph_utils.prepare_inputs_to_capture, DefaultModelState.prepare_attn
+
+    def spy_prepare_inputs(*args, **kwargs):
+        seen["prepare_inputs_to_capture"].append(kwargs["full_cudagraph"])
+        return prepare_inputs(*args, **kwargs)
+
+    def spy_prepare_attn(self, *args, for_capture=False, **kwargs):
+        seen["prepare_attn"].append(for_capture)
+        return prepare_attn(self, *args, for_capture=for_capture, **kwargs)
+
+    monkeypatch.setattr(cudagraph_utils, "prepare_inputs_to_capture", spy_prepare_inputs)
+    monkeypatch.setattr(DefaultModelState, "prepare_attn", spy_prepare_attn)
+    v2 = ("--runner", "v2", "--eager-region", "narrow")
+    real_code, real = check(tmp_path, monkeypatch, "real", *v2)
+    assert seen["prepare_inputs_to_capture"] == [False, False]  # the warmup's and the capture's forward, not FULL
+    assert seen["prepare_attn"] and not any(seen["prepare_attn"])  # PIECEWISE: for_capture=False
+    shim_code, shim = check(tmp_path, monkeypatch, "shim", *v2)
+    assert (real_code, shim_code) == (0, 0)
+    assert real["findings"] == shim["findings"] == []
+    assert real["numerical"] == shim["numerical"]
+    assert real["numerical"][0]["replay_steps"] == 4 and real["numerical"][0]["max_step_error"] == 0.0
+
+
 def test_an_unknown_runner_implementation_is_one_line(tmp_path, monkeypatch, capsys):
     require_vllm()
     monkeypatch.setenv("CAPTURELINT_VLLM_RUNNER_IMPL", "bogus")
-    code = main(["check", "--engine", "vllm", *SMALL, "--format", "json", "-o", str(tmp_path / "r.json")])
+    code = main(["check", "--engine", "vllm", *SMALL, *V1, "--format", "json", "-o", str(tmp_path / "r.json")])
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["capturelint: error: CAPTURELINT_VLLM_RUNNER_IMPL='bogus' is not a runner implementation; use real "
