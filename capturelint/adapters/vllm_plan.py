@@ -143,7 +143,7 @@ def configuration(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Confi
     from capturelint.adapters.vllm_runners import Runner, compare, region_of
 
     if real_runner(runner, mode):
-        from capturelint.adapters.vllm_real_runner import RealRunner as Runner  # noqa: F811
+        from capturelint.adapters.vllm_real_runner import RealRunner as Runner
     spec = _spec(plan, runner, mode)
     engine = Runner(spec)
 
