@@ -87,11 +87,12 @@ V2 (``v1/worker/gpu/``):
 - the model's vLLM interface: the tiny model answers ``forward(input_ids, positions,
   intermediate_tensors, inputs_embeds)`` with hidden states and ``compute_logits``.
 
-FULL graphs are left to ``vllm_runners``. V1's own runner does capture and replay them
-here (tried: ``CUDAGraphWrapper``, ``compilation/cuda_graph.py``, around the breakable
-wrapper; replays equal eager), but as a bare ``torch.cuda.CUDAGraph`` that keeps no
-Python, which the checker sees without a shadow (CL101-CL105 and CL107 go unchecked),
-and CL110 then reports ``_dummy_run`` (:5863) indexing the capture run's output
+FULL graphs are left to ``vllm_runners``. Both runners do capture and replay them here
+(tried; replays equal eager), but each as a bare ``torch.cuda.CUDAGraph`` that keeps no
+Python (V1: ``CUDAGraphWrapper``, ``compilation/cuda_graph.py``, around the breakable
+wrapper; V2: ``torch.cuda.graph`` at ``cudagraph_utils.py:496``), which the checker
+sees without a shadow step: CL101-CL103, CL105, CL107 and the invariants go unchecked.
+Under V1, CL110 then reports ``_dummy_run`` (:5863) indexing the capture run's output
 (``hidden_states[logit_indices_device]``), a value the capture loop discards.
 """
 
