@@ -196,22 +196,20 @@ def _env(name: str, value: str) -> Iterator[None]:
 def runner_context(runner: RunnerName) -> Iterator[None]:
     """What vLLM's ``runner`` needs on a CPU beyond ``cpu_shim``, for the block (see the
     module docstring, "Stood in"). Enter it inside ``cpu_shim``."""
+    from vllm.compilation import monitor
     from vllm.third_party.flashmla import flash_mla_interface
     from vllm.v1.attention.backends.mla import sparse_swa
     from vllm.v1.sample.sampler import Sampler
-    from vllm.v1.worker import gpu_model_runner
+    from vllm.v1.worker import gpu_model_runner, workspace
 
     from capturelint.adapters.vllm import _Patches
     from capturelint.adapters.vllm_triton import interpret_modules
-
-    from vllm.compilation import monitor
-    from vllm.v1.worker import workspace
 
     patches = _Patches()
     # capture_model leaves process-wide state behind: capturing disabled (monitor.py:98)
     # and the workspace locked (lock_workspace, :6508); other configurations capture after.
     patches.set(monitor, "cudagraph_capturing_enabled", monitor.cudagraph_capturing_enabled)
-    was_locked = workspace.is_workspace_manager_initialized() and workspace.current_workspace_manager().is_locked()
+    was_locked = workspace._manager is not None and workspace._manager.is_locked()
     try:
         patches.set(torch, "Event", _event)
         patches.set(torch.accelerator, "get_memory_info", lambda *a, **k: (0, 0))
@@ -222,13 +220,13 @@ def runner_context(runner: RunnerName) -> Iterator[None]:
             from vllm.v1.worker.gpu import buffer_utils, model_runner
 
             patches.set(model_runner, "DeviceMemoryProfiler", _NoMemoryProfiler)
-
             patches.set(buffer_utils, "get_accelerator_view_from_cpu_tensor", _uva_view)
         with _env("VLLM_USE_BREAKABLE_CUDAGRAPH", "1"), interpret_modules(INTERPRETED[runner]):
             yield
     finally:
         patches.undo()
-        if not was_locked and workspace.is_workspace_manager_initialized() and workspace.current_workspace_manager().is_locked():
+        manager = workspace._manager
+        if not was_locked and manager is not None and manager.is_locked():
             workspace.unlock_workspace()
 
 
