@@ -125,6 +125,19 @@ INTERPRETED = {
 RUNNERS = {RunnerName.V1: "vllm.v1.worker.gpu_model_runner", RunnerName.V2: "vllm.v1.worker.gpu.model_runner"}
 
 
+# The RunSpec fields this runner honours; a field added to RunSpec (a new workload) is
+# refused until the scheduler outputs here express it (``_unhonoured``).
+HONOURED = frozenset({"runner", "mode", "eager_region", "layers", "steps", "batch", "prompt", "seed"})
+
+
+def _unhonoured(spec: shim.RunSpec) -> list[str]:
+    """The fields of ``spec`` set away from their defaults that this runner does not drive."""
+    import dataclasses
+
+    return [f.name for f in dataclasses.fields(spec)
+            if f.name not in HONOURED and getattr(spec, f.name) != getattr(shim.RunSpec(), f.name)]
+
+
 def supports(runner: RunnerName, mode: CUDAGraphMode) -> bool:
     """Whether vLLM's own runner drives this configuration (PIECEWISE; see the module
     docstring for FULL)."""
@@ -270,6 +283,10 @@ class RealRunner:
 
         if not supports(spec.runner, spec.mode):
             raise CapturelintError(f"vLLM's own runner is driven for PIECEWISE graphs only, not {spec.mode}")
+        unhonoured = _unhonoured(spec)
+        if unhonoured:
+            raise CapturelintError(f"vLLM's own runner does not drive {', '.join(unhonoured)} yet; check with "
+                                   "CAPTURELINT_VLLM_RUNNER_IMPL=shim")
         GPUModelRunner = importlib.import_module(RUNNERS[spec.runner]).GPUModelRunner
         self.spec = spec
         self.model, self.vc = shim.build_model(spec)
