@@ -99,6 +99,7 @@ Under V1, CL110 then reports ``_dummy_run`` (:5863) indexing the capture run's o
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import types
@@ -132,8 +133,6 @@ HONOURED = frozenset({"runner", "mode", "eager_region", "layers", "steps", "batc
 
 def _unhonoured(spec: shim.RunSpec) -> list[str]:
     """The fields of ``spec`` set away from their defaults that this runner does not drive."""
-    import dataclasses
-
     return [f.name for f in dataclasses.fields(spec)
             if f.name not in HONOURED and getattr(spec, f.name) != getattr(shim.RunSpec(), f.name)]
 
