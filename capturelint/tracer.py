@@ -136,6 +136,9 @@ class _OpMode(TorchDispatchMode):
         return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if op_info(func).decomposes:  # under inference mode: trace what it decomposes into (runtime.schema)
+            with self:
+                return func.decompose(*args, **(kwargs or {}))
         return self.tracer._dispatch(func, args, kwargs or {})
 
 

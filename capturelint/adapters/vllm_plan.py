@@ -21,6 +21,8 @@ engine and are refused (vLLM 0.33.0's ``add_eager`` discards break outputs).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -139,11 +141,30 @@ def missing_op(e: BaseException) -> CapturelintError | None:
     return None
 
 
+RUNNER_IMPL_ENV = "CAPTURELINT_VLLM_RUNNER_IMPL"
+
+
+def real_runner(runner: Runner, mode: CUDAGraphMode) -> bool:
+    """Whether vLLM's own model runner drives this configuration
+    (``vllm_real_runner``: PIECEWISE graphs, V1 and V2) rather than ``vllm_runners``' reproduction of
+    its capture conditions: the internal switch ``CAPTURELINT_VLLM_RUNNER_IMPL``,
+    ``real`` or ``shim`` (the default)."""
+    from capturelint.adapters import vllm_real_runner
+
+    impl = os.environ.get(RUNNER_IMPL_ENV, "shim")
+    if impl not in ("real", "shim"):
+        raise CapturelintError(f"{RUNNER_IMPL_ENV}={impl!r} is not a runner implementation; use real or shim")
+    return impl == "real" and vllm_real_runner.supports(runner, mode)
+
+
 def configuration(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Configuration:
-    """Build the tiny model for one runner and mode (inside ``cpu_shim``)."""
+    """Build the tiny model for one runner and mode (inside ``cpu_shim``, and for vLLM's
+    own runner inside ``vllm_real_runner.runner_context``)."""
     from capturelint.adapters.vllm_runners import Runner, compare, region_of
     from capturelint.adapters.vllm_spec import RUNNERS
 
+    if real_runner(runner, mode):
+        from capturelint.adapters.vllm_real_runner import RealRunner as Runner
     spec = _spec(plan, runner, mode)
     loop = RUNNERS[plan.spec] if plan.spec else Runner  # the step loop: decode steps, or verify and draft steps
     engine = loop(spec)
@@ -164,8 +185,9 @@ def check_one(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode, shadow: bool
     calls without a reference here (while building, running or in the eager twin) is the
     one-line error that names it."""
     from capturelint.adapters.vllm import cpu_shim
+    from capturelint.adapters.vllm_real_runner import runner_context
 
-    with cpu_shim():
+    with cpu_shim(), runner_context(runner) if real_runner(runner, mode) else contextlib.nullcontext():
         try:
             return check_configuration(configuration(plan, runner, mode), plan.codes, shadow=shadow, static=static)
         except (CapturelintError, AttributeError) as e:

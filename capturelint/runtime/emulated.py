@@ -316,11 +316,14 @@ class _RecordingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        info = op_info(func)
+        if info.decomposes:  # under inference mode: record what it decomposes into (runtime.schema)
+            with self:
+                return func.decompose(*args, **kwargs)
         reason = protocol.host_sync_reason(func, args, kwargs)
         if reason is not None:
             raise HostSyncInCaptureError(HostSyncEvent(reason, frames.user_frame(2), stack=frames.user_stack(2)))
         g = self.graph
-        info = op_info(func)
         for t in info.written(args, kwargs):
             g._before_write(t)
         for value in itertools.chain(args, kwargs.values()):

@@ -16,7 +16,15 @@ they see, all from its schema (``func._schema``), read once per overload (``op_i
 - whether it **reads values** of its tensor arguments: views and aliases do not, nor
   do factories that take only a tensor's size, dtype and device (``empty_like``,
   ``new_zeros``). The tracer's watch over graph memory (rules CL109, CL110) counts the
-  others as reads.
+  others as reads;
+- whether it **decomposes**: a ``CompositeImplicitAutograd`` op (``aten.to.dtype``,
+  ``reshape``, ``contiguous``, ``linear``) reaches a dispatch mode only where autograd
+  is off, under ``torch.inference_mode()`` (where vLLM captures and runs its graphs).
+  Its schema states what it *may* alias (``to`` returns ``self`` when nothing changes,
+  a fresh tensor otherwise), so read as an alias its fresh result would be neither
+  refreshed on replay nor counted as a read. A mode hands such a call to its
+  decomposition (``func.decompose``, with the mode re-entered), whose ops are the ones
+  it sees with autograd on.
 """
 
 from __future__ import annotations
@@ -57,11 +65,12 @@ class OpInfo:
     ``ReplayKind``. ``transparent``: see the module docstring. ``aliases``: its returns
     are views of (or the very tensors of) its arguments, and it writes none.
     ``reads_values``: it reads the values of its tensor arguments that it does not
-    write (false for aliases and size-only factories).
+    write (false for aliases and size-only factories). ``decomposes``: it has a
+    ``CompositeImplicitAutograd`` kernel (see the module docstring).
     """
 
     __slots__ = ("name", "args", "list_args", "writes", "fresh", "allocates", "replay", "transparent", "aliases",
-                 "reads_values")
+                 "reads_values", "decomposes")
 
     def __init__(self, func: Any):
         schema = func._schema
@@ -85,6 +94,7 @@ class OpInfo:
         self.transparent = protocol.is_transparent_op(func.name())
         self.aliases = self.transparent or (not self.writes and bool(schema.returns) and not any(self.fresh))
         self.reads_values = not self.aliases and schema.name not in _METADATA_OPS
+        self.decomposes = torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
 
     def written(self, args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
         """The tensors the call ``func(*args, **kwargs)`` writes."""

@@ -1,0 +1,387 @@
+"""vLLM's own model runners (V1 and V2) driving the tiny DeepSeek V4, on the CPU.
+
+Where ``vllm_runners.Runner`` reproduces the runners' capture conditions, this runs the
+code that makes them: a real ``GPUModelRunner`` of Model Runner V1
+(``v1/worker/gpu_model_runner.py``) or V2 (``v1/worker/gpu/model_runner.py``), built
+through its ``__init__`` on the emulated CUDA device, with the tiny model of
+``vllm_runners.build_model`` as its model. It captures with its own ``capture_model``
+and runs each step with its own ``execute_model`` and ``sample_tokens`` over hand-built
+``SchedulerOutput`` objects (what vLLM's scheduler hands a runner: every request one
+token per step, prompt tokens first as chunked prefill, then its greedy token).
+
+**vLLM's code, run as it is** (line numbers of vLLM 0.33.0). V1:
+
+- ``GPUModelRunner.__init__`` (:479): its persistent buffers, ``InputBatch``,
+  ``CudagraphDispatcher``, ``Sampler``;
+- ``load_model(model=...)`` (:4967, the pre-loaded model branch): it wraps the model
+  in ``BreakableCUDAGraphWrapper(runtime_mode=PIECEWISE)`` (:5130-5147, with
+  ``VLLM_USE_BREAKABLE_CUDAGRAPH=1``);
+- the KV cache: ``get_kv_cache_spec`` (:7081) from the attention layers,
+  ``resolve_kv_cache_layout``, ``get_global_kv_cache_groups`` and
+  ``get_kv_cache_configs`` (``v1/core/kv_cache_planning.py``), then
+  ``initialize_kv_cache`` (:6990): attention groups, ``_check_and_update_cudagraph_mode``
+  (the dispatcher's keys), the metadata builders (``DeepseekSparseSWAFlashMLAMetadataBuilder``),
+  ``allocate_kv_cache`` and ``bind_kv_cache``;
+- capture: ``capture_model`` (:6417, ``graph_capture``'s side stream, ``freeze_gc``,
+  ``set_cudagraph_capturing_enabled``) → ``_capture_cudagraphs`` (:6571) →
+  ``_warmup_and_capture`` (:6523, ``force_attention = mode == FULL``) → ``_dummy_run``
+  (:5447: ``_determine_batch_execution_and_padding`` and the dispatcher, the slot
+  mappings filled with -1 at :5628, metadata only ``if force_attention or FULL`` at
+  :5637, ``set_forward_context``);
+- steps: ``execute_model`` (:3906: ``_update_states``, ``_prepare_inputs`` and its
+  padding, the dispatcher, ``_build_attention_metadata`` with vLLM's SWA metadata
+  builder, ``set_forward_context``, ``_model_forward``) and ``sample_tokens`` (:4270:
+  the sampler, ``_bookkeeping_sync``).
+
+V2 (``v1/worker/gpu/``):
+
+- ``GPUModelRunner.__init__`` (``model_runner.py:200``: ``InputBuffers``, request
+  states in ``StagedWriteTensor``/``UvaBuffer``), ``load_model(model=...)`` (:385: the
+  model state, ``init_model_state``), ``initialize_kv_cache`` (:623: ``BlockTables``,
+  attention groups and builders, the ``ModelCudaGraphManager``);
+- capture: ``capture_model`` (:1086) → ``ModelCudaGraphManager.capture``
+  (``cudagraph_utils.py:613``/:424: a warmup forward, then a fresh forward that
+  captures, each with ``prepare_inputs_to_capture`` :827 → ``prepare_attn(...,
+  for_capture=full_cudagraph)`` :898, ``model_states/default.py:167``, over dummy slot
+  mappings ``block_table.py:262``), the breakable wrapper (``init_breakable_cg_runner``
+  :570, ``run_pw_graph`` :578);
+- steps: ``execute_model`` (:1764: ``add_requests``/``update_requests``,
+  ``prepare_inputs`` :1388 with its Triton input kernels, ``prepare_attn`` :1595, the
+  dispatcher :523, ``set_forward_context``) and ``sample_tokens`` (:2149: the Gumbel
+  sampler, ``postprocess_sampled``).
+
+**Stood in** (each because a CPU cannot run it as it is):
+
+- nothing of vLLM's Triton kernels: vLLM disables Triton without a GPU driver, and
+  they run **as they are** in Triton's interpreter (``vllm_triton``; ``INTERPRETED``).
+  The metadata builder's: ``_token_request_mapping_kernel``
+  (``v1/attention/ops/metadata.py:43``), ``_compute_swa_indices_and_lens_kernel``
+  (``sparse_swa.py:669``). V1's: ``_COMPUTE_SLOT_MAPPING_KERNEL``
+  (``v1/worker/block_table.py:166``). V2's (what "Model Runner V2 requires Triton"
+  means here): ``_apply_write_kernel`` (``gpu/buffer_utils.py``),
+  ``_prepare_prefill_inputs_kernel``, ``_prepare_pos_seq_lens_kernel``,
+  ``_combine_sampled_and_draft_tokens_kernel``, ``_get_num_sampled_and_rejected_kernel``,
+  ``_post_update_kernel`` (``gpu/input_batch.py``), ``_gather_block_tables_kernel``,
+  ``_compute_slot_mappings_kernel`` (``gpu/block_table.py``) and
+  ``_gumbel_sample_kernel`` (``gpu/sample/gumbel.py``). They all run between graphs;
+- V2's ``get_accelerator_view_from_cpu_tensor`` (``utils/torch_utils.py:905``, the UVA
+  view of pinned host memory, ``_C.get_cuda_view_from_cpu_tensor``): raises on a CPU
+  platform; on the emulated device, one memory, the view is the tensor itself;
+- ``get_mla_metadata`` (``sparse_swa.py:944``): vLLM binds it to a function that
+  raises when ``vllm._flashmla_C`` cannot load (``v1/attention/ops/flashmla.py:102``);
+  the vendored interface's own ``get_mla_metadata`` (a fresh ``FlashMLASchedMeta``) is
+  what it binds on a GPU;
+- ``Sampler.greedy_sample`` (``v1/sample/sampler.py:303``): on ``CpuPlatform`` it calls
+  ``_C.greedy_argmax``; the GPU branch (``argmax``) is taken;
+- ``DeviceMemoryProfiler`` around ``load_model``'s load (:4989; V2's
+  ``gpu/model_runner.py`` load_model too): it measures the
+  device memory the weights took, for a log line, with two ``gc.collect()`` at each end
+  (seconds in a process holding vLLM); it answers 0 here without collecting;
+- ``torch.Event`` (the runner's ``transfer_event``, :889, recorded in ``_to_list``):
+  CPU torch has no events; the emulated CUDA event is used;
+  ``torch.accelerator.get_memory_info`` (``capture_model`` :6477): answers 0;
+- configuration a CPU platform resets: the ``VllmConfig`` is built on ``CpuPlatform``,
+  which turns CUDA graphs off; the runner's graph mode, capture size (the batch) and one
+  warmup (``config/vllm.py:2011``) are set on it, as a CUDA platform would, and the
+  model configuration is ``vllm_runners``' namespace with the fields the runner reads;
+- the model's vLLM interface: the tiny model answers ``forward(input_ids, positions,
+  intermediate_tensors, inputs_embeds)`` with hidden states and ``compute_logits``.
+
+FULL graphs are left to ``vllm_runners``. Both runners do capture and replay them here
+(tried; replays equal eager), but each as a bare ``torch.cuda.CUDAGraph`` that keeps no
+Python (V1: ``CUDAGraphWrapper``, ``compilation/cuda_graph.py``, around the breakable
+wrapper; V2: ``torch.cuda.graph`` at ``cudagraph_utils.py:496``), which the checker
+sees without a shadow step: CL101-CL103, CL105, CL107 and the invariants go unchecked.
+Under V1, CL110 then reports ``_dummy_run`` (:5863) indexing the capture run's output
+(``hidden_states[logit_indices_device]``), a value the capture loop discards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import types
+from typing import Any, Iterator
+
+import torch
+
+from capturelint.adapters import vllm_runners as shim
+from capturelint.errors import CapturelintError
+from capturelint.options import CUDAGraphMode
+from capturelint.options import Runner as RunnerName
+from capturelint.runtime import frames
+
+frames.register_runtime_file(__file__)
+
+# The vLLM modules whose Triton kernels run in Triton's interpreter (all run between
+# graphs): the attention metadata builder's, and each runner's input preparation and sampler.
+_BUILDERS = ("vllm.v1.attention.ops.metadata", "vllm.v1.attention.backends.mla.sparse_swa")
+INTERPRETED = {
+    RunnerName.V1: ("vllm.v1.worker.block_table", *_BUILDERS),
+    RunnerName.V2: ("vllm.v1.worker.gpu.buffer_utils", "vllm.v1.worker.gpu.input_batch",
+                    "vllm.v1.worker.gpu.block_table", "vllm.v1.worker.gpu.sample.gumbel", *_BUILDERS),
+}
+RUNNERS = {RunnerName.V1: "vllm.v1.worker.gpu_model_runner", RunnerName.V2: "vllm.v1.worker.gpu.model_runner"}
+
+
+# The RunSpec fields this runner honours; a field added to RunSpec (a new workload) is
+# refused until the scheduler outputs here express it (``_unhonoured``).
+HONOURED = frozenset({"runner", "mode", "eager_region", "layers", "steps", "batch", "prompt", "seed"})
+
+
+def _unhonoured(spec: shim.RunSpec) -> list[str]:
+    """The fields of ``spec`` set away from their defaults that this runner does not drive."""
+    return [f.name for f in dataclasses.fields(spec)
+            if f.name not in HONOURED and getattr(spec, f.name) != getattr(shim.RunSpec(), f.name)]
+
+
+def supports(runner: RunnerName, mode: CUDAGraphMode) -> bool:
+    """Whether vLLM's own runner drives this configuration (PIECEWISE; see the module
+    docstring for FULL)."""
+    return mode is CUDAGraphMode.PIECEWISE
+
+
+_MODEL_FIELDS = dict(
+    runner_type="generate", enable_prompt_embeds=False, is_multimodal_raw_input_only_model=False,
+    is_mm_prefix_lm=False, uses_mrope=False, mrope_num_dims=0, supports_multimodal_inputs=False,
+    is_encoder_decoder=False, logprobs_mode="raw_logprobs", use_fp64_gumbel=False, logits_processors=None,
+    multimodal_config=None, uses_xdrope_dim=0, supports_kv_cache_grouping=False, rswa_window=None,
+    model="capturelint/tiny-deepseek-v4", is_hybrid=False, is_attention_free=False, enable_trace_replay=False,
+    return_sampling_mask=False, use_mla=True,
+)
+
+
+def _configure(vc: Any, spec: shim.RunSpec, graphs: bool) -> None:
+    """What a CUDA platform would have left in the configuration (see the module docstring)."""
+    from vllm.config import CompilationMode
+    from vllm.config import CUDAGraphMode as VllmMode
+
+    mc = vc.model_config
+    for name, value in _MODEL_FIELDS.items():
+        setattr(mc, name, value)
+    mc.original_max_model_len = mc.max_model_len
+    mc.get_inputs_embeds_size = lambda: shim.HIDDEN
+    mc.get_vocab_size = lambda: shim.VOCAB
+    mc.get_sliding_window = lambda: None  # the model's windows are its layers' own (V2's model state reads it)
+    mc.hf_text_config = mc.hf_config
+    mc.hf_config.num_nextn_predict_layers = 0  # read by the SWA builder (transformers_utils/deepseek_v4_utils.py:18)
+    cc = vc.compilation_config
+    cc.mode = CompilationMode.NONE
+    cc.cudagraph_mode = VllmMode[spec.mode.value] if graphs else VllmMode.NONE
+    cc.cudagraph_capture_sizes = [spec.batch] if graphs else []
+    cc.max_cudagraph_capture_size = spec.batch if graphs else 0
+    cc.cudagraph_num_of_warmups = 1
+    vc.scheduler_config.max_num_seqs = spec.batch
+
+
+class _VllmModel:
+    """The vLLM model interface of the tiny model (``GPUModelRunner._model_forward`` and
+    ``compute_logits``); mixed into its class, so modules and scopes stay as they are.
+    Each step's logits are kept for the checker's numerical oracle."""
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate_tensors: Any = None,
+                inputs_embeds: Any = None) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden).float()
+        self.logits_seen.append(logits.detach().clone())
+        return logits
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str) -> Iterator[None]:
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
+
+
+@contextlib.contextmanager
+def runner_context(runner: RunnerName) -> Iterator[None]:
+    """What vLLM's ``runner`` needs on a CPU beyond ``cpu_shim``, for the block (see the
+    module docstring, "Stood in"). Enter it inside ``cpu_shim``."""
+    from vllm.compilation import monitor
+    from vllm.third_party.flashmla import flash_mla_interface
+    from vllm.v1.attention.backends.mla import sparse_swa
+    from vllm.v1.sample.sampler import Sampler
+    from vllm.v1.worker import gpu_model_runner, workspace
+
+    from capturelint.adapters.vllm import _Patches
+    from capturelint.adapters.vllm_triton import interpret_modules
+
+    patches = _Patches()
+    # capture_model leaves process-wide state behind: capturing disabled (monitor.py:98)
+    # and the workspace locked (lock_workspace, :6508); other configurations capture after.
+    patches.set(monitor, "cudagraph_capturing_enabled", monitor.cudagraph_capturing_enabled)
+    was_locked = workspace._manager is not None and workspace._manager.is_locked()
+    try:
+        patches.set(torch, "Event", _event)
+        patches.set(torch.accelerator, "get_memory_info", lambda *a, **k: (0, 0))
+        patches.set(sparse_swa, "get_mla_metadata", flash_mla_interface.get_mla_metadata)
+        patches.set(Sampler, "greedy_sample", staticmethod(_greedy_sample))
+        patches.set(gpu_model_runner, "DeviceMemoryProfiler", _NoMemoryProfiler)
+        if runner is RunnerName.V2:
+            from vllm.v1.worker.gpu import buffer_utils, model_runner
+
+            patches.set(model_runner, "DeviceMemoryProfiler", _NoMemoryProfiler)
+            patches.set(buffer_utils, "get_accelerator_view_from_cpu_tensor", _uva_view)
+        with _env("VLLM_USE_BREAKABLE_CUDAGRAPH", "1"), interpret_modules(INTERPRETED[runner]):
+            yield
+    finally:
+        patches.undo()
+        manager = workspace._manager
+        if not was_locked and manager is not None and manager.is_locked():
+            workspace.unlock_workspace()
+
+
+class _NoMemoryProfiler:
+    """``DeviceMemoryProfiler`` without its measurement: no memory consumed."""
+
+    consumed_memory = 0
+
+    def __init__(self, device: Any = None):
+        pass
+
+    def __enter__(self) -> "_NoMemoryProfiler":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _uva_view(cpu: torch.Tensor) -> torch.Tensor:
+    """The device's view of pinned host memory (``_C.get_cuda_view_from_cpu_tensor``):
+    on the emulated device, one memory, the tensor itself."""
+    return cpu
+
+
+def _event(device: Any = None, **kwargs: Any) -> Any:
+    return torch.cuda.Event(**kwargs)
+
+
+def _greedy_sample(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(dim=-1).view(-1)  # sampler.py:306, the branch a GPU takes
+
+
+class RealRunner:
+    """A real ``GPUModelRunner`` over the tiny model: ``capture`` and ``generate`` as
+    ``vllm_runners.Runner``'s, made by vLLM's code (see the module docstring)."""
+
+    def __init__(self, spec: shim.RunSpec, graphs: bool = True):
+        import importlib
+
+        from vllm.config import set_current_vllm_config
+
+        if not supports(spec.runner, spec.mode):
+            raise CapturelintError(f"vLLM's own runner is driven for PIECEWISE graphs only, not {spec.mode}")
+        unhonoured = _unhonoured(spec)
+        if unhonoured:
+            raise CapturelintError(f"vLLM's own runner does not drive {', '.join(unhonoured)} yet; check with "
+                                   "CAPTURELINT_VLLM_RUNNER_IMPL=shim")
+        GPUModelRunner = importlib.import_module(RUNNERS[spec.runner]).GPUModelRunner
+        self.spec = spec
+        self.model, self.vc = shim.build_model(spec)
+        self.model.__class__ = type("TinyDeepseekV4ForVllm", (_VllmModel, type(self.model)), {})
+        self.model.logits_seen = []
+        _configure(self.vc, spec, graphs)
+        with set_current_vllm_config(self.vc):
+            self.runner = GPUModelRunner(self.vc, torch.device("cuda"))
+            self.runner.load_model(model=self.model)
+            self.runner.initialize_kv_cache(self._kv_cache_config())
+        self.ids = [f"req{i}" for i in range(spec.batch)]
+        gen = torch.Generator().manual_seed(spec.seed + 1)  # the prompts of vllm_runners.Runner
+        self.prompts = torch.randint(0, shim.VOCAB, (spec.prompt, spec.batch), generator=gen)
+        self.captured = False
+
+    def _kv_cache_config(self) -> Any:
+        """vLLM's KV cache plan for the layers' specs: the engine core's steps
+        (``v1/engine/core.py``), with memory for every request's full length (what the
+        planner checks) and the null block."""
+        from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
+        from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
+        from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
+
+        specs = self.runner.get_kv_cache_spec()
+        layouts = [layout.name for layout in get_supported_kv_cache_layouts(get_current_attn_backends(self.vc))]
+        resolve_kv_cache_layout(self.vc, [layouts], list(specs.values()))
+        groups = get_global_kv_cache_groups(self.vc, [specs])
+        self.blocks_per_request = math.ceil(self.vc.model_config.max_model_len / shim.SWA_BLOCK)
+        blocks = 1 + self.spec.batch * self.blocks_per_request
+        memory = blocks * sum(spec.page_size_bytes for spec in specs.values())
+        return get_kv_cache_configs(self.vc, [specs], [memory], groups)[0]
+
+    def capture(self) -> None:
+        """vLLM's ``capture_model``: the dispatcher's capture descriptors, each warmed up
+        and captured by ``_dummy_run``."""
+        from vllm.config import set_current_vllm_config
+
+        if self.captured:
+            return
+        self.captured = True
+        with set_current_vllm_config(self.vc):
+            self.runner.capture_model()
+
+    def _scheduled(self, step: int) -> Any:
+        """The scheduler's output for ``step``: one token of every request."""
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+
+        n = self.spec.batch
+        new, cached = [], CachedRequestData.make_empty()
+        if step == 0:
+            blocks = self.blocks_per_request
+            new = [NewRequestData(req_id=rid, prompt_token_ids=self.prompts[:, i].tolist(), mm_features=[],
+                                  sampling_params=SamplingParams(temperature=0.0, max_tokens=self.spec.steps),
+                                  pooling_params=None, block_ids=(list(range(1 + i * blocks, 1 + (i + 1) * blocks)),),
+                                  num_computed_tokens=0, lora_request=None,
+                                  prefill_token_ids=self.prompts[:, i].tolist())  # V2 reads these
+                   for i, rid in enumerate(self.ids)]
+        else:
+            outputs = max(0, step - self.spec.prompt + 1)
+            cached = CachedRequestData(req_ids=list(self.ids), resumed_req_ids=set(), new_token_ids=[],
+                                       all_token_ids={}, new_block_ids=[None] * n, num_computed_tokens=[step] * n,
+                                       num_output_tokens=[outputs] * n)
+        return SchedulerOutput(scheduled_new_reqs=new, scheduled_cached_reqs=cached,
+                               num_scheduled_tokens={rid: 1 for rid in self.ids}, total_num_scheduled_tokens=n,
+                               scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={}, finished_req_ids=set(),
+                               free_encoder_mm_hashes=[])
+
+    def generate(self) -> torch.Tensor:
+        """Capture, then ``steps`` steps of ``execute_model`` + ``sample_tokens``; the
+        logits of every step."""
+        from vllm.config import set_current_vllm_config
+
+        self.capture()
+        self.model.logits_seen.clear()
+        with set_current_vllm_config(self.vc):
+            for step in range(self.spec.steps):
+                if self.runner.execute_model(self._scheduled(step)) is None:
+                    self.runner.sample_tokens(None)
+        return torch.stack(self.model.logits_seen)
+
+    def roots(self) -> dict[str, Any]:
+        """The model, the runner's persistent input buffers, the KV caches."""
+        r = self.runner
+        if self.spec.runner is RunnerName.V1:
+            buffers = types.SimpleNamespace(input_ids=r.input_ids.gpu, positions=r.positions, seq_lens=r.seq_lens,
+                                            query_start_loc=r.query_start_loc.gpu,
+                                            block_table=r.input_batch.block_table[0].block_table.gpu,
+                                            slot_mapping=r.input_batch.block_table[0].slot_mapping.gpu)
+        else:
+            ib = r.input_buffers
+            buffers = types.SimpleNamespace(input_ids=ib.input_ids, positions=ib.positions, seq_lens=ib.seq_lens,
+                                            query_start_loc=ib.query_start_loc, slot_mappings=r.block_tables.slot_mappings)
+        caches = [(f"kv_cache.layers.{i}.swa", layer.attn.swa_cache_layer.kv_cache)
+                  for i, layer in enumerate(self.model.layers)]
+        return {"model": self.model, "runner": buffers, "caches": caches}
+
+
+__all__ = ["INTERPRETED", "RealRunner", "runner_context", "supports"]
