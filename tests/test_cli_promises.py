@@ -543,7 +543,9 @@ def test_20_tests_that_need_dot_skip_without_it_and_ci_installs_it():
     marks = [m for m in getattr(test_show.test_svg_and_png_are_drawn_by_dot, "pytestmark", []) if m.name == "skipif"]
     assert marks and "Graphviz" in marks[0].kwargs["reason"]
     assert marks[0].args[0] == (__import__("shutil").which("dot") is None)
-    assert "apt-get install -y -qq graphviz" in (ROOT / ".ci" / "run").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert 'apt-get install -y -qq "$@"' in ci and "apt_need dot graphviz" in ci
+    assert "apt_need chromium chromium" in ci and "apt_need chromedriver chromium-driver" in ci
 
 
 # ------------------------------------------------------- 21: no torch to answer
