@@ -78,6 +78,13 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def cuda_indexer_op(attn: Any) -> None:
+    """The indexer's ``SparseAttnIndexer`` on its CUDA path: a ``CustomOp`` dispatches by
+    platform, on a CPU to ``forward_cpu`` (vLLM's own CPU kernels, not in the CUDA wheel)."""
+    op = attn.indexer.indexer_op
+    op._forward_method = op.forward_cuda
+
+
 class LayerCaches:
     """The compressed layers' caches, bound to vLLM's modules; see the module docstring."""
 
@@ -102,10 +109,22 @@ class LayerCaches:
                 self._bind(f"kv_cache.layers.{i}.indexer", attn.indexer.k_cache,
                            torch.zeros(batch, 1, COMPRESSED_BLOCK // r, INDEXER_ENTRY_BYTES, dtype=torch.uint8))
                 self._bind_state(f"kv_cache.layers.{i}.indexer_compressor_state", attn.indexer.compressor)
-                # CustomOp dispatches by platform: on a CPU to forward_cpu (vLLM's own CPU
-                # kernels, not in the CUDA wheel); the CUDA path is forward_cuda.
-                op = attn.indexer.indexer_op
-                op._forward_method = op.forward_cuda
+                cuda_indexer_op(attn)
+
+    @classmethod
+    def bound(cls, model: Any, batch: int, compressed_table: torch.Tensor,
+              state_tables: dict[int, torch.Tensor]) -> "LayerCaches":
+        """The compressed layers' caches as someone else (vLLM's own runner) allocated and
+        bound them, with that owner's block tables (``[batch, blocks]`` per request), for
+        ``prefill``."""
+        self = cls.__new__(cls)
+        self.batch, self.compressed_table, self.state_tables = batch, compressed_table, state_tables
+        self.layers = [layer.attn for layer in model.layers if layer.attn.compress_ratio > 1]
+        self.named = []
+        for attn in self.layers:
+            if attn.indexer is not None:
+                cuda_indexer_op(attn)
+        return self
 
     def _bind(self, name: str, owner: Any, cache: torch.Tensor) -> None:
         owner.bind_kv_cache(cache)

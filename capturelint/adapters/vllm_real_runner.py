@@ -107,6 +107,7 @@ from typing import Any, Iterator
 
 import torch
 
+from capturelint.adapters import vllm_layers
 from capturelint.adapters import vllm_runners as shim
 from capturelint.errors import CapturelintError
 from capturelint.options import CUDAGraphMode
@@ -117,7 +118,12 @@ frames.register_runtime_file(__file__)
 
 # The vLLM modules whose Triton kernels run in Triton's interpreter (all run between
 # graphs): the attention metadata builder's, and each runner's input preparation and sampler.
-_BUILDERS = ("vllm.v1.attention.ops.metadata", "vllm.v1.attention.backends.mla.sparse_swa")
+_BUILDERS = ("vllm.v1.attention.ops.metadata", "vllm.v1.attention.backends.mla.sparse_swa",
+             # the compressed layers' builders: DeepseekV4FlashMLAMetadataBuilder (its C128A
+             # kernel), the compressed slot mapping (its and the indexer builder's), the
+             # indexer builder's
+             "vllm.models.deepseek_v4.sparse_mla", "vllm.v1.attention.backends.mla.compressor_utils",
+             "vllm.v1.attention.backends.mla.indexer")
 INTERPRETED = {
     RunnerName.V1: ("vllm.v1.worker.block_table", *_BUILDERS),
     RunnerName.V2: ("vllm.v1.worker.gpu.buffer_utils", "vllm.v1.worker.gpu.input_batch",
@@ -128,7 +134,7 @@ RUNNERS = {RunnerName.V1: "vllm.v1.worker.gpu_model_runner", RunnerName.V2: "vll
 
 # The RunSpec fields this runner honours; a field added to RunSpec (a new workload) is
 # refused until the scheduler outputs here express it (``_unhonoured``).
-HONOURED = frozenset({"runner", "mode", "eager_region", "layers", "steps", "batch", "prompt", "seed"})
+HONOURED = frozenset({"runner", "mode", "eager_region", "layers", "steps", "batch", "prompt", "seed", "start"})
 
 
 def _unhonoured(spec: shim.RunSpec) -> list[str]:
@@ -167,6 +173,10 @@ def _configure(vc: Any, spec: shim.RunSpec, graphs: bool) -> None:
     mc.get_sliding_window = lambda: None  # the model's windows are its layers' own (V2's model state reads it)
     mc.hf_text_config = mc.hf_config
     mc.hf_config.num_nextn_predict_layers = 0  # read by the SWA builder (transformers_utils/deepseek_v4_utils.py:18)
+    # the block size a CUDA platform takes from the DeepSeek V4 backend's kernel block
+    # sizes (sparse_mla.py get_supported_kernel_block_sizes: 256; platforms/interface.py);
+    # CpuPlatform leaves 16, which gives the ratio-128 cache pages of zero entries
+    vc.cache_config.block_size = vllm_layers.COMPRESSED_BLOCK
     cc = vc.compilation_config
     cc.mode = CompilationMode.NONE
     cc.cudagraph_mode = VllmMode[spec.mode.value] if graphs else VllmMode.NONE
@@ -210,7 +220,8 @@ def runner_context(runner: RunnerName) -> Iterator[None]:
     module docstring, "Stood in"). Enter it inside ``cpu_shim``."""
     from vllm.compilation import monitor
     from vllm.third_party.flashmla import flash_mla_interface
-    from vllm.v1.attention.backends.mla import sparse_swa
+    from vllm.models.deepseek_v4 import sparse_mla
+    from vllm.v1.attention.backends.mla import compressor_utils, sparse_swa
     from vllm.v1.sample.sampler import Sampler
     from vllm.v1.worker import gpu_model_runner, workspace
 
@@ -228,6 +239,10 @@ def runner_context(runner: RunnerName) -> Iterator[None]:
         patches.set(sparse_swa, "get_mla_metadata", flash_mla_interface.get_mla_metadata)
         patches.set(Sampler, "greedy_sample", staticmethod(_greedy_sample))
         patches.set(gpu_model_runner, "DeviceMemoryProfiler", _NoMemoryProfiler)
+        # the builders' own kernels, interpreted, instead of cpu_shim's references
+        # (vllm_kernels_compressed: what vllm_runners' hand-built metadata launches)
+        patches.set(sparse_mla, "_BUILD_C128A_TOPK_METADATA_KERNEL", sparse_mla.BuildC128ATopkMetadataKernel())
+        patches.set(compressor_utils, "_COMPRESSED_SLOT_MAPPING_KERNEL", compressor_utils.CompressedSlotMappingKernel())
         if runner is RunnerName.V2:
             from vllm.v1.worker.gpu import buffer_utils, model_runner
 
@@ -296,6 +311,7 @@ class RealRunner:
             self.runner = GPUModelRunner(self.vc, torch.device("cuda"))
             self.runner.load_model(model=self.model)
             self.runner.initialize_kv_cache(self._kv_cache_config())
+        self._prefill()
         self.ids = [f"req{i}" for i in range(spec.batch)]
         gen = torch.Generator().manual_seed(spec.seed + 1)  # the prompts of vllm_runners.Runner
         self.prompts = torch.randint(0, shim.VOCAB, (spec.prompt, spec.batch), generator=gen)
@@ -313,10 +329,51 @@ class RealRunner:
         layouts = [layout.name for layout in get_supported_kv_cache_layouts(get_current_attn_backends(self.vc))]
         resolve_kv_cache_layout(self.vc, [layouts], list(specs.values()))
         groups = get_global_kv_cache_groups(self.vc, [specs])
-        self.blocks_per_request = math.ceil(self.vc.model_config.max_model_len / shim.SWA_BLOCK)
-        blocks = 1 + self.spec.batch * self.blocks_per_request
-        memory = blocks * sum(spec.page_size_bytes for spec in specs.values())
+        max_len = self.vc.model_config.max_model_len
+        if self.spec.start + self.spec.steps > max_len:
+            raise CapturelintError(f"--steps {self.spec.steps} from position {self.spec.start} passes max_model_len {max_len}")
+        # What the scheduler's KV cache manager would hand out: every request its own
+        # blocks for its full length in every group, disjoint (the groups share one block
+        # pool, and a tensor is shared by layers of different groups), block 0 the null block.
+        self.block_ids: list[list[list[int]]] = [[] for _ in range(self.spec.batch)]
+        self.tables: dict[str, torch.Tensor] = {}  # layer name -> [batch, blocks]
+        first = 1
+        for group in groups:
+            per_request = math.ceil(max_len / group.kv_cache_spec.block_size)
+            for ids in self.block_ids:
+                ids.append(list(range(first, first + per_request)))
+                first += per_request
+            table = torch.tensor([ids[-1] for ids in self.block_ids])
+            self.tables.update(dict.fromkeys(group.layer_names, table))
+        self.vc.cache_config.num_gpu_blocks_override = first
+        memory = first * sum(spec.page_size_bytes for spec in specs.values())
         return get_kv_cache_configs(self.vc, [specs], [memory], groups)[0]
+
+    def _prefill(self) -> None:
+        """``vllm_layers``' stand-in prefill of the positions before ``spec.start``, into the
+        caches vLLM allocated and bound, at the blocks each request owns: what a prefix
+        cache hit of the whole context would leave there (the requests arrive with
+        ``num_computed_tokens = start``)."""
+        swa = []
+        for layer in self.model.layers:
+            cache = layer.attn.swa_cache_layer
+            swa.append((cache.kv_cache.flatten(1), self.tables[cache.prefix]))
+        # the compressed caches (main and indexer) share a group, as do the state caches
+        # of one ratio: one block table each
+        compressed, states = torch.zeros(self.spec.batch, 1, dtype=torch.int32), {}
+        for attn in self._compressed():
+            compressed = self.tables[attn.prefix]
+            for compressor in self._compressors(attn):
+                states.setdefault(compressor.compress_ratio, self.tables[compressor.state_cache.prefix])
+        caches = vllm_layers.LayerCaches.bound(self.model, self.spec.batch, compressed, states)
+        caches.prefill(self.spec.start, swa, shim.SWA_BLOCK, shim.WINDOW, self.spec.seed)
+
+    def _compressed(self) -> list[Any]:
+        return [layer.attn for layer in self.model.layers if layer.attn.compress_ratio > 1]
+
+    @staticmethod
+    def _compressors(attn: Any) -> list[Any]:
+        return [attn.compressor] + ([attn.indexer.compressor] if attn.indexer is not None else [])
 
     def capture(self) -> None:
         """vLLM's ``capture_model``: the dispatcher's capture descriptors, each warmed up
@@ -335,19 +392,20 @@ class RealRunner:
         from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 
         n = self.spec.batch
+        start = self.spec.start
         new, cached = [], CachedRequestData.make_empty()
         if step == 0:
-            blocks = self.blocks_per_request
-            new = [NewRequestData(req_id=rid, prompt_token_ids=self.prompts[:, i].tolist(), mm_features=[],
+            # the context before start is computed (_prefill); then the prompt's tokens
+            new = [NewRequestData(req_id=rid, prompt_token_ids=[0] * start + self.prompts[:, i].tolist(), mm_features=[],
                                   sampling_params=SamplingParams(temperature=0.0, max_tokens=self.spec.steps),
-                                  pooling_params=None, block_ids=(list(range(1 + i * blocks, 1 + (i + 1) * blocks)),),
-                                  num_computed_tokens=0, lora_request=None,
-                                  prefill_token_ids=self.prompts[:, i].tolist())  # V2 reads these
+                                  pooling_params=None, block_ids=tuple(self.block_ids[i]),
+                                  num_computed_tokens=start, lora_request=None,
+                                  prefill_token_ids=[0] * start + self.prompts[:, i].tolist())  # V2 reads these
                    for i, rid in enumerate(self.ids)]
         else:
             outputs = max(0, step - self.spec.prompt + 1)
             cached = CachedRequestData(req_ids=list(self.ids), resumed_req_ids=set(), new_token_ids=[],
-                                       all_token_ids={}, new_block_ids=[None] * n, num_computed_tokens=[step] * n,
+                                       all_token_ids={}, new_block_ids=[None] * n, num_computed_tokens=[start + step] * n,
                                        num_output_tokens=[outputs] * n)
         return SchedulerOutput(scheduled_new_reqs=new, scheduled_cached_reqs=cached,
                                num_scheduled_tokens={rid: 1 for rid in self.ids}, total_num_scheduled_tokens=n,
@@ -381,6 +439,15 @@ class RealRunner:
                                             query_start_loc=ib.query_start_loc, slot_mappings=r.block_tables.slot_mappings)
         caches = [(f"kv_cache.layers.{i}.swa", layer.attn.swa_cache_layer.kv_cache)
                   for i, layer in enumerate(self.model.layers)]
+        for i, layer in enumerate(self.model.layers):  # named as vllm_layers names them
+            attn = layer.attn
+            if attn.compress_ratio > 1:
+                caches.append((f"kv_cache.layers.{i}.compressed", attn.kv_cache))
+                caches.append((f"kv_cache.layers.{i}.compressor_state", attn.compressor.state_cache.kv_cache))
+            if attn.compress_ratio > 1 and attn.indexer is not None:
+                caches.append((f"kv_cache.layers.{i}.indexer", attn.indexer.k_cache.kv_cache))
+                caches.append((f"kv_cache.layers.{i}.indexer_compressor_state",
+                               attn.indexer.compressor.state_cache.kv_cache))
         return {"model": self.model, "runner": buffers, "caches": caches}
 
 
