@@ -3,7 +3,9 @@
 The capture decisions are made by vLLM's runners: the tests count the calls of V1's
 ``_dummy_run``, its dispatcher and ``execute_model``, and of V2's
 ``prepare_inputs_to_capture`` and ``prepare_attn``, and check that the real path gives
-the verdicts of the shim (``vllm_runners``). One layer and four steps keep them small.
+the verdicts of the shim (``vllm_runners``). The three layer kinds (ratios 1, 4, 128)
+run with vLLM's own KV cache plan and metadata builders (``builds`` counts them); four
+decode steps from position 126 (after the stand-in prefill) cross the compressions at 127.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from capturelint.cli import main
 from vllm_required import require_vllm
 
 ATTENTION = "vllm/models/deepseek_v4/attention.py"
-SMALL = ("--mode", "PIECEWISE", "--layers", "1", "--steps", "4")
+SMALL = ("--mode", "PIECEWISE", "--layers", "3", "--steps", "4")
 V1 = ("--runner", "v1")
 
 
@@ -52,6 +54,43 @@ def calls(monkeypatch):
     return seen
 
 
+@pytest.fixture()
+def builds(monkeypatch):
+    """Every ``build`` of vLLM's metadata builders of the compressed layers, while the
+    test runs: (builder, its layer names, the batch's ``max_seq_len``, the C128
+    compressor's ``c128_boundary``)."""
+    require_vllm()
+    from vllm.models.deepseek_v4.compressor import CompressorMetadataBuilder
+    from vllm.models.deepseek_v4.sparse_mla import DeepseekV4SparseMLAMetadataBuilder
+    from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerMetadataBuilder
+
+    seen: list[tuple[str, tuple[str, ...], int, bool | None]] = []
+    for cls in (DeepseekV4SparseMLAMetadataBuilder, CompressorMetadataBuilder, DeepseekV32IndexerMetadataBuilder):
+        def spy(self, common_prefix_len, cm, *args, _build=cls.build, **kwargs):
+            out = _build(self, common_prefix_len, cm, *args, **kwargs)
+            seen.append((type(self).__name__, tuple(self.layer_names), cm.max_seq_len, getattr(out, "c128_boundary", None)))
+            return out
+
+        monkeypatch.setattr(cls, "build", spy)
+    return seen
+
+
+# the compressed layers' builders of one step, in vLLM's attention-group order
+STEP_BUILDERS = [("DeepseekV32IndexerMetadataBuilder", ("model.layers.1.attn.indexer.k_cache",)),
+                 ("DeepseekV4FlashMLAMetadataBuilder", ("model.layers.1.attn",)),
+                 ("DeepseekV4FlashMLAMetadataBuilder", ("model.layers.2.attn",)),
+                 ("CompressorMetadataBuilder", ("model.layers.1.attn.indexer.compressor.state_cache",)),
+                 ("CompressorMetadataBuilder", ("model.layers.1.attn.compressor.state_cache",)),
+                 ("CompressorMetadataBuilder", ("model.layers.2.attn.compressor.state_cache",))]
+
+
+def step_builds(seq_len: int) -> list[tuple]:
+    """What ``builds`` sees for one batch of ``max_seq_len`` ``seq_len``: the C128
+    compressor's boundary when its window closes (position 127)."""
+    return [(*b, seq_len, (seq_len % 128 == 0) if b[0] == "CompressorMetadataBuilder" and "layers.2" in b[1][0]
+             else None) for b in STEP_BUILDERS]
+
+
 def check(tmp_path, monkeypatch, impl: str, *args: str) -> tuple[int, dict]:
     monkeypatch.setenv("CAPTURELINT_VLLM_RUNNER_IMPL", impl)
     out = tmp_path / f"{impl}.json"
@@ -59,16 +98,25 @@ def check(tmp_path, monkeypatch, impl: str, *args: str) -> tuple[int, dict]:
     return code, json.loads(out.read_text())
 
 
-def test_v1_narrow_region_fails_where_vllms_runner_captured_without_metadata(tmp_path, monkeypatch, calls):
+def test_v1_narrow_region_fails_where_vllms_runner_captured_without_metadata(tmp_path, monkeypatch, calls, builds):
     code, report = check(tmp_path, monkeypatch, "real", *V1, "--eager-region", "narrow")
     assert code == 1
     cl101 = [f for f in report["findings"] if f["code"] == "CL101"]
-    assert [f["scope"] for f in cl101] == ["model.layers.0.attn"]
-    (f,) = cl101
-    assert f["capture_frame"]["file"].endswith(ATTENTION)
-    assert f["capture_frame"]["function"] == "_fused_qnorm_rope_kv_insert"
-    assert f["op"] == "aten.constant_pad_nd.default"
-    assert "attn_metadata was None" in f["message"]
+    # every layer kind: the capture recorded the profile branch (q padded, nothing written)
+    assert [f["scope"] for f in cl101] == ["model.layers.0.attn", "model.layers.1.attn", "model.layers.2.attn"]
+    for f in cl101:
+        assert f["capture_frame"]["file"].endswith(ATTENTION)
+        assert f["capture_frame"]["function"] == "_fused_qnorm_rope_kv_insert"
+        assert f["op"] == "aten.constant_pad_nd.default"
+        assert "attn_metadata was None" in f["message"]
+        assert "_C.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert.default" in f["message"]
+    # the compressed layers' steps also write their compressor states and compressed
+    # entries, which the captured graph lost
+    lost = ("capturelint_vllm.save_partial_states.default", "capturelint_vllm.compress_norm_rope_store.default")
+    assert [all(op in f["message"] for op in lost) for f in cl101] == [False, True, True]
+    # vLLM's builders made the compressed layers' metadata at every step (none at the
+    # PIECEWISE capture), the eager twin's and the graph run's: positions 126..129
+    assert builds == [b for _ in range(2) for seq_len in range(127, 131) for b in step_builds(seq_len)]
     # vLLM's capture loop made the decision: one warmup (mode NONE) and one capturing
     # _dummy_run of the batch, PIECEWISE, neither forcing attention metadata
     from vllm.config import CUDAGraphMode
@@ -92,11 +140,10 @@ def test_v1_with_vllms_own_region_matches_the_shim(tmp_path, monkeypatch, calls)
     assert real["numerical"][0]["replay_steps"] == 4 and real["numerical"][0]["max_step_error"] == 0.0
 
 
-def test_v2_builds_metadata_for_its_capture_and_the_narrow_region_holds(tmp_path, monkeypatch):
+def test_v2_builds_metadata_for_its_capture_and_the_narrow_region_holds(tmp_path, monkeypatch, builds):
     """V2's own capture (``cudagraph_utils.py``) prepares attention metadata for a
     PIECEWISE capture (``prepare_inputs_to_capture``, ``prepare_attn(for_capture=False)``),
-    so vLLM's narrow region is safe there, as the shim says."""
-    require_vllm()
+    the compressed layers' too, so vLLM's narrow region is safe there, as the shim says."""
     from vllm.v1.worker.gpu import cudagraph_utils
     from vllm.v1.worker.gpu.model_states.default import DefaultModelState
 
@@ -117,6 +164,8 @@ def test_v2_builds_metadata_for_its_capture_and_the_narrow_region_holds(tmp_path
     real_code, real = check(tmp_path, monkeypatch, "real", *v2)
     assert seen["prepare_inputs_to_capture"] == [False, False]  # the warmup's and the capture's forward, not FULL
     assert seen["prepare_attn"] and not any(seen["prepare_attn"])  # PIECEWISE: for_capture=False
+    # the warmup's and the capture's dummy batch (sequence length 1), then the steps
+    assert builds == step_builds(1) * 2 + [b for seq_len in range(127, 131) for b in step_builds(seq_len)] * 2
     shim_code, shim = check(tmp_path, monkeypatch, "shim", *v2)
     assert (real_code, shim_code) == (0, 0)
     assert real["findings"] == shim["findings"] == []
