@@ -112,11 +112,11 @@ class LayerCaches:
                 cuda_indexer_op(attn)
 
     @classmethod
-    def bound(cls, model: Any, batch: int, compressed_table: torch.Tensor,
-              state_tables: dict[int, torch.Tensor]) -> "LayerCaches":
+    def bound(cls, model: Any, batch: int, compressed_table: torch.Tensor | None,
+              state_tables: dict[int, torch.Tensor]) -> LayerCaches:
         """The compressed layers' caches as someone else (vLLM's own runner) allocated and
-        bound them, with that owner's block tables (``[batch, blocks]`` per request), for
-        ``prefill``."""
+        bound them, with that owner's block tables (``[batch, blocks]``: the compressed
+        caches', each ratio's state caches'), for ``prefill``."""
         self = cls.__new__(cls)
         self.batch, self.compressed_table, self.state_tables = batch, compressed_table, state_tables
         self.layers = [layer.attn for layer in model.layers if layer.attn.compress_ratio > 1]

@@ -9,6 +9,16 @@ and runs each step with its own ``execute_model`` and ``sample_tokens`` over han
 ``SchedulerOutput`` objects (what vLLM's scheduler hands a runner: every request one
 token per step, prompt tokens first as chunked prefill, then its greedy token).
 
+**Layer kinds.** All three (``vllm_layers``: ratio 1, ratio 4 with compressor and
+indexer, ratio 128) run with vLLM's own KV cache plan and metadata builders. The
+requests arrive with ``num_computed_tokens = start`` (126), as after a prefix-cache hit
+of the context, and ``vllm_layers``' stand-in prefill has written that context into the
+caches vLLM allocated, at the blocks each request owns (``_prefill``); the steps from
+there cross the ratio-4 and ratio-128 compressions (127) and the indexer's switch to
+its real top-k (131). The step's tokens and positions are those of ``vllm_runners``,
+whose hand-built metadata gives the same logits (tried: equal to the bit, 6 steps, V1
+and V2).
+
 **vLLM's code, run as it is** (line numbers of vLLM 0.33.0). V1:
 
 - ``GPUModelRunner.__init__`` (:479): its persistent buffers, ``InputBatch``,
@@ -16,12 +26,17 @@ token per step, prompt tokens first as chunked prefill, then its greedy token).
 - ``load_model(model=...)`` (:4967, the pre-loaded model branch): it wraps the model
   in ``BreakableCUDAGraphWrapper(runtime_mode=PIECEWISE)`` (:5130-5147, with
   ``VLLM_USE_BREAKABLE_CUDAGRAPH=1``);
-- the KV cache: ``get_kv_cache_spec`` (:7081) from the attention layers,
-  ``resolve_kv_cache_layout``, ``get_global_kv_cache_groups`` and
-  ``get_kv_cache_configs`` (``v1/core/kv_cache_planning.py``), then
-  ``initialize_kv_cache`` (:6990): attention groups, ``_check_and_update_cudagraph_mode``
-  (the dispatcher's keys), the metadata builders (``DeepseekSparseSWAFlashMLAMetadataBuilder``),
-  ``allocate_kv_cache`` and ``bind_kv_cache``;
+- the KV cache: ``get_kv_cache_spec`` (:7081) from the attention layers (the SWA
+  caches, ``DeepseekV4Attention``'s compressed cache, ``DeepseekV4IndexerCache``,
+  ``CompressorStateCache``), ``resolve_kv_cache_layout``, ``get_global_kv_cache_groups``
+  and ``get_kv_cache_configs`` (``v1/core/kv_cache_planning.py``: six groups at three
+  layers, one per SWA cache, the compressed and indexer caches, the ratio-4 and the
+  ratio-128 compressor states), then ``initialize_kv_cache`` (:6990): attention groups,
+  ``_check_and_update_cudagraph_mode`` (the dispatcher's keys), the metadata builders
+  (``DeepseekSparseSWAFlashMLAMetadataBuilder``, ``DeepseekV4FlashMLAMetadataBuilder``
+  ``models/deepseek_v4/sparse_mla.py``, ``DeepseekV32IndexerMetadataBuilder``
+  ``v1/attention/backends/mla/indexer.py``, ``CompressorMetadataBuilder``
+  ``models/deepseek_v4/compressor.py``), ``allocate_kv_cache`` and ``bind_kv_cache``;
 - capture: ``capture_model`` (:6417, ``graph_capture``'s side stream, ``freeze_gc``,
   ``set_cudagraph_capturing_enabled``) → ``_capture_cudagraphs`` (:6571) →
   ``_warmup_and_capture`` (:6523, ``force_attention = mode == FULL``) → ``_dummy_run``
@@ -29,9 +44,11 @@ token per step, prompt tokens first as chunked prefill, then its greedy token).
   mappings filled with -1 at :5628, metadata only ``if force_attention or FULL`` at
   :5637, ``set_forward_context``);
 - steps: ``execute_model`` (:3906: ``_update_states``, ``_prepare_inputs`` and its
-  padding, the dispatcher, ``_build_attention_metadata`` with vLLM's SWA metadata
-  builder, ``set_forward_context``, ``_model_forward``) and ``sample_tokens`` (:4270:
-  the sampler, ``_bookkeeping_sync``).
+  padding, the dispatcher, ``_build_attention_metadata`` with the builders above (the
+  compressed slot mappings, ``get_compressed_slot_mapping``; the C128A decode indices,
+  ``_build_c128a_metadata``; ``_get_c128_boundary``; the indexer's decode metadata),
+  ``set_forward_context``, ``_model_forward``) and ``sample_tokens`` (:4270: the
+  sampler, ``_bookkeeping_sync``).
 
 V2 (``v1/worker/gpu/``):
 
@@ -54,9 +71,12 @@ V2 (``v1/worker/gpu/``):
 
 - nothing of vLLM's Triton kernels: vLLM disables Triton without a GPU driver, and
   they run **as they are** in Triton's interpreter (``vllm_triton``; ``INTERPRETED``).
-  The metadata builder's: ``_token_request_mapping_kernel``
+  The metadata builders': ``_token_request_mapping_kernel``
   (``v1/attention/ops/metadata.py:43``), ``_compute_swa_indices_and_lens_kernel``
-  (``sparse_swa.py:669``). V1's: ``_COMPUTE_SLOT_MAPPING_KERNEL``
+  (``sparse_swa.py:669``), ``CompressedSlotMappingKernel``
+  (``v1/attention/backends/mla/compressor_utils.py``) and ``BuildC128ATopkMetadataKernel``
+  (``sparse_mla.py``; under ``cpu_shim`` these two are ``vllm_kernels_compressed``'s
+  references, which ``runner_context`` puts back to vLLM's own). V1's: ``_COMPUTE_SLOT_MAPPING_KERNEL``
   (``v1/worker/block_table.py:166``). V2's (what "Model Runner V2 requires Triton"
   means here): ``_apply_write_kernel`` (``gpu/buffer_utils.py``),
   ``_prepare_prefill_inputs_kernel``, ``_prepare_pos_seq_lens_kernel``,
@@ -84,6 +104,14 @@ V2 (``v1/worker/gpu/``):
   which turns CUDA graphs off; the runner's graph mode, capture size (the batch) and one
   warmup (``config/vllm.py:2011``) are set on it, as a CUDA platform would, and the
   model configuration is ``vllm_runners``' namespace with the fields the runner reads;
+- the prefill: the context before ``start`` is ``vllm_layers``' stand-in (vLLM's prefill
+  kernels, ``flash_mla_sparse_fwd`` and the indexer's ``cp_gather_indexer_k_quant_cache``,
+  ``fp8_fp4_mqa_logits``, ``top_k_per_row_prefill``, are CUDA-only, with no reference
+  here); the block size, 256, is what a CUDA platform takes from the DeepSeek V4
+  backend (CpuPlatform leaves 16); the scheduler's KV cache manager: the blocks are
+  handed out here, each request its own in every group;
+- the model's kernels: the compressed layers' compressor, indexer and attention kernels
+  are ``vllm_kernels_compressed``' references, as under ``vllm_runners``;
 - the model's vLLM interface: the tiny model answers ``forward(input_ids, positions,
   intermediate_tensors, inputs_embeds)`` with hidden states and ``compute_logits``.
 
@@ -219,8 +247,8 @@ def runner_context(runner: RunnerName) -> Iterator[None]:
     """What vLLM's ``runner`` needs on a CPU beyond ``cpu_shim``, for the block (see the
     module docstring, "Stood in"). Enter it inside ``cpu_shim``."""
     from vllm.compilation import monitor
-    from vllm.third_party.flashmla import flash_mla_interface
     from vllm.models.deepseek_v4 import sparse_mla
+    from vllm.third_party.flashmla import flash_mla_interface
     from vllm.v1.attention.backends.mla import compressor_utils, sparse_swa
     from vllm.v1.sample.sampler import Sampler
     from vllm.v1.worker import gpu_model_runner, workspace
@@ -358,22 +386,27 @@ class RealRunner:
         for layer in self.model.layers:
             cache = layer.attn.swa_cache_layer
             swa.append((cache.kv_cache.flatten(1), self.tables[cache.prefix]))
-        # the compressed caches (main and indexer) share a group, as do the state caches
-        # of one ratio: one block table each
-        compressed, states = torch.zeros(self.spec.batch, 1, dtype=torch.int32), {}
-        for attn in self._compressed():
-            compressed = self.tables[attn.prefix]
-            for compressor in self._compressors(attn):
-                states.setdefault(compressor.compress_ratio, self.tables[compressor.state_cache.prefix])
-        caches = vllm_layers.LayerCaches.bound(self.model, self.spec.batch, compressed, states)
+        # vllm_layers' stand-in takes one block table for the compressed caches (main and
+        # indexer) and one for the state caches of each ratio: vLLM's plan puts each in one group
+        compressed: list[torch.Tensor] = []
+        states: dict[int, list[torch.Tensor]] = {}
+        for attn in (layer.attn for layer in self.model.layers if layer.attn.compress_ratio > 1):
+            compressed.append(self.tables[attn.prefix])
+            compressors = [attn.compressor]
+            if attn.indexer is not None:
+                compressed.append(self.tables[attn.indexer.k_cache.prefix])
+                compressors.append(attn.indexer.compressor)
+            for compressor in compressors:
+                states.setdefault(compressor.compress_ratio, []).append(self.tables[compressor.state_cache.prefix])
+        shared = {"compressed": compressed, **{f"ratio-{r} compressor state": t for r, t in states.items()}}
+        for name, tables in shared.items():
+            if any(t is not tables[0] for t in tables):
+                raise CapturelintError(f"vLLM's KV cache plan put the {name} caches of {self.spec.layers} layers in "
+                                       "several groups; the stand-in prefill takes one block table for them: check "
+                                       "fewer --layers")
+        caches = vllm_layers.LayerCaches.bound(self.model, self.spec.batch, compressed[0] if compressed else None,
+                                               {ratio: tables[0] for ratio, tables in states.items()})
         caches.prefill(self.spec.start, swa, shim.SWA_BLOCK, shim.WINDOW, self.spec.seed)
-
-    def _compressed(self) -> list[Any]:
-        return [layer.attn for layer in self.model.layers if layer.attn.compress_ratio > 1]
-
-    @staticmethod
-    def _compressors(attn: Any) -> list[Any]:
-        return [attn.compressor] + ([attn.indexer.compressor] if attn.indexer is not None else [])
 
     def capture(self) -> None:
         """vLLM's ``capture_model``: the dispatcher's capture descriptors, each warmed up
@@ -439,12 +472,12 @@ class RealRunner:
                                             query_start_loc=ib.query_start_loc, slot_mappings=r.block_tables.slot_mappings)
         caches = [(f"kv_cache.layers.{i}.swa", layer.attn.swa_cache_layer.kv_cache)
                   for i, layer in enumerate(self.model.layers)]
-        for i, layer in enumerate(self.model.layers):  # named as vllm_layers names them
-            attn = layer.attn
-            if attn.compress_ratio > 1:
-                caches.append((f"kv_cache.layers.{i}.compressed", attn.kv_cache))
-                caches.append((f"kv_cache.layers.{i}.compressor_state", attn.compressor.state_cache.kv_cache))
-            if attn.compress_ratio > 1 and attn.indexer is not None:
+        for i, attn in enumerate(layer.attn for layer in self.model.layers):  # named as vllm_layers names them
+            if attn.compress_ratio == 1:
+                continue
+            caches.append((f"kv_cache.layers.{i}.compressed", attn.kv_cache))
+            caches.append((f"kv_cache.layers.{i}.compressor_state", attn.compressor.state_cache.kv_cache))
+            if attn.indexer is not None:
                 caches.append((f"kv_cache.layers.{i}.indexer", attn.indexer.k_cache.kv_cache))
                 caches.append((f"kv_cache.layers.{i}.indexer_compressor_state",
                                attn.indexer.compressor.state_cache.kv_cache))
