@@ -51,6 +51,10 @@ itself (its kernel a reference, ``vllm_kernels_compressed``):
   ``decode_lens`` of ones, no padding).
 
 A dummy batch (``position=None``: capture and warmup) has every slot ``-1``.
+
+Under vLLM's own runners (``vllm_real_runner``) vLLM plans, allocates and binds these
+caches and its builders make the metadata; only the stand-in prefill is taken from
+here, at the blocks vLLM's runner owns (``LayerCaches.bound``).
 """
 
 from __future__ import annotations

@@ -200,3 +200,24 @@ def test_vllms_triton_slot_mapping_kernel_runs_in_the_interpreter():
             torch.tensor([[3, 4], [6, 7]], dtype=torch.int32), 2, slots, 64, 1, 0, 1)
     assert slots.tolist() == [3 * 64 + 5, 7 * 64 + 0, 7 * 64 + 6, -1, -1, -1]
     assert block_table.ComputeSlotMappingKernel.kernel is placeholder
+
+
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_vllms_builders_give_the_logits_of_the_hand_built_metadata(runner):
+    """Eager, six steps from position 126 (both compressions at 127 and 131, the
+    indexer's real top-k at 131): vLLM's runner with its own KV cache plan and metadata
+    builders, over the stand-in prefill at the blocks it owns, computes the logits of
+    ``vllm_runners`` with ``vllm_layers``' hand-built metadata, to the bit."""
+    require_vllm()
+    from capturelint.adapters.vllm import cpu_shim
+    from capturelint.adapters.vllm_real_runner import RealRunner, runner_context
+    from capturelint.adapters.vllm_runners import Runner, RunSpec
+    from capturelint.options import Runner as RunnerName
+
+    spec = RunSpec(runner=RunnerName(runner), layers=3, steps=6)
+    with cpu_shim():
+        shim = Runner(spec, graphs=False).generate()
+        with runner_context(spec.runner):
+            real = RealRunner(spec, graphs=False).generate()
+    assert real.shape == shim.shape == (6, 2, 96)
+    assert torch.equal(real, shim)
