@@ -104,12 +104,17 @@ V2 (``v1/worker/gpu/``):
   which turns CUDA graphs off; the runner's graph mode, capture size (the batch) and one
   warmup (``config/vllm.py:2011``) are set on it, as a CUDA platform would, and the
   model configuration is ``vllm_runners``' namespace with the fields the runner reads;
-- the prefill: the context before ``start`` is ``vllm_layers``' stand-in (vLLM's prefill
-  kernels, ``flash_mla_sparse_fwd`` and the indexer's ``cp_gather_indexer_k_quant_cache``,
-  ``fp8_fp4_mqa_logits``, ``top_k_per_row_prefill``, are CUDA-only, with no reference
-  here); the block size, 256, is what a CUDA platform takes from the DeepSeek V4
-  backend (CpuPlatform leaves 16); the scheduler's KV cache manager: the blocks are
-  handed out here, each request its own in every group;
+- the prefill: the context before ``start`` is ``vllm_layers``' stand-in, for its cost:
+  vLLM's own chunked prefill of it does run here eagerly (tried, V1 and V2, chunks of
+  30 tokens, with ``common/ops/cache_utils.py``'s ``dequantize_and_gather_k_cache`` and
+  ``combine_topk_swa_indices`` interpreted and ``nvidia/flashmla.py``'s
+  ``flash_mla_sparse_fwd`` bound to the vendored interface, whose
+  ``_flashmla_C.sparse_prefill_fwd`` has a reference; below 129 tokens the indexer takes
+  its short-context path and does not reach the CUDA-only ``cp_gather_indexer_k_quant_cache``,
+  ``fp8_fp4_mqa_logits``, ``top_k_per_row_prefill``), but takes about 35 s a run, where
+  a whole check takes 3-6 s; the block size, 256, is what a CUDA platform takes from
+  the DeepSeek V4 backend (CpuPlatform leaves 16); the scheduler's KV cache manager:
+  the blocks are handed out here, each request its own in every group;
 - the model's kernels: the compressed layers' compressor, indexer and attention kernels
   are ``vllm_kernels_compressed``' references, as under ``vllm_runners``;
 - the model's vLLM interface: the tiny model answers ``forward(input_ids, positions,
