@@ -9,7 +9,13 @@ Options, resolved like the bundled engine's (command line over settings over def
 - ``--eager-region``: ``per-runner`` (default) keeps vLLM's own choice
   (attention.py:323-328), ``narrow`` / ``wide`` force ``_prepare_and_attn`` /
   ``_prepare_and_attn_eager`` on every layer;
-- ``--layers`` (default 2), ``--steps`` (decode steps, default 6), ``--seed``.
+- ``--layers`` (default 2), ``--steps`` (engine steps, default 6), ``--seed``;
+- the workload (``vllm_runners.schedule``): ``--capture-sizes`` (vLLM's
+  ``cudagraph_capture_sizes``, default 2,4; each at most the runner's
+  ``max_num_batched_tokens``, 64) and ``--batch-sizes`` (the requests running in each
+  step, cycled over ``--steps``, default 1,2,3,3,2,1: a prefill step, two mixed
+  prefill-decode steps, decode batches padded to their capture size and one that fills
+  it; each at most ``max_num_seqs``, 16).
 
 ``--fresh-metadata``, ``--kernels triton`` and ``--break-outputs`` describe the bundled
 engine and are refused (vLLM 0.33.0's ``add_eager`` discards break outputs).
@@ -43,6 +49,8 @@ UNIT = "configuration"
 VLLM_MODES = (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL)
 DEFAULT_LAYERS = 2
 DEFAULT_STEPS = 6
+MAX_TOKENS = 64  # the runners' max_num_batched_tokens: the largest capture size
+MAX_REQS = 16  # their max_num_seqs: the largest batch
 
 
 def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
@@ -68,8 +76,15 @@ def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
         return (f"--engine vllm checks the PIECEWISE and FULL graphs; mode {mode} is a dispatch policy over them, use "
                 "--mode PIECEWISE,FULL")
 
+    for option, sizes, most in (("--capture-sizes", options.capture_sizes, MAX_TOKENS),
+                                ("--batch-sizes", options.batch_sizes, MAX_REQS)):
+        if any(n > most for n in sizes):
+            raise CapturelintError(f"{option} {','.join(map(str, sizes))}: each must be at most {most} (the runner's "
+                                   f"{'max_num_batched_tokens' if most == MAX_TOKENS else 'max_num_seqs'})")
     return resolve_plan(settings, options, NAME, default_runners=lambda: tuple(Runner), default_modes=VLLM_MODES,
-                        invariants=default_invariants, mode_refused=refused, break_outputs=BreakOutputs.DISCARD)
+                        invariants=default_invariants, mode_refused=refused, break_outputs=BreakOutputs.DISCARD,
+                        capture_sizes=tuple(sorted(set(options.capture_sizes))) or None,
+                        batch_sizes=options.batch_sizes or None)
 
 
 def load(plan: CheckPlan) -> CheckPlan:
@@ -98,8 +113,10 @@ def forward_context_probe() -> ContextSnapshot:
 def _spec(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Any:
     from capturelint.adapters.vllm_runners import RunSpec
 
+    workload = {name: value for name, value in (("capture_sizes", plan.capture_sizes), ("batch_sizes", plan.batch_sizes))
+                if value is not None}
     return RunSpec(runner=runner, mode=mode, eager_region=plan.eager_region, layers=plan.layers or DEFAULT_LAYERS,
-                   steps=plan.steps or DEFAULT_STEPS, seed=plan.seed)
+                   steps=plan.steps or DEFAULT_STEPS, seed=plan.seed, **workload)
 
 
 _MISSING_OP = re.compile(r"'_OpNamespace' '(\w+)' object has no attribute '(\w+)'")
@@ -184,6 +201,6 @@ def suggest_slots(plan: CheckPlan) -> list[Slot]:
     return slots(plan, check_one, decorator)
 
 
-__all__ = ["DEFAULT_LAYERS", "DEFAULT_STEPS", "NAME", "OPTIONS", "VLLM_MODES", "check_one", "configuration",
+__all__ = ["DEFAULT_LAYERS", "DEFAULT_STEPS", "MAX_REQS", "MAX_TOKENS", "NAME", "OPTIONS", "VLLM_MODES", "check_one", "configuration",
            "default_invariants", "forward_context_probe", "load", "make_plan", "missing_op", "record_regions",
            "run_check", "suggest_slots"]
