@@ -17,29 +17,50 @@ vLLM itself": Triton ``save_partial_states``, ``compress_norm_rope_store``,
 ``fused_indexer_q_rope_quant``, ``compute_global_topk_indices_and_lens``, DeepGEMM's
 ``fp8_fp4_paged_mqa_logits``, the top-k ops and the C128A metadata kernel).
 
-**The runners** (``Runner``), each a loop of uniform decode steps (every request adds
-one token per step, prompt tokens first, then greedy tokens) over persistent input
-buffers (``input_ids``, ``positions``, ``slot_mapping``, block table, SWA indices),
-with the model wrapped by vLLM's ``BreakableCUDAGraphWrapper``:
+**The workload** (``schedule``): requests of different prompt lengths join and leave;
+step ``i`` runs ``batch_sizes[i % len]`` of them (default 1,2,3,3,2,1: a prefill step,
+two mixed prefill-decode steps, three decode batches of which two are padded). A
+joining request is prefilled whole; the batch is ordered decodes first.
 
-- Model Runner V1 (``v1/worker/gpu_model_runner.py``): the model is wrapped with
-  ``runtime_mode=PIECEWISE`` (:5130-5147). ``_warmup_and_capture`` (:6523) runs a
-  warmup and then the capturing ``_dummy_run`` with ``force_attention = mode == FULL``
-  (:6536): a PIECEWISE graph is captured **without attention metadata**
-  (``attn_metadata=None``, :5637) and dummy slot mappings filled with -1 (:5628); a
-  FULL graph is captured with metadata.
-- Model Runner V2 (``v1/worker/gpu/cudagraph_utils.py``): ``capture`` (:424-486) runs
-  a warmup (mode NONE) and then the capture, with metadata always built
-  (``prepare_inputs_to_capture`` :827, ``prepare_attn`` :898) over the persistent
-  buffers, whose slot mappings hold ``PAD_SLOT_ID`` (-1,
-  ``block_table.py:262 get_dummy_slot_mappings``). The wrapper takes any non-NONE
-  mode (``runtime_mode=None``, :570).
+**The runners** (``Runner``), a loop over those steps with the model wrapped by vLLM's
+``BreakableCUDAGraphWrapper``, over persistent buffers (``Buffers``: input ids,
+positions, slot mapping, block table, sequence lengths, query starts, and the SWA
+metadata builder's own index buffers) sized for ``max_num_batched_tokens``:
 
-Both then run real steps under ``set_forward_context(attn_metadata, ...)`` with the
-capture's batch descriptor, so each step replays. V1's FULL graphs are captured here
-by the breakable wrapper under a FULL forward context (vLLM's FULL-mode bypass makes
-the whole forward one captured segment), where vLLM's V1 uses ``CUDAGraphWrapper``:
-the same ops in one graph.
+- **Dispatch** is vLLM's ``CudagraphDispatcher`` (real code) over
+  ``cudagraph_capture_sizes`` (default 2,4): the smallest capture size >= the step's
+  token count, eager above the largest. The configured FULL mode is resolved by vLLM's
+  ``resolve_cudagraph_mode_and_sizes`` (real code) with DeepSeek V4's builders' support
+  (``resolved_cudagraph_mode``): FULL_DECODE_ONLY, so prefill and mixed steps run
+  eagerly and uniform decode batches replay FULL graphs. V2's own candidate table
+  (cudagraph_utils.py:256-395) is stood in for by the dispatcher; for these modes it
+  picks the same graphs.
+- **Capture** (``Runner.capture``), per capture size, largest first. Model Runner V1
+  (``v1/worker/gpu_model_runner.py``, wrapped with ``runtime_mode=PIECEWISE``,
+  :5130-5147): ``_warmup_and_capture`` (:6523) runs the warmup and the capturing
+  ``_dummy_run`` with ``force_attention = mode == FULL`` (:6536): a PIECEWISE graph is
+  captured **without attention metadata** (``attn_metadata=None``, :5637) and slots
+  filled with -1 (:5628); a FULL graph with the dummy's padded metadata. Model Runner V2
+  (``v1/worker/gpu/cudagraph_utils.py``, any non-NONE mode, :570): ``capture``
+  (:424-486) runs a warmup (mode NONE) and the capture, metadata always built
+  (``prepare_inputs_to_capture`` :827, ``prepare_attn`` :898) over ``PAD_SLOT_ID``
+  slots (``block_table.py:262 get_dummy_slot_mappings``). The dummy batches are each
+  runner's (``Runner.dummy_batch``): all decode tokens.
+- **Padding** (``Runner.step_batch``): a step padded to its capture size gets metadata
+  over the padded counts under FULL and over the real ones under PIECEWISE and eager
+  (V1 ``pad_attn``; V2 ``model_states/default.py:179-186``); V1's slot mapping spans
+  the real tokens unless FULL, V2's always spans the padded ones. Padded request rows
+  get the null block, ``seq_len`` 0 and empty queries; padded token rows slot -1.
+- **Metadata** (``Runner.metadata``): what ``DeepseekSparseSWAMetadataBuilder.build``
+  makes (its Triton kernels are in torch here), with vLLM's own
+  ``split_decodes_and_prefills``; prefill fields for the prefill path.
+
+Each step runs under ``set_forward_context(attn_metadata, ...)`` with the dispatched
+mode and batch descriptor; only its real rows are kept (and compared). V1's FULL graphs
+are captured here by the breakable wrapper under a FULL forward context (vLLM's
+FULL-mode bypass makes the whole forward one captured segment), where vLLM's V1 uses
+``CUDAGraphWrapper``: the same ops in one graph. ``tests/vllm/test_vllm_contract.py``
+pins every vLLM function stood in for here.
 
 The region: ``eager_region=None`` keeps vLLM's own choice (``_prepare_and_attn_eager``
 under V1, ``_prepare_and_attn`` under V2, attention.py:323-328); ``narrow`` and
