@@ -49,8 +49,6 @@ UNIT = "configuration"
 VLLM_MODES = (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL)
 DEFAULT_LAYERS = 2
 DEFAULT_STEPS = 6
-MAX_TOKENS = 64  # the runners' max_num_batched_tokens: the largest capture size
-MAX_REQS = 16  # their max_num_seqs: the largest batch
 
 
 def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
@@ -75,6 +73,8 @@ def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
             return None
         return (f"--engine vllm checks the PIECEWISE and FULL graphs; mode {mode} is a dispatch policy over them, use "
                 "--mode PIECEWISE,FULL")
+
+    from capturelint.adapters.vllm_runners import MAX_REQS, MAX_TOKENS
 
     for option, sizes, most in (("--capture-sizes", options.capture_sizes, MAX_TOKENS),
                                 ("--batch-sizes", options.batch_sizes, MAX_REQS)):
@@ -201,6 +201,6 @@ def suggest_slots(plan: CheckPlan) -> list[Slot]:
     return slots(plan, check_one, decorator)
 
 
-__all__ = ["DEFAULT_LAYERS", "DEFAULT_STEPS", "MAX_REQS", "MAX_TOKENS", "NAME", "OPTIONS", "VLLM_MODES", "check_one", "configuration",
+__all__ = ["DEFAULT_LAYERS", "DEFAULT_STEPS", "NAME", "OPTIONS", "VLLM_MODES", "check_one", "configuration",
            "default_invariants", "forward_context_probe", "load", "make_plan", "missing_op", "record_regions",
            "run_check", "suggest_slots"]

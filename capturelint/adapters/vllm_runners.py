@@ -78,7 +78,6 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from capturelint.adapters.vllm_plan import MAX_REQS, MAX_TOKENS  # scheduler_config's, set in vllm_config
 from capturelint.options import CUDAGraphMode, EagerRegion
 from capturelint.options import Runner as RunnerName  # this module's Runner is the step loop
 from capturelint.runtime import frames
@@ -94,6 +93,8 @@ PAD_SLOT_ID = -1
 DEFAULT_CAPTURE_SIZES = (2, 4)
 DEFAULT_BATCH_SIZES = (1, 2, 3, 3, 2, 1)
 PROMPT_LENS = (2, 3)  # request r's prompt has PROMPT_LENS[r % 2] tokens
+MAX_TOKENS = 64  # scheduler_config.max_num_batched_tokens (vllm_config): the largest capture size
+MAX_REQS = 16  # scheduler_config.max_num_seqs: the largest batch
 MAX_BLOCKS = 2  # block-table columns per request
 NULL_BLOCK_ID = 0  # vLLM's block 0 is reserved for padding rows (gpu_model_runner.py:2302-2304)
 COMPRESS_TYPES = {1: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
