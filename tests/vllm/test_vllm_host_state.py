@@ -58,4 +58,4 @@ def test_a_counter_in_vllms_eager_break_advances_once_per_step_under_the_tracer(
     # prefill kernel; V1's capture takes the profile-run branch, without FlashMLA)
     assert untraced_calls == 3
     assert counted.calls == 2 * untraced_calls  # the traced run's, then the eager twin's
-    assert torch.equal(traced, untraced) and traced.shape[0] == 4
+    assert torch.equal(traced, untraced) and traced.shape[0] == 13  # the real tokens of the four steps: 2+4+4+3
