@@ -96,3 +96,22 @@ def test_a_chosen_workload_is_checked_and_its_graphs_are_the_capture_sizes(tmp_p
     assert [g["graph"] for g in config["graphs"]] == ["PIECEWISE:1 tokens", "PIECEWISE:3 tokens"]
     # steps of 2 (prefill), 1 (decode) and 4 (decode + prefill: above 3, eager) tokens
     assert report["numerical"][0]["replay_steps"] == 2
+
+
+def test_a_snapshot_records_the_workload_and_refuses_a_bad_one(tmp_path, capsys):
+    require_vllm()
+    import json
+
+    snap = tmp_path / "snap.json"
+    args = ["--engine", "vllm", "--runner", "v2", "--mode", "PIECEWISE", "--layers", "1", "--steps", "3"]
+    assert main(["snapshot", *args, "--capture-sizes", "1,4", "-o", str(snap)]) == 0
+    doc = json.loads(snap.read_text())
+    assert doc["engine"]["capture_sizes"] == [1, 4] and "batch_sizes" not in doc["engine"]  # defaults unwritten
+    capsys.readouterr()
+    assert main(["diff", str(snap), *args]) == 0  # regions unchanged; the workload difference is noted
+    assert "recorded with capture_sizes=[1, 4] and the after side with capture_sizes=None" in capsys.readouterr().out
+    doc["engine"]["capture_sizes"] = [0]
+    snap.write_text(json.dumps(doc))
+    assert main(["diff", str(snap), *args]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "field engine.capture_sizes must be a list of positive integers" in line, line
