@@ -703,7 +703,7 @@ class Runner:
         if self.mode is VllmMode.NONE:
             return
         v1 = self.spec.runner is RunnerName.V1
-        warmups = max(self.vc.compilation_config.cudagraph_num_of_warmups, 1) if v1 else 1
+        warmups = 1  # V1: cudagraph_num_of_warmups, which VllmConfig sets to 1 with graphs on (config/vllm.py:2011)
         for mode, descriptors in self.dispatcher.get_capture_descs():
             with_metadata = not v1 or self._full(mode)
             for descriptor in descriptors:

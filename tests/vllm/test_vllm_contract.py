@@ -79,6 +79,10 @@ CONTRACT: tuple[Contract, ...] = (
         "num_actual_tokens=num_tokens_padded,",
         "num_reqs=num_reqs_padded,",
     ), "9149aa497886bb6e5d759619bf8055cd9913c4d82fb59d65ad3851ac79024e79"),
+    Contract("v1/attention/backend.py", "AttentionBackend",
+             f"{RUNNERS} Runner.step_batch (V1 slots: has_separate_kv_update is False for DeepSeek V4's backends)", (
+        "forward_includes_kv_cache_update: bool = True",
+    ), "34f6dd22fc352c7bb951012abc818a325ad45ae271a68b790574c799dd7fde8a"),
     # ---- Model Runner V2 (v1/worker/gpu/)
     Contract("v1/worker/gpu/cudagraph_utils.py", "CudaGraphManager.capture", f"{RUNNERS} Runner.capture (V2)", (
         "forward_fn = create_forward_fn(desc, warmup=True)",
@@ -248,3 +252,14 @@ def test_a_changed_rule_names_the_shim_to_recheck(tmp_path: Path):
         target.write_text(original.replace(edit[0], edit[1], 1))
         (message,) = problems(contract, tmp_path)
         assert expected in message and "Runner.metadata" in message, message
+
+
+def test_deepseek_v4s_backends_keep_the_kv_update_in_forward():
+    """V1 sizes a PIECEWISE step's slot mapping by its real tokens unless a backend
+    updates the KV cache outside ``forward`` (``has_separate_kv_update``,
+    gpu_model_runner.py:4040-4046); ``Runner.step_batch`` relies on DeepSeek V4's
+    backends keeping ``AttentionBackend``'s default (True)."""
+    root = _vllm_root()
+    files = [root / "v1/attention/backends/mla/sparse_swa.py", *sorted((root / "models/deepseek_v4").rglob("*.py"))]
+    overriding = [str(p.relative_to(root)) for p in files if "forward_includes_kv_cache_update" in p.read_text()]
+    assert overriding == [], f"{overriding} set forward_includes_kv_cache_update: re-check {RUNNERS} Runner.step_batch"
