@@ -389,11 +389,12 @@ class Batch:
     def num_reqs(self) -> int:
         return len(self.scheduled)
 
-    @property
-    def uniform_decode(self) -> bool:
-        """V1's ``_is_uniform_decode`` (gpu_model_runner.py:3620-3637): every request
-        schedules ``uniform_decode_query_len`` (1) token."""
-        return self.max_query_len == 1 and self.num_tokens == self.num_reqs
+
+def uniform_decode(scheduled: tuple[Scheduled, ...]) -> bool:
+    """V1's ``_is_uniform_decode`` (gpu_model_runner.py:3620-3637): every request
+    schedules ``uniform_decode_query_len`` (1) token."""
+    max_query_len = max(s.query_len for s in scheduled)
+    return max_query_len == 1 and sum(s.query_len for s in scheduled) == max_query_len * len(scheduled)
 
 
 class Buffers:
@@ -571,8 +572,7 @@ class Runner:
         padded ones (``compute_slot_mappings``, gpu/model_runner.py:1609-1614)."""
         n = sum(s.query_len for s in scheduled)
         max_query_len = max(s.query_len for s in scheduled)
-        uniform = max_query_len == 1 and n == len(scheduled)
-        mode, descriptor = self.dispatcher.dispatch(n, uniform_decode=uniform)
+        mode, descriptor = self.dispatcher.dispatch(n, uniform_decode=uniform_decode(scheduled))
         full = self._full(mode)
         reqs_padded = descriptor.num_reqs if full and descriptor.num_reqs is not None else len(scheduled)
         batch = Batch(scheduled, descriptor.num_tokens, reqs_padded, max_query_len, padded_metadata=full,
@@ -746,5 +746,5 @@ def compare(graphs: torch.Tensor, eager: torch.Tensor) -> tuple[float, float]:
     return agree, float("inf") if diff.isnan() else float(diff)
 
 
-__all__ = ["Batch", "Buffers", "RunSpec", "Runner", "Scheduled", "schedule", "TinyDeepseekV4", "build_attention", "build_model", "compare",
+__all__ = ["Batch", "Buffers", "RunSpec", "Runner", "Scheduled", "schedule", "uniform_decode", "TinyDeepseekV4", "build_attention", "build_model", "compare",
            "hf_config", "region_of", "vllm_config"]

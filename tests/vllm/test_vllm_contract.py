@@ -62,7 +62,7 @@ CONTRACT: tuple[Contract, ...] = (
         "uniform_decode = self._is_uniform_decode(",
         "cudagraph_mode, batch_descriptor = dispatch_cudagraph(",
     ), "10568f0f2bbf3223312aeabfd32f0226c937d03713bcf470ef7b66837d3a92c7"),
-    Contract("v1/worker/gpu_model_runner.py", "GPUModelRunner._is_uniform_decode", f"{RUNNERS} Batch.uniform_decode", (
+    Contract("v1/worker/gpu_model_runner.py", "GPUModelRunner._is_uniform_decode", f"{RUNNERS} uniform_decode", (
         "(max_num_scheduled_tokens == uniform_decode_query_len)",
         "and (num_tokens == max_num_scheduled_tokens * num_reqs)",
     ), "6f1a58c1f3aaaaf63e9a7a3f00478d5cb9fd5b514b3df77430df3ed32352c75f"),
