@@ -37,9 +37,11 @@ bundled engine's.
 - kernels, by CPU references written from their semantics
   (``capturelint.adapters.vllm_kernels``): the ``_C`` ops the attention calls
   (``fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert`` and its bf16 variant,
-  ``weak_ref_tensor``), FlashMLA's ``_flashmla_C.sparse_decode_fwd``, and the Triton
-  kernels ``fused_q_kv_rmsnorm`` and ``fused_inv_rope_fp8_quant`` (vLLM disables Triton
-  without a GPU driver), whose module-level names are rebound for the run; for the
+  ``weak_ref_tensor``), FlashMLA's ``_flashmla_C.sparse_decode_fwd`` and
+  ``sparse_prefill_fwd``, and the Triton kernels ``fused_q_kv_rmsnorm``,
+  ``fused_inv_rope_fp8_quant`` and, for prefills, the kernel objects behind
+  ``dequantize_and_gather_k_cache`` and ``combine_topk_swa_indices`` (vLLM disables
+  Triton without a GPU driver), whose module-level names are rebound for the run; for the
   compressed layers (``capturelint.adapters.vllm_kernels_compressed``) the compressor's
   ``save_partial_states`` and compress/norm/RoPE/store kernels (Triton, CuTe DSL), the
   indexer's q quantization, DeepGEMM's paged MQA logits, ``_C.top_k_per_row_decode``,
@@ -214,6 +216,7 @@ def _install(patches: _Patches, graph_pool_handle: Callable[[], Any], kernels: A
     patches.set(platform_cls, "_global_graph_pool", None)
 
     import vllm.models.deepseek_v4.attention as attention
+    import vllm.models.deepseek_v4.common.ops.cache_utils as cache_utils
     import vllm.models.deepseek_v4.nvidia.flashmla as flashmla
     import vllm.models.deepseek_v4.nvidia.ops.o_proj as o_proj
     from vllm.third_party.flashmla import flash_mla_interface
@@ -221,6 +224,12 @@ def _install(patches: _Patches, graph_pool_handle: Callable[[], Any], kernels: A
     patches.set(attention, "fused_q_kv_rmsnorm", kernels.fused_q_kv_rmsnorm)
     patches.set(o_proj, "fused_inv_rope_fp8_quant", kernels.fused_inv_rope_fp8_quant)
     patches.set(flashmla, "flash_mla_with_kvcache", flash_mla_interface.flash_mla_with_kvcache)
+    patches.set(flashmla, "flash_mla_sparse_fwd", flash_mla_interface.flash_mla_sparse_fwd)
+    # The prefill path's Triton kernels: their launchers (the objects keep their warmup
+    # registration); vLLM's Python wrappers around them run as they are.
+    patches.set(cache_utils, "has_cutedsl", lambda: False)  # CuTe DSL kernels need CUDA
+    patches.set(cache_utils.DequantizeAndGatherKCacheKernel, "__call__", kernels.DequantizeAndGatherKCache.__call__)
+    patches.set(cache_utils.CombineTopkSwaIndicesKernel, "__call__", kernels.CombineTopkSwaIndices.__call__)
     patches.set(flashmla, "compute_fp8_einsum_recipe", _sm90_einsum_recipe)
     from capturelint.adapters import vllm_kernels_compressed
 
@@ -380,7 +389,7 @@ def observe_vllm_runtime() -> Iterator[None]:
             output = original_replay(self, entry, args, kwargs)
         finally:
             _bridge.phase = Phase.EAGER
-        protocol.announce("on_graph_end", info, Phase.REPLAY, output)
+        protocol.announce("on_graph_end", info, Phase.REPLAY, _real_rows(output))
         return output
 
     Capture.__enter__ = enter
@@ -425,11 +434,38 @@ def _shadow(info: GraphInfo, runnable: Callable, args: tuple, kwargs: dict) -> A
     _bridge.shadow = _ShadowCapture(info) if info.breaks_eager else None
     try:
         with protocol.capturing_as_on_gpu(True):
-            return runnable(*args, **kwargs)
+            return _real_rows(runnable(*args, **kwargs))
     finally:
         _bridge.shadow = previous
 
 
+@contextlib.contextmanager
+def real_rows(n: int) -> Iterator[None]:
+    """The step in the block has ``n`` real tokens: the first ``n`` rows of the model's
+    output. A batch padded to its capture size computes its padded rows from whatever
+    the padding leaves (rows of ``torch.empty`` the attention does not write), and the
+    runner discards them (vLLM keeps ``[:num_tokens]``); so a replay is compared with
+    its shadow on the real rows only."""
+    previous = getattr(_bridge, "rows", None)
+    _bridge.rows = n
+    try:
+        yield
+    finally:
+        _bridge.rows = previous
+
+
+def _real_rows(output: Any) -> Any:
+    """``output[:n]`` for ``real_rows(n)``, taken outside any dispatch mode: the view is
+    the comparison's, not an op of the step the tracer records."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    n = getattr(_bridge, "rows", None)
+    if n is None or not hasattr(output, "shape"):
+        return output
+    with _disable_current_modes():
+        return output[:n]
+
+
 __all__ = [
-    "INSTALL_COMMAND", "SUPPORTED_VERSIONS", "cpu_shim", "observe_vllm_runtime", "require_vllm",
+    "INSTALL_COMMAND", "SUPPORTED_VERSIONS", "cpu_shim", "observe_vllm_runtime", "real_rows", "require_vllm",
 ]

@@ -199,7 +199,12 @@ def compress_norm_rope_store(state_cache: torch.Tensor, token_to_req_indices: to
         raise NotImplementedError(f"compress_norm_rope_store: head_dim {head_dim} / rope {rope_head_dim}")
     t = torch.arange(num_actual, device=positions.device)
     pos = positions[:num_actual].long()
-    keep = (slot_mapping[:num_actual] >= 0) & ((pos + 1) % compress_ratio == 0) & (kv_slot_mapping[:num_actual] >= 0)
+    # A compressed slot view shorter than the state slots (V2 pads the slot mappings, not
+    # the metadata's token count): the kernel reads on into the builder's buffer, which
+    # get_compressed_slot_mapping fills with PAD whole (compressor_utils.py:206-211).
+    kv_slot_mapping = torch.nn.functional.pad(kv_slot_mapping[:num_actual],
+                                              (0, max(num_actual - kv_slot_mapping.shape[0], 0)), value=-1)
+    keep = (slot_mapping[:num_actual] >= 0) & ((pos + 1) % compress_ratio == 0) & (kv_slot_mapping >= 0)
     t, pos = t[keep], pos[keep]
     if t.numel() == 0:
         return
@@ -359,7 +364,8 @@ def compressed_slot_mapping(out: torch.Tensor, slot_mapping: torch.Tensor, query
     req_c = req.clamp_max(num_reqs - 1)
     pos = seq_lens.long()[req_c] - lens[req_c] + (token - starts[req_c])
     slot = torch.full_like(token, -1)
-    slot[: slot_mapping.shape[0]] = slot_mapping.long()
+    k = min(out.shape[0], slot_mapping.shape[0])  # the kernel reads the slots of query tokens only
+    slot[:k] = slot_mapping[:k].long()
     boundary = live & ((pos + 1) % compress_ratio == 0) & (slot != -1)
     entry = torch.div(pos.clamp_min(0), compress_ratio, rounding_mode="floor")
     slots = _slots_of(entry[:, None], req_c, block_table, block_size)[:, 0]
@@ -475,10 +481,30 @@ class CompressNormRopeStoreKernel:
                  store_full_fp8=False, **unused: Any) -> None:
         if use_fp4_cache or store_full_kv or store_full_fp8 or kv_cache.dtype != torch.uint8:
             raise NotImplementedError("compress_norm_rope_store: the reference covers the FP8 caches only")
-        _op("compress_norm_rope_store")(state_cache, token_to_req_indices, positions, slot_mapping, block_table,
-                                        block_size, state_width, cos_sin_cache, kv_cache,
-                                        k_cache_metadata.slot_mapping, num_actual, head_dim, rope_head_dim,
-                                        compress_ratio, overlap, rms_norm_weight, rms_norm_eps)
+        _op("compress_norm_rope_store")(state_cache, token_to_req_indices, positions, slot_mapping,
+                                        addressable(block_table), block_size, state_width, cos_sin_cache, kv_cache,
+                                        addressable(k_cache_metadata.slot_mapping), num_actual, head_dim,
+                                        rope_head_dim, compress_ratio, overlap, rms_norm_weight, rms_norm_eps)
+
+
+def addressable(t: torch.Tensor) -> torch.Tensor:
+    """What a kernel given ``t`` as a pointer (and its row stride) can address: ``t``'s
+    allocation from ``t``'s offset on, rows of ``t``'s width. The kernels above take the
+    block table and the compressed slot mapping so: they index them by request and by
+    token (grid over ``num_actual`` tokens), never by the view's row count, which V2
+    sizes by the unpadded batch under PIECEWISE (a capture's dummy batch and a smaller
+    real one read the same rows of the builder's persistent buffer). The view is taken
+    outside any dispatch mode: it is the launch's argument, not an op of the step."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    total = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
+    with _disable_current_modes():
+        if t.dim() == 1 and t.stride(0) == 1:
+            return t.as_strided((total,), (1,), t.storage_offset())
+        if t.dim() == 2 and t.stride(1) == 1 and t.stride(0) >= t.shape[1] > 0:
+            rows = (total - t.shape[1]) // t.stride(0) + 1
+            return t.as_strided((rows, t.shape[1]), t.stride(), t.storage_offset())
+    return t
 
 
 def fused_indexer_q_rope_quant_dropin(positions, index_q, index_q_cos_sin_cache, index_weights,

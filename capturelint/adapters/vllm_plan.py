@@ -9,7 +9,13 @@ Options, resolved like the bundled engine's (command line over settings over def
 - ``--eager-region``: ``per-runner`` (default) keeps vLLM's own choice
   (attention.py:323-328), ``narrow`` / ``wide`` force ``_prepare_and_attn`` /
   ``_prepare_and_attn_eager`` on every layer;
-- ``--layers`` (default 3: one layer of each kind, ``vllm_layers``), ``--steps`` (decode steps, default 6), ``--seed``;
+- ``--layers`` (default 3: one layer of each kind, ``vllm_layers``), ``--steps`` (engine steps, default 6), ``--seed``;
+- the workload (``vllm_runners.schedule``): ``--capture-sizes`` (vLLM's
+  ``cudagraph_capture_sizes``, default 2,4; each at most the runner's
+  ``max_num_batched_tokens``, 64) and ``--batch-sizes`` (the requests running in each
+  step, cycled over ``--steps``, default 1,2,3,3,2,1: a prefill step, two mixed
+  prefill-decode steps, decode batches padded to their capture size and one that fills
+  it; each at most ``max_num_seqs``, 16).
 - ``--spec mtp|dspark``: speculative decoding (``vllm_spec``): each step is the target's
   verify forward and the draft's forwards, their graphs captured as each runner
   captures them. DSpark runs only on V2 (its default runner); ``--runner v1`` (or
@@ -85,11 +91,20 @@ def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
         return (f"--engine vllm checks the PIECEWISE and FULL graphs; mode {mode} is a dispatch policy over them, use "
                 "--mode PIECEWISE,FULL")
 
+    from capturelint.adapters.vllm_runners import MAX_REQS, MAX_TOKENS
+
+    for option, sizes, most in (("--capture-sizes", options.capture_sizes, MAX_TOKENS),
+                                ("--batch-sizes", options.batch_sizes, MAX_REQS)):
+        if any(n > most for n in sizes):
+            raise CapturelintError(f"{option} {','.join(map(str, sizes))}: each must be at most {most} (the runner's "
+                                   f"{'max_num_batched_tokens' if most == MAX_TOKENS else 'max_num_seqs'})")
     # DSpark runs only on V2 (config/vllm.py:3110-3113): its default runner
     default_runners = (Runner.V2,) if options.spec == "dspark" else tuple(Runner)
     return resolve_plan(settings, options, NAME, default_runners=lambda: default_runners, default_modes=VLLM_MODES,
                         invariants=default_invariants, mode_refused=refused, check_runners=spec_runners,
-                        break_outputs=BreakOutputs.DISCARD, spec=options.spec)
+                        break_outputs=BreakOutputs.DISCARD, spec=options.spec,
+                        capture_sizes=tuple(sorted(set(options.capture_sizes))) or None,
+                        batch_sizes=options.batch_sizes or None)
 
 
 def load(plan: CheckPlan) -> CheckPlan:
@@ -118,8 +133,10 @@ def forward_context_probe() -> ContextSnapshot:
 def _spec(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Any:
     from capturelint.adapters.vllm_runners import RunSpec
 
+    workload = {name: value for name, value in (("capture_sizes", plan.capture_sizes), ("batch_sizes", plan.batch_sizes))
+                if value is not None}
     return RunSpec(runner=runner, mode=mode, eager_region=plan.eager_region, layers=plan.layers or DEFAULT_LAYERS,
-                   steps=plan.steps or DEFAULT_STEPS, seed=plan.seed)
+                   steps=plan.steps or DEFAULT_STEPS, seed=plan.seed, **workload)
 
 
 _MISSING_OP = re.compile(r"'_OpNamespace' '(\w+)' object has no attribute '(\w+)'")

@@ -1,0 +1,117 @@
+"""The vLLM check's workload (``vllm_runners``): requests joining and leaving, each step
+dispatched by vLLM's ``CudagraphDispatcher`` to the smallest capture size that holds it,
+and padded as each runner pads it; and the options that choose it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from capturelint.cli import main
+from vllm_required import require_vllm  # tests/vllm/vllm_required.py
+
+
+def test_the_default_schedule_has_prefill_mixed_padded_and_full_steps():
+    from capturelint.adapters.vllm_runners import DEFAULT_BATCH_SIZES, schedule
+
+    steps = schedule(DEFAULT_BATCH_SIZES, 6)
+    as_tuples = [[(s.req, s.start, s.query_len) for s in step] for step in steps]
+    assert as_tuples == [
+        [(0, 0, 2)],  # request 0 joins: a prefill step
+        [(0, 2, 1), (1, 0, 3)],  # a mixed step, decodes first
+        [(0, 3, 1), (1, 3, 1), (2, 0, 2)],  # another
+        [(0, 4, 1), (1, 4, 1), (2, 2, 1)],  # 3 decodes: padded to 4
+        [(1, 5, 1), (2, 3, 1)],  # the oldest left: 2 decodes fill a graph of 2
+        [(2, 4, 1)],  # 1 decode: padded to 2
+    ]
+    # cycled over more steps; a request leaves when it holds MAX_SEQ tokens and another joins
+    long = schedule((1,), 300)
+    assert {s.req for step in long for s in step} == {0, 1, 2}
+    assert all(step[0].start + step[0].query_len <= 128 for step in long)
+
+
+def _runner(runner, mode):
+    from capturelint.adapters.vllm_runners import RunSpec, Runner
+    from capturelint.options import CUDAGraphMode, Runner as RunnerName
+
+    return Runner(RunSpec(runner=RunnerName(runner), mode=CUDAGraphMode[mode], layers=1))
+
+
+@pytest.mark.parametrize("runner, mode, dispatched, slots, counts", [
+    # V1 PIECEWISE: every step replays a PIECEWISE graph; metadata and slots over the real tokens
+    ("v1", "PIECEWISE", ["PIECEWISE"] * 6, [2, 4, 4, 3, 2, 1], [(0, 2), (1, 3), (2, 2), (3, 0), (2, 0), (1, 0)]),
+    # V2 PIECEWISE: the same graphs; real counts, but slots over the padded tokens
+    ("v2", "PIECEWISE", ["PIECEWISE"] * 6, [2, 4, 4, 4, 2, 2], [(0, 2), (1, 3), (2, 2), (3, 0), (2, 0), (1, 0)]),
+    # FULL resolves to FULL_DECODE_ONLY: prefill and mixed steps eager; decodes padded, metadata too
+    ("v1", "FULL", ["NONE"] * 3 + ["FULL"] * 3, [2, 4, 4, 4, 2, 2], [(0, 2), (1, 3), (2, 2), (4, 0), (2, 0), (2, 0)]),
+    ("v2", "FULL", ["NONE"] * 3 + ["FULL"] * 3, [2, 4, 4, 4, 2, 2], [(0, 2), (1, 3), (2, 2), (4, 0), (2, 0), (2, 0)]),
+])
+def test_each_runner_dispatches_and_pads_as_vllm(runner, mode, dispatched, slots, counts):
+    require_vllm()
+    import torch
+
+    from capturelint.adapters.vllm import cpu_shim
+
+    with cpu_shim():
+        run = _runner(runner, mode)
+        got_modes, got_slots, got_counts = [], [], []
+        for scheduled in run.steps:
+            batch, step_mode, _ = run.step_batch(scheduled)
+            run.buffers.fill(batch, torch.zeros(batch.num_tokens, dtype=torch.long))
+            swa = next(iter(run.metadata(batch).values()))
+            got_modes.append(step_mode.name)
+            got_slots.append(swa.slot_mapping.shape[0])
+            got_counts.append((swa.num_decode_tokens, swa.num_prefill_tokens))
+            assert (swa.slot_mapping[batch.num_tokens:] == -1).all()  # padded tokens write nowhere
+    assert (got_modes, got_slots, got_counts) == (dispatched, slots, counts)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--capture-sizes", "2,x"], "--capture-sizes takes positive integers separated by commas"),
+    (["--batch-sizes", "0"], "--batch-sizes takes positive integers"),
+    (["--capture-sizes", "128"], "each must be at most 64 (the runner's max_num_batched_tokens)"),
+    (["--batch-sizes", "2,17"], "each must be at most 16 (the runner's max_num_seqs)"),
+])
+def test_bad_workload_values_are_one_line_errors(args, needle, capsys):
+    assert main(["check", "--engine", "vllm", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+
+
+def test_the_bundled_engine_refuses_the_vllm_workload_options(capsys):
+    assert main(["check", "--batch-sizes", "2"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "--batch-sizes sets the workload of --engine vllm" in line and "drop --batch-sizes" in line
+
+
+def test_a_chosen_workload_is_checked_and_its_graphs_are_the_capture_sizes(tmp_path):
+    require_vllm()
+    import json
+
+    out = tmp_path / "r.json"
+    assert main(["check", "--engine", "vllm", "--runner", "v2", "--mode", "PIECEWISE", "--layers", "1", "--steps", "3",
+                 "--capture-sizes", "1,3", "--batch-sizes", "1,1,2", "--format", "json", "-o", str(out)]) == 0
+    report = json.loads(out.read_text())
+    (config,) = report["configurations"]
+    assert [g["graph"] for g in config["graphs"]] == ["PIECEWISE:1 tokens", "PIECEWISE:3 tokens"]
+    # steps of 2 (prefill), 1 (decode) and 4 (decode + prefill: above 3, eager) tokens
+    assert report["numerical"][0]["replay_steps"] == 2
+
+
+def test_a_snapshot_records_the_workload_and_refuses_a_bad_one(tmp_path, capsys):
+    require_vllm()
+    import json
+
+    snap = tmp_path / "snap.json"
+    args = ["--engine", "vllm", "--runner", "v2", "--mode", "PIECEWISE", "--layers", "1", "--steps", "3"]
+    assert main(["snapshot", *args, "--capture-sizes", "1,4", "-o", str(snap)]) == 0
+    doc = json.loads(snap.read_text())
+    assert doc["engine"]["capture_sizes"] == [1, 4] and "batch_sizes" not in doc["engine"]  # defaults unwritten
+    capsys.readouterr()
+    assert main(["diff", str(snap), *args]) == 0  # regions unchanged; the workload difference is noted
+    assert "recorded with capture_sizes=[1, 4] and the after side with capture_sizes=None" in capsys.readouterr().out
+    doc["engine"]["capture_sizes"] = [0]
+    snap.write_text(json.dumps(doc))
+    assert main(["diff", str(snap), *args]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "field engine.capture_sizes must be a list of positive integers" in line, line
