@@ -60,8 +60,8 @@ from typing import Any
 import torch
 
 RATIO_PATTERN = (1, 4, 128)
-START_POSITION = 126
-INDEX_TOPK = 32
+START_POSITION = 125
+INDEX_TOPK = 16
 COMPRESSED_BLOCK = 256  # tokens per block of the compressed caches (sparse_mla.py:57)
 STATE_BLOCK = {4: 4, 128: 8}  # CompressorStateCache.block_size (compressor.py:166-171)
 INDEXER_ENTRY_BYTES = 132  # 128 fp8 + one fp32 scale (attention.py, DeepseekV4Indexer)
@@ -204,14 +204,16 @@ class LayerMetadata:
         self.indexer_decode_lens = torch.ones(MAX_REQS, dtype=torch.int32)
         self.schedule_metadata = torch.zeros(1, 2, dtype=torch.int32)  # DeepGEMM's SM schedule: no meaning on CPU
 
-    def build(self, b: Any, reqs: list[int], num_reqs: int, num_tokens: int,
-              slot_mapping: torch.Tensor) -> dict[str, Any]:
-        """The compressed layers' entries of one decode step's ``attn_metadata``, from
-        the runner's buffers ``b`` (filled for the step, the SWA metadata built), by the
+    def build(self, b: Any, reqs: list[int], num_reqs: int, num_tokens: int, slot_mapping: torch.Tensor,
+              split: tuple[int, int, int, int], max_query_len: int) -> dict[str, Any]:
+        """The compressed layers' entries of one step's ``attn_metadata``, from the
+        runner's buffers ``b`` (filled for the step, the SWA metadata built), by the
         counts the runner builds the SWA metadata with: ``num_reqs`` / ``num_tokens``
-        (padded under FULL, real otherwise) and its ``slot_mapping`` (what the runner
-        pads it to). ``reqs``: the real rows' requests (-1: a dummy's); padded rows
-        point at the null blocks, and a token with slot -1 gets state slot -1."""
+        (padded under FULL, real otherwise), its ``slot_mapping`` (what the runner pads
+        it to) and its decode/prefill ``split`` (``split_decodes_and_prefills``:
+        decodes, prefills, decode tokens, prefill tokens). ``reqs``: the real rows'
+        requests (-1: a dummy's); padded rows point at the null blocks, and a token with
+        slot -1 gets state slot -1."""
         from vllm.model_executor.layers.sparse_attn_indexer import (
             DeepseekV32IndexerMetadata,
         )
@@ -228,6 +230,7 @@ class LayerMetadata:
 
         if not self.layers:
             return {}
+        num_decodes, num_prefills, d, num_prefill_tokens = split
         n = num_tokens
         seq_lens = b.seq_lens[:num_reqs]
         max_seq_len = int(seq_lens.max())
@@ -262,14 +265,17 @@ class LayerMetadata:
                                                 table.clamp_(min=0), COMPRESSED_BLOCK // r, r,
                                                 out=self.compressed_slots[attn.prefix])
             c128a: dict[str, Any] = {}
-            if r == 128:
+            if r == 128:  # _build_c128a_metadata (sparse_mla.py:229-285)
                 width = min(max(_next_pow2(max(max_seq_len // r, 1)), C128A_ALIGNMENT), self.c128a_width)
-                decode, lens, _ = build_c128a_topk_metadata(positions, r, n, b.token_to_req_indices[:n], table,
-                                                            COMPRESSED_BLOCK // r, slot_mapping, *self.c128a,
-                                                            max_compressed_tokens=width)
-                c128a = {"c128a_global_decode_topk_indices": decode.view(n, 1, -1), "c128a_decode_topk_lens": lens}
+                decode, lens, prefill = build_c128a_topk_metadata(
+                    positions[: d + num_prefill_tokens], r, d, b.token_to_req_indices[:n], table[:num_decodes],
+                    COMPRESSED_BLOCK // r, slot_mapping, *self.c128a, max_compressed_tokens=width)
+                if d:
+                    c128a = {"c128a_global_decode_topk_indices": decode.view(d, 1, -1), "c128a_decode_topk_lens": lens}
+                if num_prefill_tokens:
+                    c128a["c128a_prefill_topk_indices"] = prefill
             md[attn.prefix] = DeepseekV4FlashMLAMetadata(
-                num_reqs=num_reqs, max_query_len=1, max_seq_len=max_seq_len, num_actual_tokens=n,
+                num_reqs=num_reqs, max_query_len=max_query_len, max_seq_len=max_seq_len, num_actual_tokens=n,
                 query_start_loc=b.query_start_loc[: num_reqs + 1], slot_mapping=slots, block_table=table,
                 req_id_per_token=b.token_to_req_indices[:n], block_size=COMPRESSED_BLOCK, topk_tokens=INDEX_TOPK,
                 **c128a)
@@ -280,18 +286,51 @@ class LayerMetadata:
                 islots = get_compressed_slot_mapping(n, slot_mapping, b.query_start_loc[: num_reqs + 1], seq_lens,
                                                      table.clamp_(min=0), COMPRESSED_BLOCK // r, r,
                                                      out=self.compressed_slots[prefix])
-                self.indexer_seq_lens[:num_reqs, 0] = torch.div(seq_lens, r, rounding_mode="floor")
-                decode = DeepSeekV32IndexerDecodeMetadata(
-                    block_table=table, seq_lens=self.indexer_seq_lens[:num_reqs],
-                    decode_lens=self.indexer_decode_lens[:num_reqs], requires_padding=False,
-                    schedule_metadata=self.schedule_metadata)
+                decode = None
+                if num_decodes:
+                    self.indexer_seq_lens[:num_decodes, 0] = torch.div(seq_lens[:num_decodes], r,
+                                                                       rounding_mode="floor")
+                    decode = DeepSeekV32IndexerDecodeMetadata(
+                        block_table=table[:num_decodes], seq_lens=self.indexer_seq_lens[:num_decodes],
+                        decode_lens=self.indexer_decode_lens[:num_decodes], requires_padding=False,
+                        schedule_metadata=self.schedule_metadata)
                 md[prefix] = DeepseekV32IndexerMetadata(
-                    seq_lens=seq_lens, max_seq_len=max_seq_len, slot_mapping=islots, num_decodes=num_reqs,
-                    num_decode_tokens=n, num_prefills=0, num_prefill_tokens=0, decode=decode, positions=positions,
-                    block_table=table)
+                    seq_lens=seq_lens, max_seq_len=max_seq_len, slot_mapping=islots, num_decodes=num_decodes,
+                    num_decode_tokens=d, num_prefills=num_prefills, num_prefill_tokens=num_prefill_tokens,
+                    decode=decode, prefill=self._indexer_prefill(b, num_decodes, num_reqs, table, r),
+                    positions=positions, block_table=table)
                 md[indexer.compressor.state_cache.prefix] = self._state(indexer.compressor, num_reqs, m, b,
                                                                         c128_boundary)
         return md
+
+    @staticmethod
+    def _indexer_prefill(b: Any, num_decodes: int, num_reqs: int, table: torch.Tensor, r: int) -> Any:
+        """The indexer's prefill metadata (``DeepseekV32IndexerMetadataBuilder.build``,
+        indexer.py:1485-1595): its chunk from vLLM's own ``build_prefill_chunk_metadata``,
+        which makes none when the prefills hold no compressed entry yet (the workload's
+        prompts are prefilled from position 0 and are shorter than the ratio), so the
+        indexer's prefill kernels (``cp_gather_indexer_k_quant_cache``, DeepGEMM
+        ``fp8_fp4_mqa_logits``, ``as_fp32_logits``, ``top_k_per_row_prefill``) are not
+        reached. A chunk with entries is refused: those kernels have no reference here."""
+        from vllm.v1.attention.backends.mla.indexer import (
+            DeepseekV32IndexerPrefillMetadata,
+            build_prefill_chunk_metadata,
+        )
+
+        from capturelint.errors import CapturelintError
+
+        if num_reqs == num_decodes:
+            return None
+        seq_lens = b.seq_lens[:num_reqs]
+        compressed = torch.div(seq_lens, r, rounding_mode="floor")
+        chunk = build_prefill_chunk_metadata(num_decodes, num_reqs, b.query_start_loc[: num_reqs + 1],
+                                             b.query_start_loc[: num_reqs + 1].clone(), seq_lens, compressed,
+                                             compressed.clone(), table, r)
+        if chunk is not None:
+            raise CapturelintError("a prefill that holds compressed entries reaches the indexer's prefill kernels "
+                                   "(cp_gather_indexer_k_quant_cache, fp8_fp4_mqa_logits, top_k_per_row_prefill), "
+                                   "which have no CPU reference here")
+        return DeepseekV32IndexerPrefillMetadata([], max_prefill_seq_len=int(seq_lens[num_decodes:].max()))
 
     def _state(self, compressor: Any, num_reqs: int, m: int, b: Any, c128_boundary: bool) -> Any:
         from vllm.models.deepseek_v4.compressor import CompressorMetadata

@@ -92,7 +92,6 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from capturelint.errors import CapturelintError
 from capturelint.options import CUDAGraphMode, EagerRegion
 from capturelint.options import Runner as RunnerName  # this module's Runner is the step loop
 from capturelint.adapters import vllm_layers
@@ -359,15 +358,15 @@ class Scheduled:
     query_len: int
 
 
-def schedule(batch_sizes: tuple[int, ...], steps: int, context: int = 0,
-             standin_prompt: bool = False) -> list[tuple[Scheduled, ...]]:
+def schedule(batch_sizes: tuple[int, ...], steps: int, long_context: int | None = None) -> list[tuple[Scheduled, ...]]:
     """The workload: step ``i`` runs ``batch_sizes[i % len(batch_sizes)]`` requests.
 
     As a scheduler with continuous batching would: a request that joins is prefilled
     whole in its first step (request ``r``'s prompt has ``PROMPT_LENS[r % 2]`` tokens,
-    from position ``context``: the positions before are a stand-in prefill) and then
-    decodes one token per step; with ``standin_prompt`` the prompt's tokens but the
-    last are stood in too, and it joins with a decode of the last one; when the batch shrinks the oldest requests
+    from position 0) and then decodes one token per step. With ``long_context``, the
+    odd requests are long ones: their prompt begins at position ``long_context``, every
+    position before its last token is a stand-in prefill of the caches, and they join
+    with a decode of that token; when the batch shrinks the oldest requests
     leave, and a request that reaches ``MAX_SEQ`` tokens leaves and another joins. The
     batch is ordered decodes first, then the joining prefills (vLLM reorders it so,
     ``split_decodes_and_prefills``). A step that grows the batch is a mixed
@@ -382,8 +381,8 @@ def schedule(batch_sizes: tuple[int, ...], steps: int, context: int = 0,
         batch = [Scheduled(req, computed, 1) for req, computed in running]
         while len(batch) < want:
             prompt = PROMPT_LENS[next_req % len(PROMPT_LENS)]
-            batch.append(Scheduled(next_req, context + prompt - 1, 1) if standin_prompt
-                         else Scheduled(next_req, context, prompt))
+            long = long_context is not None and next_req % 2 == 1
+            batch.append(Scheduled(next_req, long_context + prompt - 1, 1) if long else Scheduled(next_req, 0, prompt))
             next_req += 1
         running = [(s.req, s.start + s.query_len) for s in batch]
         out.append(tuple(batch))
@@ -541,10 +540,9 @@ class Runner:
         from vllm.config import CUDAGraphMode as VllmMode
 
         self.spec = spec
-        # with compressed layers, prompts start at vllm_layers.START_POSITION and join as decodes (module docstring)
-        self.compressed = any(r > 1 for r in vllm_layers.layer_ratios(spec.layers))
-        self.context = vllm_layers.START_POSITION if self.compressed else 0
-        self.steps = schedule(spec.batch_sizes, spec.steps, self.context, standin_prompt=self.compressed)
+        # with compressed layers, long requests join near their boundaries (module docstring)
+        compressed = any(r > 1 for r in vllm_layers.layer_ratios(spec.layers))
+        self.steps = schedule(spec.batch_sizes, spec.steps, vllm_layers.START_POSITION if compressed else None)
         self.model, self.vc = build_model(spec)
         self.buffers = Buffers()
         self.caches = self._bind_caches()
@@ -721,12 +719,10 @@ class Runner:
                 "tile_sched_c128a": FlashMLASchedMeta()} if num_decode_tokens > 0 else {}), **prefill,
         )
         md = {layer.attn.swa_cache_layer.prefix: swa for layer in self.model.layers}
-        if self.layer_metadata.layers:  # the compressed layers' (vllm_layers), by the same counts
-            if num_prefill_tokens:
-                raise CapturelintError("a prefill step through the compressed layers: their prefill path has no "
-                                       "CPU reference here; use --layers 1 for prefill and mixed steps")
-            md.update(self.layer_metadata.build(b, [s.req for s in batch.scheduled], num_reqs, num_tokens,
-                                                slot_mapping))
+        # the compressed layers' (vllm_layers), by the same counts and split
+        md.update(self.layer_metadata.build(b, [s.req for s in batch.scheduled], num_reqs, num_tokens, slot_mapping,
+                                            (num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens),
+                                            batch.max_query_len))
         return md
 
     def _forward(self, batch: Batch, attn_metadata: Any, mode: Any, descriptor: Any) -> torch.Tensor:

@@ -25,9 +25,26 @@ def test_the_default_schedule_has_prefill_mixed_padded_and_full_steps():
         [(2, 4, 1)],  # 1 decode: padded to 2
     ]
     # cycled over more steps; a request leaves when it holds MAX_SEQ tokens and another joins
-    long = schedule((1,), 300)
+    long = schedule((1,), 600)
     assert {s.req for step in long for s in step} == {0, 1, 2}
-    assert all(step[0].start + step[0].query_len <= 128 for step in long)
+    assert all(step[0].start + step[0].query_len <= 256 for step in long)
+
+
+def test_with_compressed_layers_long_requests_join_at_the_boundaries():
+    from capturelint.adapters.vllm_runners import DEFAULT_BATCH_SIZES, schedule
+
+    steps = schedule(DEFAULT_BATCH_SIZES, 6, long_context=125)
+    positions = [[(s.req, s.start, s.query_len) for s in step] for step in steps]
+    # even requests are prefilled from 0; odd ones are long: their 3-token prompt begins at
+    # 125, everything before its last token is stood in, and they join with a decode of it
+    assert positions == [
+        [(0, 0, 2)],  # a prefill step
+        [(0, 2, 1), (1, 127, 1)],  # the ratio-4 and ratio-128 boundary (position 127)
+        [(0, 3, 1), (1, 128, 1), (2, 0, 2)],  # a mixed step: decodes at different positions, a prefill
+        [(0, 4, 1), (1, 129, 1), (2, 2, 1)],  # 3 decodes: padded to 4
+        [(1, 130, 1), (2, 3, 1)],
+        [(2, 4, 1)],
+    ]
 
 
 def _runner(runner, mode):
@@ -64,6 +81,52 @@ def test_each_runner_dispatches_and_pads_as_vllm(runner, mode, dispatched, slots
             got_counts.append((swa.num_decode_tokens, swa.num_prefill_tokens))
             assert (swa.slot_mapping[batch.num_tokens:] == -1).all()  # padded tokens write nowhere
     assert (got_modes, got_slots, got_counts) == (dispatched, slots, counts)
+
+
+@pytest.mark.parametrize("runner, mode, rows, tokens, slots", [
+    # metadata counts the padded rows under FULL only; V2's slot mappings always span them
+    ("v1", "PIECEWISE", [1, 2, 3, 3, 2, 1], [2, 2, 4, 3, 2, 1], [2, 2, 4, 3, 2, 1]),
+    ("v2", "PIECEWISE", [1, 2, 3, 3, 2, 1], [2, 2, 4, 3, 2, 1], [2, 2, 4, 4, 2, 2]),
+    # FULL_DECODE_ONLY: the prefill and mixed steps (0 and 2) run eagerly, unpadded
+    ("v1", "FULL", [1, 2, 3, 4, 2, 2], [2, 2, 4, 4, 2, 2], [2, 2, 4, 4, 2, 2]),
+])
+def test_the_compressed_layers_metadata_follows_the_runners_padding(runner, mode, rows, tokens, slots):
+    require_vllm()
+    import torch
+
+    from capturelint.adapters.vllm import cpu_shim
+    from capturelint.adapters.vllm_runners import RunSpec, Runner
+    from capturelint.options import CUDAGraphMode, Runner as RunnerName
+
+    with cpu_shim():
+        run = Runner(RunSpec(runner=RunnerName(runner), mode=CUDAGraphMode[mode]))  # the default three layers
+        got = ([], [], [])
+        for scheduled in run.steps:
+            batch, _, _ = run.step_batch(scheduled)
+            run.buffers.fill(batch, torch.zeros(batch.num_tokens, dtype=torch.long))
+            md = run.metadata(batch)
+            c4, c128 = md["model.layers.1.attn"], md["model.layers.2.attn"]
+            state = md["model.layers.2.attn.compressor.state_cache"]
+            indexer = md["model.layers.1.attn.indexer.k_cache"]
+            got[0].append(c4.block_table.shape[0])
+            got[1].append(c128.num_actual_tokens)
+            got[2].append(state.slot_mapping.shape[0])
+            real = batch.num_tokens
+            assert (state.slot_mapping[real:] == -1).all() and (c128.slot_mapping[real:] == -1).all()
+            assert (c4.block_table[batch.num_reqs:] == 0).all()  # padded rows: the null block
+            decodes = [s for s in scheduled if s.query_len == 1 and s.start > 0]
+            assert indexer.num_decode_tokens == len(decodes) + c128.num_actual_tokens - real
+            assert indexer.num_prefill_tokens == real - len(decodes)
+            assert (indexer.prefill is None) == (indexer.num_prefills == 0)  # a prefill: no chunk (no entries yet)
+            # each real token's state slot is its request's block at its position (state block 8 at ratio 128)
+            t = 0
+            for i, s in enumerate(scheduled):
+                for pos in range(s.start, s.start + s.query_len):
+                    assert int(state.block_table[i, pos // 8]) * 8 + pos % 8 == int(state.slot_mapping[t])
+                    t += 1
+            if decodes:  # C128A: one compressed entry visible once a request passed position 127
+                assert c128.c128a_decode_topk_lens[: len(decodes)].tolist() == [(s.start + 1) // 128 for s in decodes]
+    assert got == (rows, tokens, slots)
 
 
 @pytest.mark.parametrize("args, needle", [
