@@ -13,8 +13,9 @@ baked. Under V1 PIECEWISE the insert runs in the wide eager region every step; F
 counts are the capture's, and runs mixed steps eagerly. The copy is a tree of symlinks
 with the one patched file real (``examples/vllm_region_gate/gate.py``'s ``link_tree``),
 first on ``PYTHONPATH`` of one subprocess that runs ``capturelint check --engine vllm``
-and then the untraced runs, four steps each (a prefill, two mixed steps, a padded decode
-batch). About a minute.
+(the default three layers: sliding-window, ratio 4 with its indexer, ratio 128) and then
+the untraced runs, four steps each (a prefill step, a decode step, a mixed step, a
+padded decode batch). About half a minute.
 """
 
 from __future__ import annotations
@@ -38,8 +39,7 @@ TARGET = "models/deepseek_v4/attention.py"
 DRIVER = """
 import json, sys
 from capturelint.cli import main
-status = main(["check", "--engine", "vllm", "--layers", "1", "--steps", "4", "--jobs", "1", "--format", "json",
-               "-o", sys.argv[1]])
+status = main(["check", "--engine", "vllm", "--steps", "4", "--jobs", "2", "--format", "json", "-o", sys.argv[1]])
 from capturelint.adapters.vllm import cpu_shim
 from capturelint.adapters.vllm_runners import RunSpec, Runner, compare
 from capturelint.options import CUDAGraphMode, Runner as RunnerName
@@ -47,7 +47,7 @@ out = {}
 with cpu_shim():
     for runner in RunnerName:
         for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
-            spec = RunSpec(runner=runner, mode=mode, layers=1, steps=4)
+            spec = RunSpec(runner=runner, mode=mode, steps=4)
             out[f"{runner}/{mode}"] = compare(Runner(spec).generate(), Runner(spec, graphs=False).generate())
 json.dump({"status": status, "untraced": out}, sys.stdout)
 """
@@ -93,5 +93,7 @@ def test_a_branch_on_the_decode_count_is_flagged_where_captures_bake_it(tmp_path
         # the captured side of the planted branch: its condition, then what follows it
         assert frame["line"] >= branch_line, (frame, branch_line)
     assert "the capture recorded another branch than the step runs" in cl101[0]["message"]
+    # in every layer kind: the sliding-window layer and the compressed ones (ratio 4 with its indexer, ratio 128)
+    assert {f["scope"] for f in cl101} >= {"model.layers.0.attn", "model.layers.1.attn", "model.layers.2.attn"}, cl101
     v2_piecewise = next(n for n in report["numerical"] if (n["runner"], n["mode"]) == ("v2", "PIECEWISE"))
     assert v2_piecewise["max_step_error"] > 1e-3

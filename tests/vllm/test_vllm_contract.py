@@ -23,6 +23,8 @@ import pytest
 
 RUNNERS = "capturelint/adapters/vllm_runners.py"
 KERNELS = "capturelint/adapters/vllm_kernels.py"
+LAYERS = "capturelint/adapters/vllm_layers.py"
+COMPRESSED = "capturelint/adapters/vllm_kernels_compressed.py"
 
 
 class Contract(NamedTuple):
@@ -183,6 +185,62 @@ CONTRACT: tuple[Contract, ...] = (
         "topk_indices + M * batch_idx,",
         "M * batch_idx + N + swa_start + swa_offset - gather_start,",
     ), "d76d190b02c79c0c51caca60267356a4ba88f6a31719e149565371a96ee5d6d8"),
+    # ---- the compressed layers' metadata builders (vllm_layers.LayerMetadata) and what the workload relies on
+    Contract("models/deepseek_v4/sparse_mla.py", "DeepseekV4SparseMLAMetadataBuilder.build",
+             f"{LAYERS} LayerMetadata.build (compressed attention)", (
+        "slot_mapping = get_compressed_slot_mapping(",
+        "cm.block_table_tensor.clamp_(min=0),",
+        "if self.compress_ratio == 128:",
+        "max_query_len=cm.max_query_len,",
+        "block_table=cm.block_table_tensor,",
+    ), "87dced6cc63f68de2676c8c668462c267e69753f328376fd7ebdd2d296e18f8c"),
+    Contract("models/deepseek_v4/sparse_mla.py", "DeepseekV4SparseMLAMetadataBuilder._build_c128a_metadata",
+             f"{LAYERS} LayerMetadata.build (C128A)", (
+        "decode_threshold=self.reorder_batch_threshold or 1,",
+        "cm.positions[:num_total],",
+        "cm.block_table_tensor[:num_decodes],",
+        'result["c128a_prefill_topk_indices"] = prefill_local',
+    ), "20b7512ab96a13e7ba42bf4c542399b6e6e58fecf7af0c9ea707262bd1194e3d"),
+    Contract("models/deepseek_v4/compressor.py", "CompressorMetadataBuilder.build",
+             f"{LAYERS} LayerMetadata._state", (
+        "block_table=common_attn_metadata.block_table_tensor.clamp_(min=0),",
+        "slot_mapping=common_attn_metadata.slot_mapping,",
+        "if self.block_size == 8 and not async_spec_decode",
+    ), "84b4f89ffa93b05b5fdbad57a9116f792b025caa6580900d8fa490a44eec8694"),
+    Contract("models/deepseek_v4/compressor.py", "_get_c128_boundary", f"{LAYERS} LayerMetadata.build (c128_boundary)", (
+        "start % 128 + query_start_loc[i + 1] - query_start_loc[i] >= 128",
+    ), "0e2ab7700204c3cc73eecdb3e0d4b74d16c3c774f7067fc90876231283976d0d"),
+    Contract("models/deepseek_v4/compressor.py", "DeepseekCompressor._compress_norm_rope_store",
+             f"{COMPRESSED} CompressNormRopeStoreKernel (addressable)", (
+        "num_actual = slot_mapping.shape[0]",
+    ), "2e567c27360db43c74e3eacd80c30ee962ec64fc43e0650c2dd8fb35794f24e9"),
+    Contract("v1/attention/backends/mla/compressor_utils.py", "get_compressed_slot_mapping",
+             f"{COMPRESSED} compress_norm_rope_store (PAD past the view)", (
+        "out.fill_(-1)",
+        "compressed_slot_mapping = out[:num_tokens]",
+    ), "1ab65db011897945d9d7ef5fb99b122de8f3646688009f0d0d8dab291f9894e7"),
+    Contract("v1/attention/backends/mla/indexer.py", "DeepseekV32IndexerMetadataBuilder.build",
+             f"{LAYERS} LayerMetadata.build (indexer)", (
+        "seq_lens // self.compress_ratio if self.compress_ratio > 1 else seq_lens",
+        "if metadata is not None:",
+        "decode_lens = self.decode_lens_buffer[:num_decodes]",
+        "block_table = common_attn_metadata.block_table_tensor[:num_decodes, ...]",
+    ), "8be8e4ca9ebba095e15f26a4b169b3d229c18af387a5a189bf976d436ef5b45a"),
+    Contract("v1/attention/backends/mla/indexer.py", "build_prefill_chunk_metadata",
+             f"{LAYERS} LayerMetadata._indexer_prefill", (
+        "if total_seq_lens == 0:",
+    ), "95d0780aa9a926060ff323d84b8b7ebac500399ff9d1e5309eaa42cb7735e04b"),
+    Contract("models/deepseek_v4/attention.py", "DeepseekV4Indexer.forward", f"{LAYERS} INDEX_TOPK, the workload", (
+        "indexer_metadata.max_seq_len // self.compress_ratio <= self.topk_tokens",
+        "and not torch.cuda.is_current_stream_capturing()",
+    ), "06e35b9060f63abb3678de017a203e7f4b845e152edd3fac0e6ebb8eecbcc9b3"),
+    Contract("v1/worker/gpu/block_table.py", "BlockTables.gather_block_tables",
+             f"{RUNNERS} Runner.metadata (V2 block tables)", (
+        "return tuple(bt[:num_reqs_padded] for bt in out)",
+    ), "5a6a762b454a94c1e5c189d1df4c37b3702504ad07f2643d290cbd105b6515f3"),
+    Contract("v1/worker/gpu/model_runner.py", "GPUModelRunner.prepare_inputs", f"{RUNNERS} Runner.step_batch (V2 rows)", (
+        "num_reqs_padded = batch_desc.num_reqs or num_reqs",
+    ), "1fd182d1b6d7f689917f00f644474e112ee5b67d59a6e013b46e620933f93fbb"),
 )
 
 
