@@ -1,5 +1,5 @@
-"""The tiny DeepSeek V4's three attention layer kinds: their caches, the decode metadata
-the runner passes them, and a stand-in prefill of the context before the first step.
+"""The tiny DeepSeek V4's three attention layer kinds: their caches, the metadata the
+runner passes them, and a stand-in prefill of a long request's context.
 
 **Layout.** Layer ``i`` has compress ratio ``RATIO_PATTERN[i % 3]``: 1 (sliding window
 only), 4 (compressed sparse: ``DeepseekCompressor`` plus ``DeepseekV4Indexer``) and 128
@@ -7,22 +7,25 @@ only), 4 (compressed sparse: ``DeepseekCompressor`` plus ``DeepseekV4Indexer``) 
 ``compress_rates`` of ``hf_config``. ``--layers 3`` (the default) has one of each;
 ``--layers 1`` is the sliding-window layer alone.
 
-**Positions.** Decode starts at position ``START_POSITION`` (126), so that the default
-six steps (126..131) cross what each kind does at a boundary: a ratio-4 compression
-at 127 and 131, the ratio-128 compression at 127 (with vLLM's eager skip of the
-C128 compressor off the boundary, compressor.py:410-417, on the other steps), and
-the indexer's switch from "every candidate" (``max_seq_len // 4 <= index_topk``,
-attention.py:1121, ``_fill_short_context_topk_indices``) to the real top-k
-(``sparse_attn_indexer``'s decode path) at 131 (``index_topk`` is 32).
+**Positions** (the workload is ``vllm_runners.schedule``). Fresh requests are
+prefilled from position 0; long ones have a 3-token prompt that begins at
+``START_POSITION`` (125) and join with a decode of its last token, at 127. So the
+default six steps cross what each kind does at a boundary: a ratio-4 compression at 3
+and 127, the ratio-128 compression at 127 (with vLLM's eager skip of the C128
+compressor off the boundary, compressor.py:410-417, on the other steps), and the
+indexer's switch from "every candidate" (``max_seq_len // 4 <= index_topk``,
+attention.py:1121, ``_fill_short_context_topk_indices``) while only fresh requests
+run, to the real top-k (``sparse_attn_indexer``'s decode path) once a long request
+does (``index_topk`` is 16).
 
-**Stand-in prefill.** The context before ``START_POSITION`` is not computed (a
-128-token prefill per configuration would cost more than the whole check, and vLLM's
-prefill kernels have no references here): ``LayerCaches.prefill`` writes random,
-well-formed entries, seeded by the run's seed (the graph run and its eager twin see
-the same), into every cache the first steps read: the sliding-window rows of the last
-``WINDOW`` positions, the compressor states of the windows still open, the compressed
-entries of the closed ones (main and indexer caches). What the steps compute from
-there is vLLM's.
+**Stand-in prefill.** A long request's positions before its first step are not
+computed (a 128-token prefill per request would cost more than the whole check, and it
+would reach the indexer's prefill kernels, which have no references here):
+``LayerCaches.prefill`` writes random, well-formed entries, seeded by the run's seed
+(the graph run and its eager twin see the same), into every cache its first steps
+read: the sliding-window rows of the last ``WINDOW`` positions, the compressor states
+of the windows still open, the compressed entries of the closed ones (main and indexer
+caches). What the steps compute from there is vLLM's.
 
 **Caches** (``LayerCaches``), allocated and bound as vLLM's ``bind_kv_cache`` takes
 them (``[blocks, 1, block_size, width]``; vLLM shares pages between some of them, here
@@ -30,27 +33,34 @@ each is its own tensor): per compressed layer its compressed KV cache (block siz
 ``COMPRESSED_BLOCK`` tokens = 256/ratio entries of 584 bytes, sparse_mla.py:57), its
 compressor's state cache (fp32 ``[4|8, 2*coff*512]`` blocks, compressor.py:160-171)
 and, at ratio 4, the indexer's K cache (132 bytes per entry) and its compressor's
-state cache. Each request owns its own blocks (block tables ``arange``).
+state cache. Each request owns its own blocks; block 0 of each cache is the null block
+padded rows point at.
 
-**Metadata** (``LayerMetadata``), built per step over persistent buffers from the
-runner's ``Buffers`` (positions, slots, sequence lengths), with vLLM's builders'
-semantics and, where the builder's work is a wrapper around a kernel, vLLM's wrapper
-itself (its kernel a reference, ``vllm_kernels_compressed``):
+**Metadata** (``LayerMetadata``), built per step over persistent buffers (each
+builder's own) from the runner's ``Buffers`` (positions, slots, sequence lengths, query
+starts, the token-to-request map) and by the counts the runner built the SWA metadata
+with (padded under FULL, real under PIECEWISE and eager; slot mappings as long as the
+runner pads them; the decode/prefill split of ``split_decodes_and_prefills``), with
+vLLM's builders' semantics and, where the builder's work is a wrapper around a kernel,
+vLLM's wrapper itself (its kernel a reference, ``vllm_kernels_compressed``):
 
 - ``{layer}`` -> ``DeepseekV4FlashMLAMetadata`` (``DeepseekV4SparseMLAMetadataBuilder.build``,
   sparse_mla.py:185): the compressed slot mapping from vLLM's
-  ``get_compressed_slot_mapping``; at ratio 128 the C128A decode indices from vLLM's
-  ``build_c128a_topk_metadata`` (``_build_c128a_metadata``, width rounded to 128);
+  ``get_compressed_slot_mapping``; at ratio 128 the C128A decode indices and the
+  prefill tokens' local indices from vLLM's ``build_c128a_topk_metadata``
+  (``_build_c128a_metadata``, width rounded to 128);
 - ``{layer}.compressor.state_cache`` and ``{layer}.indexer.compressor.state_cache`` ->
   ``CompressorMetadata`` (``CompressorMetadataBuilder.build``, compressor.py:107): the
   state slots, the block table, ``c128_boundary`` (vLLM's ``_get_c128_boundary``
   rule) for the 8-token state blocks;
-- ``{layer}.indexer.k_cache`` -> ``DeepseekV32IndexerMetadata`` with its decode part
+- ``{layer}.indexer.k_cache`` -> ``DeepseekV32IndexerMetadata``
   (``DeepseekV32IndexerMetadataBuilder.build``, v1/attention/backends/mla/indexer.py
-  :1415, the uniform non-varlen decode: compressed ``seq_lens`` ``[B, 1]``,
-  ``decode_lens`` of ones, no padding).
+  :1415): its decode part (the uniform non-varlen decode: compressed ``seq_lens``
+  ``[B, 1]``, ``decode_lens`` of ones, no padding) and its prefill part, whose chunk
+  vLLM's own ``build_prefill_chunk_metadata`` makes: none while the prefills hold no
+  compressed entry (``LayerMetadata._indexer_prefill``).
 
-A dummy batch (``position=None``: capture and warmup) has every slot ``-1``.
+A dummy batch (capture and warmup) has every slot ``-1`` and the null blocks.
 """
 
 from __future__ import annotations

@@ -13,9 +13,10 @@ Options, resolved like the bundled engine's (command line over settings over def
 - the workload (``vllm_runners.schedule``): ``--capture-sizes`` (vLLM's
   ``cudagraph_capture_sizes``, default 2,4; each at most the runner's
   ``max_num_batched_tokens``, 64) and ``--batch-sizes`` (the requests running in each
-  step, cycled over ``--steps``, default 1,2,3,3,2,1: a prefill step, two mixed
-  prefill-decode steps, decode batches padded to their capture size and one that fills
-  it; each at most ``max_num_seqs``, 16).
+  step, cycled over ``--steps``, default 1,2,3,3,2,1: a prefill step, a mixed
+  prefill-decode step, decode batches padded to their capture size and ones that fill
+  it, with long requests joining at the compressors' boundaries when the model has
+  compressed layers; each at most ``max_num_seqs``, 16).
 - ``--spec mtp|dspark``: speculative decoding (``vllm_spec``): each step is the target's
   verify forward and the draft's forwards, their graphs captured as each runner
   captures them. DSpark runs only on V2 (its default runner); ``--runner v1`` (or

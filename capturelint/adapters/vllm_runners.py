@@ -17,24 +17,26 @@ prefill of the context before each request's first step live in ``vllm_layers``,
 kernels they reach in ``vllm_kernels_compressed``. The hooks here: ``build_model`` (the
 ratios and the top-k buffer), ``_bind_caches`` and ``metadata``.
 
-**The workload** (``schedule``): requests of different prompt lengths join and leave;
-step ``i`` runs ``batch_sizes[i % len]`` of them (default 1,2,3,3,2,1), the batch
-ordered decodes first. How a request joins depends on the layers:
-
-- sliding-window layers only (``--layers 1``): its prompt is prefilled for real from
-  position 0 in its first step (a prefill step, then two mixed prefill-decode steps,
-  then decode batches of which two are padded);
-- with compressed layers (the default): its prompt begins at position
-  ``vllm_layers.START_POSITION`` (126) and everything before its last prompt token is
-  a stand-in prefill of the caches (``LayerCaches.prefill``); it joins with a decode
-  of that last token. Every step is then a decode batch (padded ones, full ones,
-  requests at different positions: 127 and 128 at the join, for prompts of 2 and 3
-  tokens), and the steps cross the ratio-4 boundaries (127, 131), the ratio-128
-  boundary (127) and the indexer's switch to the real top-k (sequence length 132).
-  Why not a real prefill: the compressed layers' prefill path (``_forward_prefill``
-  with compressed KV, the indexer's prefill: ``cp_gather_indexer_k_quant_cache``,
-  DeepGEMM ``fp8_fp4_mqa_logits``, ``as_fp32_logits``, ``top_k_per_row_prefill``, and
-  the indexer metadata builder's prefill chunks) has no CPU reference here.
+**The workload** (``schedule``): requests of different prompt lengths (2 and 3
+tokens) join and leave; step ``i`` runs ``batch_sizes[i % len]`` of them (default
+1,2,3,3,2,1), the batch ordered decodes first. A joining request is prefilled whole
+from position 0. With compressed layers (the default) every other request is a long
+one instead: its prompt begins at ``vllm_layers.START_POSITION`` (125), the positions
+before its last token are a stand-in prefill of its caches (``LayerCaches.prefill``),
+and it joins with a decode of that token at 127. The default six steps are then a
+prefill step, a decode step (requests at positions 2 and 127), a mixed step (two
+decodes and a prefill: 4 tokens, which PIECEWISE replays and FULL_DECODE_ONLY runs
+eagerly), a decode batch padded from 3 to 4, a full one and one padded from 1 to 2;
+they cross the ratio-4 boundaries (3, 127), the ratio-128 boundary (127) and the
+indexer's switch between its short-context fill and its real top-k. The prefills
+run through every layer kind's ``_forward_prefill``; what they do not reach, and why:
+a fresh prompt holds no compressed entry yet (shorter than the ratio), so the
+compressed gather and the top-k part of the combined indices are empty and the
+indexer's prefill has no chunk (no ``cp_gather_indexer_k_quant_cache``,
+``fp8_fp4_mqa_logits``, ``as_fp32_logits``, ``top_k_per_row_prefill``: no CPU
+reference here, ``LayerMetadata._indexer_prefill`` refuses a chunk); a long request's
+prompt is stood in for the same reason. ``--layers 1`` (sliding-window only) runs
+every request fresh (a prefill step, two mixed steps, three decode batches).
 
 **The runners** (``Runner``), a loop over those steps with the model wrapped by vLLM's
 ``BreakableCUDAGraphWrapper``, over persistent buffers (``Buffers``: input ids,
