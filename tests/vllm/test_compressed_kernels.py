@@ -147,6 +147,32 @@ def test_compress_head128_stores_the_indexer_layout_and_skips_pads():
     assert bool((flat[4 * 128:5 * 128] == 0xAB).all())  # token 1's state slot was -1
 
 
+def test_compress_reads_pad_past_a_shorter_compressed_slot_view():
+    """V2 PIECEWISE: the state slots span the padded tokens, the compressed slot mapping
+    the real ones (``out[:num_tokens]`` of a buffer filled with PAD): a token past the
+    view stores nothing, as the kernel reading PAD there."""
+    head, ratio, position = 128, 4, 7
+    state, table, bs, *_ = _states(ratio, head, position + 1, seed=5)
+    cache = torch.full((1, 8, 132), 0xAB, dtype=torch.uint8)
+    ops.compress_norm_rope_store(state, torch.tensor([0, 0]), torch.tensor([position, position]),
+                                 torch.tensor([0, 1]), table, bs, state.shape[-1] // 2, rope_cache(), cache,
+                                 torch.tensor([3]), 2, head, 64, ratio, True, torch.ones(head).bfloat16(), EPS)
+    flat = cache.view(-1)
+    assert not bool((flat[3 * 128:4 * 128] == 0xAB).all())  # token 0: stored at slot 3
+    assert bool((flat[:3 * 128] == 0xAB).all()) and bool((flat[4 * 128:8 * 128] == 0xAB).all())  # nothing else
+
+
+def test_a_kernels_pointer_arguments_address_the_whole_buffer():
+    """``addressable``: what a kernel given a view as a pointer can read (the rows of the
+    buffer from the view's offset), outside any dispatch mode."""
+    buffer = torch.arange(40, dtype=torch.int32).view(10, 4)
+    view = buffer[2:3]
+    got = C.addressable(view)
+    assert got.shape == (8, 4) and got.data_ptr() == view.data_ptr() and torch.equal(got, buffer[2:])
+    flat = torch.arange(16)
+    assert torch.equal(C.addressable(flat[:3]), flat)
+
+
 # --------------------------------------------------------------------- indexer
 
 
@@ -266,6 +292,10 @@ def test_compressed_slot_mapping_through_vllms_wrapper(monkeypatch):
     # boundaries: position 3 (req 0, entry 0 -> block 3, slot 6) and 11 (req 1, entry 2 -> block 1, slot 2)
     assert got.tolist() == [-1, -1, 6, -1, -1, -1, 2]
     assert out[7:].tolist() == [-1, -1, -1]  # the wrapper clears the whole buffer
+    # V2 pads the slot mapping past the metadata's token count: the kernel reads query tokens only
+    padded = torch.cat((slot_mapping, torch.tensor([-1, -1, -1])))
+    again = cu.get_compressed_slot_mapping(7, padded, query_start_loc, seq_lens, table, 2, 4, out=out)
+    assert again.tolist() == [-1, -1, 6, -1, -1, -1, 2]
 
 
 def test_mm_with_an_fp32_output_dtype_runs_on_cpu():

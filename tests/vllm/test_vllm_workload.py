@@ -178,3 +178,41 @@ def test_a_snapshot_records_the_workload_and_refuses_a_bad_one(tmp_path, capsys)
     assert main(["diff", str(snap), *args]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "field engine.capture_sizes must be a list of positive integers" in line, line
+
+
+def test_the_prefills_run_every_layer_kinds_prefill_path(monkeypatch):
+    """The default workload's prefill and mixed steps (0 and 2) go through each layer
+    kind's ``_forward_prefill`` and, at ratio 4, through vLLM's indexer op (``forward_cuda``)
+    with prefill metadata of no chunk (the fresh prompts hold no compressed entry)."""
+    require_vllm()
+    import vllm.model_executor.layers.sparse_attn_indexer as indexer_layer
+    from vllm.models.deepseek_v4.nvidia import flashmla
+
+    from capturelint.adapters.vllm import cpu_shim
+    from capturelint.adapters.vllm_runners import RunSpec, Runner
+    from capturelint.options import CUDAGraphMode
+
+    prefills, indexer_prefills = [], []
+    forward_prefill = flashmla.DeepseekV4FlashMLAAttention._forward_prefill
+    indexer_op = indexer_layer.SparseAttnIndexer.forward_cuda
+
+    def spy_prefill(self, q, *args, **kwargs):
+        prefills.append((self.compress_ratio, q.shape[0]))
+        return forward_prefill(self, q, *args, **kwargs)
+
+    def spy_indexer(*args, **kwargs):
+        from vllm.forward_context import get_forward_context
+
+        md = get_forward_context().attn_metadata["model.layers.1.attn.indexer.k_cache"]
+        if md.num_prefills:
+            indexer_prefills.append((md.num_prefill_tokens, len(md.prefill.chunks)))
+        return indexer_op(*args, **kwargs)
+
+    with cpu_shim():
+        monkeypatch.setattr(flashmla.DeepseekV4FlashMLAAttention, "_forward_prefill", spy_prefill)
+        monkeypatch.setattr(indexer_layer.SparseAttnIndexer, "forward_cuda", spy_indexer)
+        Runner(RunSpec(mode=CUDAGraphMode.PIECEWISE), graphs=False).generate()
+    # step 0: request 0's 2-token prompt; step 2: request 2's, after two decodes
+    assert prefills == [(1, 2), (4, 2), (128, 2), (1, 2), (4, 2), (128, 2)]
+    # step 0 is short context (the fill, no indexer op); step 2 has a long request: the indexer ranks
+    assert indexer_prefills == [(2, 0)]
