@@ -295,6 +295,71 @@ def top_k_per_row_decode(logits: torch.Tensor, next_n: int, seq_lens: torch.Tens
     topk_indices[:num_rows, :topk_tokens] = out
 
 
+# ---------------------------------------------------------- indexer prefill
+
+
+def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor, dst_scale: torch.Tensor,
+                                    block_table: torch.Tensor, cu_seq_lens: torch.Tensor) -> None:
+    """Each request's indexer entries, contiguous (see the module docstring)."""
+    flat = kv_cache.reshape(kv_cache.shape[0], -1)
+    bs = flat.shape[1] // (INDEXER_HEAD_DIM + INDEXER_SCALE_BYTES)
+    values, scales = dst_k.view(torch.uint8), dst_scale.view(torch.uint8)
+    for b in range(block_table.shape[0]):
+        start, end = int(cu_seq_lens[b]), int(cu_seq_lens[b + 1])
+        t = torch.arange(end - start, device=flat.device)
+        blocks = block_table[b].long()[torch.div(t, bs, rounding_mode="floor")][:, None]
+        offset = (t % bs)[:, None]
+        values[start:end] = flat[blocks, offset * INDEXER_HEAD_DIM + torch.arange(INDEXER_HEAD_DIM)]
+        scales[start:end] = flat[blocks, bs * INDEXER_HEAD_DIM + offset * INDEXER_SCALE_BYTES + torch.arange(4)]
+
+
+def fp8_mqa_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
+                   cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor, max_seqlen_k: int) -> torch.Tensor:
+    """FP8 MQA logits, compressed rows (see the module docstring)."""
+    dots = torch.einsum("mhd,nd->mhn", q.float(), k.float()) * k_scale.reshape(-1).float()
+    full = (dots.relu() * weights.float()[..., None]).sum(dim=1)  # [M, N]
+    cols = cu_seqlen_ks.long()[:, None] + torch.arange(max_seqlen_k, device=q.device)
+    valid = cols < cu_seqlen_ke.long()[:, None]
+    if full.shape[1] == 0:
+        return torch.full((q.shape[0], max_seqlen_k), float("-inf"), device=q.device)
+    return full.gather(1, cols.clamp(max=full.shape[1] - 1)).masked_fill(~valid, float("-inf"))
+
+
+def top_k_per_row_prefill(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
+                          topk_indices: torch.Tensor, num_rows: int, stride0: int, stride1: int,
+                          topk_tokens: int) -> None:
+    """Per row, the columns of the ``topk_tokens`` largest logits in ``[start, end)``."""
+    rows = logits.as_strided((num_rows, logits.shape[1]), (stride0, stride1), logits.storage_offset()).float()
+    cols = torch.arange(rows.shape[1], device=logits.device)
+    starts, ends = row_starts.long()[:num_rows, None], row_ends.long()[:num_rows, None]
+    masked = rows.masked_fill((cols < starts) | (cols >= ends), float("-inf"))
+    width = min(topk_tokens, rows.shape[1])
+    order = torch.sort(masked, dim=1, descending=True, stable=True).indices[:, :width]
+    k = torch.arange(width, device=logits.device)[None, :]
+    lens = ends - starts
+    order = torch.where(lens <= topk_tokens, starts + k, order)  # a short row: every column, in order
+    out = torch.full((num_rows, topk_tokens), -1, dtype=topk_indices.dtype, device=topk_indices.device)
+    out[:, :width] = torch.where(k < lens, order, -1).to(topk_indices.dtype)
+    topk_indices[:num_rows, :topk_tokens] = out
+
+
+def build_prefill_chunk_metadata(query_start_loc: torch.Tensor, uncompressed_seq_lens: torch.Tensor,
+                                 cu_seq_lens: torch.Tensor, row_start_cu: torch.Tensor, token_to_seq: torch.Tensor,
+                                 cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor, query_slice_start: int,
+                                 query_slice_stop: int, compress_ratio: int) -> None:
+    """Per prefill token its K range in the gathered entries, per entry its request."""
+    num_reqs = cu_seq_lens.shape[0] - 1
+    for b in range(num_reqs):
+        query_start, query_end = int(query_start_loc[b]), int(query_start_loc[b + 1])
+        start_pos = int(uncompressed_seq_lens[b]) - (query_end - query_start)
+        row_start = int(row_start_cu[b])
+        for t in range(query_start, query_end):
+            if query_slice_start <= t < query_slice_stop:
+                cu_seqlen_ks[t - query_slice_start] = row_start
+                cu_seqlen_ke[t - query_slice_start] = row_start + (start_pos + 1 + t - query_start) // compress_ratio
+        token_to_seq[int(cu_seq_lens[b]):int(cu_seq_lens[b + 1])] = b
+
+
 # ------------------------------------------------------------------ metadata
 
 
@@ -400,6 +465,16 @@ _SCHEMAS = {
     "compressed_slot_mapping": "(Tensor(a!) out, Tensor slot_mapping, Tensor query_start_loc, Tensor seq_lens, "
                                "Tensor block_table, int block_size, int compress_ratio, int dcp_world_size, "
                                "int cp_interleave) -> ()",
+    "cp_gather_indexer_k_quant_cache": "(Tensor kv_cache, Tensor(a!) dst_k, Tensor(b!) dst_scale, "
+                                       "Tensor block_table, Tensor cu_seq_lens) -> ()",
+    "fp8_mqa_logits": "(Tensor q, Tensor k, Tensor k_scale, Tensor weights, Tensor cu_seqlen_ks, "
+                      "Tensor cu_seqlen_ke, int max_seqlen_k) -> Tensor",
+    "top_k_per_row_prefill": "(Tensor logits, Tensor row_starts, Tensor row_ends, Tensor(a!) topk_indices, "
+                             "int num_rows, int stride0, int stride1, int topk_tokens) -> ()",
+    "build_prefill_chunk_metadata": "(Tensor query_start_loc, Tensor uncompressed_seq_lens, Tensor cu_seq_lens, "
+                                    "Tensor row_start_cu, Tensor(a!) token_to_seq, Tensor(b!) cu_seqlen_ks, "
+                                    "Tensor(c!) cu_seqlen_ke, int query_slice_start, int query_slice_stop, "
+                                    "int compress_ratio) -> ()",
 }
 
 
@@ -416,6 +491,10 @@ def _logits_fake(q, kv_cache, weights, context_lens, block_tables, max_model_len
     return q.new_empty((q.shape[0] * q.shape[1], max_model_len), dtype=torch.float32)
 
 
+def _mqa_logits_fake(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, max_seqlen_k):
+    return q.new_empty((q.shape[0], max_seqlen_k), dtype=torch.float32)
+
+
 _REFERENCES = {
     "save_partial_states": (save_partial_states, _none),
     "compress_norm_rope_store": (compress_norm_rope_store, _none),
@@ -426,9 +505,15 @@ _REFERENCES = {
     "fill_short_context_topk_indices": (fill_short_context_topk_indices, _none),
     "build_c128a_topk_metadata": (build_c128a_topk_metadata, _none),
     "compressed_slot_mapping": (compressed_slot_mapping, _none),
+    "cp_gather_indexer_k_quant_cache": (cp_gather_indexer_k_quant_cache, _none),
+    "fp8_mqa_logits": (fp8_mqa_logits, _mqa_logits_fake),
+    "top_k_per_row_prefill": (top_k_per_row_prefill, _none),
+    "build_prefill_chunk_metadata": (build_prefill_chunk_metadata, _none),
 }
-_C_OPS = ("top_k_per_row_decode",)  # vLLM calls these as torch.ops._C.<name>
-IMPLS = {f"{'_C' if name in _C_OPS else NS}::{name}": (_SCHEMAS[name], *_REFERENCES[name]) for name in _SCHEMAS}
+# vLLM calls these as torch.ops.<namespace>.<name>
+_VLLM_NAMESPACES = {"top_k_per_row_decode": "_C", "top_k_per_row_prefill": "_C",
+                    "cp_gather_indexer_k_quant_cache": "_C_cache_ops"}
+IMPLS = {f"{_VLLM_NAMESPACES.get(name, NS)}::{name}": (_SCHEMAS[name], *_REFERENCES[name]) for name in _SCHEMAS}
 #: The ops this module has a reference for, as ``namespace::name``.
 REFERENCE_KERNELS: tuple[str, ...] = tuple(IMPLS)
 
@@ -455,7 +540,7 @@ def register() -> tuple[str, ...]:
 
 def _op(name: str) -> Any:
     register()
-    return getattr(getattr(torch.ops, "_C" if name in _C_OPS else NS), name)
+    return getattr(getattr(torch.ops, _VLLM_NAMESPACES.get(name, NS)), name)
 
 
 # ----------------------------------------------------------------- drop-ins
@@ -526,6 +611,30 @@ def fp8_fp4_paged_mqa_logits_dropin(q, kv_cache, weights, context_lens, block_ta
     return _op("fp8_paged_mqa_logits")(values, kv_cache, weights, context_lens, block_tables, max_model_len)
 
 
+def fp8_fp4_mqa_logits_dropin(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, max_seqlen_k):
+    """Drop-in for ``vllm.utils.deep_gemm.fp8_fp4_mqa_logits`` (FP8 q with its scale
+    folded into the weights, fp32 K scales)."""
+    (q_values, q_scale), (k_values, k_scale) = q, kv
+    if q_scale is not None or k_scale.dtype != torch.float32:
+        raise NotImplementedError("fp8_fp4_mqa_logits: the reference covers FP8 q without scale, fp32 K scales")
+    return _op("fp8_mqa_logits")(q_values, k_values, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, int(max_seqlen_k))
+
+
+class BuildPrefillChunkMetadataKernel:
+    """Stands in for the Triton ``_BUILD_PREFILL_CHUNK_METADATA_KERNEL`` (indexer.py)
+    without decode context parallelism."""
+
+    def __call__(self, query_start_loc, uncompressed_seq_lens, cu_seq_lens, row_start_cu, token_to_seq,
+                 cu_seqlen_ks, cu_seqlen_ke, query_slice_start, query_slice_stop, dcp_rank, dcp_world,
+                 dcp_interleave, *, num_reqs, COMPRESS_RATIO) -> None:
+        if dcp_world != 1:
+            raise NotImplementedError("build_prefill_chunk_metadata: decode context parallelism is not covered")
+        _op("build_prefill_chunk_metadata")(query_start_loc[: num_reqs + 1], uncompressed_seq_lens[:num_reqs],
+                                            cu_seq_lens[: num_reqs + 1], row_start_cu[: num_reqs + 1], token_to_seq,
+                                            cu_seqlen_ks, cu_seqlen_ke, int(query_slice_start),
+                                            int(query_slice_stop), COMPRESS_RATIO)
+
+
 class ComputeGlobalTopkKernel:
     """Stands in for ``_COMPUTE_GLOBAL_TOPK_INDICES_AND_LENS_KERNEL``."""
 
@@ -593,6 +702,7 @@ def install(patches: Any) -> None:
     from vllm.models.deepseek_v4.common.ops import cache_utils
     from vllm.models.deepseek_v4.nvidia import flashmla
     from vllm.v1.attention.backends.mla import compressor_utils
+    from vllm.v1.attention.backends.mla import indexer as indexer_backend
 
     register()
     store = CompressNormRopeStoreKernel()
@@ -604,6 +714,8 @@ def install(patches: Any) -> None:
     patches.set(attention, "_fill_short_context_topk_indices", FillShortContextKernel())
     patches.set(attention, "triton", _TritonHelpers(attention.triton))  # its launch reads triton.next_power_of_2
     patches.set(indexer_layer, "fp8_fp4_paged_mqa_logits", fp8_fp4_paged_mqa_logits_dropin)
+    patches.set(indexer_layer, "fp8_fp4_mqa_logits", fp8_fp4_mqa_logits_dropin)
+    patches.set(indexer_backend, "_BUILD_PREFILL_CHUNK_METADATA_KERNEL", BuildPrefillChunkMetadataKernel())
     patches.set(cache_utils, "_COMPUTE_GLOBAL_TOPK_INDICES_AND_LENS_KERNEL", ComputeGlobalTopkKernel())
     patches.set(sparse_mla, "_BUILD_C128A_TOPK_METADATA_KERNEL", BuildC128AKernel())
     patches.set(compressor_utils, "_COMPRESSED_SLOT_MAPPING_KERNEL", CompressedSlotMappingKernel())

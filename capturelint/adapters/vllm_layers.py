@@ -193,9 +193,12 @@ class LayerMetadata:
     """Per-layer-kind decode metadata over persistent buffers (each builder's own, sized
     for ``MAX_TOKENS`` tokens and ``MAX_REQS`` requests); see the module docstring."""
 
-    def __init__(self, caches: LayerCaches):
+    def __init__(self, caches: LayerCaches, vllm_config: Any):
+        from vllm.v1.attention.backends.mla.indexer import get_max_prefill_buffer_size
+
         self.caches = caches
         self.layers = caches.layers
+        self.prefill_buffer = get_max_prefill_buffer_size(vllm_config)  # the indexer builder's, uncompressed rows
         self.state_slots = {r: torch.full((MAX_TOKENS,), -1, dtype=torch.long) for r in STATE_BLOCK}
         self.compressed_slots: dict[str, torch.Tensor] = {}
         for attn in caches.layers:  # one buffer per builder: the layer's and its indexer's
@@ -313,34 +316,37 @@ class LayerMetadata:
                                                                         c128_boundary)
         return md
 
-    @staticmethod
-    def _indexer_prefill(b: Any, num_decodes: int, num_reqs: int, table: torch.Tensor, r: int) -> Any:
-        """The indexer's prefill metadata (``DeepseekV32IndexerMetadataBuilder.build``,
-        indexer.py:1485-1595): its chunk from vLLM's own ``build_prefill_chunk_metadata``,
-        which makes none when the prefills hold no compressed entry yet (the workload's
-        prompts are prefilled from position 0 and are shorter than the ratio), so the
-        indexer's prefill kernels (``cp_gather_indexer_k_quant_cache``, DeepGEMM
-        ``fp8_fp4_mqa_logits``, ``as_fp32_logits``, ``top_k_per_row_prefill``) are not
-        reached. A chunk with entries is refused: those kernels have no reference here."""
+    def _indexer_prefill(self, b: Any, num_decodes: int, num_reqs: int, table: torch.Tensor, r: int) -> Any:
+        """The indexer's prefill metadata as ``DeepseekV32IndexerMetadataBuilder.build``
+        makes it (indexer.py:1485-1595, no context parallelism, no row sharding): vLLM's
+        own chunk split (``_split_indexer_prefill_chunks``) and
+        ``build_prefill_chunk_metadata``, which makes no chunk for prefills that hold
+        no compressed entry yet."""
+        import vllm.envs as envs
         from vllm.v1.attention.backends.mla.indexer import (
+            DeepseekV32IndexerMetadataBuilder,
             DeepseekV32IndexerPrefillMetadata,
             build_prefill_chunk_metadata,
         )
 
-        from capturelint.errors import CapturelintError
-
         if num_reqs == num_decodes:
             return None
         seq_lens = b.seq_lens[:num_reqs]
+        query_start_loc = b.query_start_loc[: num_reqs + 1]
         compressed = torch.div(seq_lens, r, rounding_mode="floor")
-        chunk = build_prefill_chunk_metadata(num_decodes, num_reqs, b.query_start_loc[: num_reqs + 1],
-                                             b.query_start_loc[: num_reqs + 1].clone(), seq_lens, compressed,
-                                             compressed.clone(), table, r)
-        if chunk is not None:
-            raise CapturelintError("a prefill that holds compressed entries reaches the indexer's prefill kernels "
-                                   "(cp_gather_indexer_k_quant_cache, fp8_fp4_mqa_logits, top_k_per_row_prefill), "
-                                   "which have no CPU reference here")
-        return DeepseekV32IndexerPrefillMetadata([], max_prefill_seq_len=int(seq_lens[num_decodes:].max()))
+        query_lens = torch.diff(query_start_loc[num_decodes:])
+        specs = DeepseekV32IndexerMetadataBuilder._split_indexer_prefill_chunks(
+            compressed[num_decodes:], query_lens, self.prefill_buffer // r,
+            envs.VLLM_SPARSE_INDEXER_MAX_LOGITS_MB * 1024 * 1024, request_offset=num_decodes)
+        chunks = []
+        for req_slice, query_slice in specs:
+            chunk = build_prefill_chunk_metadata(req_slice.start, req_slice.stop, query_start_loc,
+                                                 query_start_loc.clone(), seq_lens, compressed, compressed.clone(),
+                                                 table, r, query_slice=query_slice,
+                                                 skip_kv_gather=query_slice.start > 0)
+            if chunk is not None:
+                chunks.append(chunk)
+        return DeepseekV32IndexerPrefillMetadata(chunks, max_prefill_seq_len=int(seq_lens[num_decodes:].max()))
 
     def _state(self, compressor: Any, num_reqs: int, m: int, b: Any, c128_boundary: bool) -> Any:
         from vllm.models.deepseek_v4.compressor import CompressorMetadata

@@ -384,7 +384,7 @@ def schedule(batch_sizes: tuple[int, ...], steps: int, long_context: int | None 
         while len(batch) < want:
             prompt = PROMPT_LENS[next_req % len(PROMPT_LENS)]
             long = long_context is not None and next_req % 2 == 1
-            batch.append(Scheduled(next_req, long_context + prompt - 1, 1) if long else Scheduled(next_req, 0, prompt))
+            batch.append(Scheduled(next_req, long_context if long else 0, prompt))
             next_req += 1
         running = [(s.req, s.start + s.query_len) for s in batch]
         out.append(tuple(batch))
@@ -595,7 +595,7 @@ class Runner:
         swa_table = 1 + torch.arange(requests * MAX_BLOCKS, dtype=torch.int32).view(requests, MAX_BLOCKS)
         swa = [(c.view(c.shape[0], -1), swa_table) for _, c in caches]
         layer_caches.prefill([first[r] for r in range(requests)], swa, SWA_BLOCK, WINDOW, self.spec.seed)
-        self.layer_metadata = vllm_layers.LayerMetadata(layer_caches)
+        self.layer_metadata = vllm_layers.LayerMetadata(layer_caches, self.vc)
         return caches + layer_caches.named
 
     # -- the runners' rules for a batch
