@@ -71,10 +71,10 @@ def test_v1_narrow_region_fails_at_the_profile_run_branch(v1_narrow):
     assert piecewise["max_step_error"] > 1e-2
     assert piecewise["token_agreement"] < 1.0
     # a FULL graph is captured with metadata (force_attention): the narrow region is safe there;
-    # FULL (FULL_DECODE_ONLY for DeepSeek V4) replays the four decode steps, the prefill and
+    # FULL (FULL_DECODE_ONLY for DeepSeek V4) replays the three decode steps, the prefill and
     # mixed steps run eagerly
     full = next(n for n in report["numerical"] if n["mode"] == "FULL")
-    assert full["max_step_error"] < 1e-4 and full["replay_steps"] == 4
+    assert full["max_step_error"] < 1e-4 and full["replay_steps"] == 3
     assert not [f for f in report["findings"] if f["mode"] == "FULL"]
 
 
@@ -84,8 +84,8 @@ def test_v1_with_vllms_own_region_is_clean(v1_default):
     assert report["findings"] == []
     assert {c["eager_region"] for c in report["configurations"]} == {"wide"}  # _prepare_and_attn_eager under V1
     for n in report["numerical"]:
-        # PIECEWISE replays all six steps (the prefill and mixed ones too), FULL the four decode ones
-        assert n["replay_steps"] == (6 if n["mode"] == "PIECEWISE" else 4)
+        # PIECEWISE replays all six steps (the prefill and mixed ones too), FULL the decode ones
+        assert n["replay_steps"] == (6 if n["mode"] == "PIECEWISE" else 3)
         assert n["max_step_error"] < 1e-4
         assert n["token_agreement"] == 1.0
 
@@ -377,10 +377,11 @@ def test_eager_steps_cross_each_kinds_boundary():
 
     _, steps = _spy_runs(Runner.V2, CUDAGraphMode.PIECEWISE, EagerRegion.PER_RUNNER, graphs=False)
     # the indexer fills every candidate while max_seq_len // 4 <= index_topk (16): the steps with fresh requests
-    # only (the first and the last); with a long request (from position 127 on) it ranks
+    # only (the first and the last); with the long request (from its prompt at 125..127 on) it ranks
     assert [c for c, _ in steps if c in ("short-fill", "indexer-topk")] == \
         ["short-fill"] + ["indexer-topk"] * 4 + ["short-fill"]
-    # the C128 compressor stores only at its boundary (position 127, step 1), eagerly; the C4 ones every step
+    # the C128 compressor stores only at its boundary (position 127, in step 1's prefill), eagerly; the C4 ones
+    # every step
     assert sum(c == "store128:512" for c, _ in steps) == 1
     assert sum(c == "store4:512" for c, _ in steps) == 6
     assert not any(capturing for _, capturing in steps)

@@ -36,10 +36,10 @@ def test_with_compressed_layers_long_requests_join_at_the_boundaries():
     steps = schedule(DEFAULT_BATCH_SIZES, 6, long_context=125)
     positions = [[(s.req, s.start, s.query_len) for s in step] for step in steps]
     # even requests are prefilled from 0; odd ones are long: their 3-token prompt begins at
-    # 125, everything before its last token is stood in, and they join with a decode of it
+    # 125 (everything before is stood in) and is prefilled for real
     assert positions == [
         [(0, 0, 2)],  # a prefill step
-        [(0, 2, 1), (1, 127, 1)],  # the ratio-4 and ratio-128 boundary (position 127)
+        [(0, 2, 1), (1, 125, 3)],  # a mixed step; the prefill crosses the ratio-4 and ratio-128 boundary (127)
         [(0, 3, 1), (1, 128, 1), (2, 0, 2)],  # a mixed step: decodes at different positions, a prefill
         [(0, 4, 1), (1, 129, 1), (2, 2, 1)],  # 3 decodes: padded to 4
         [(1, 130, 1), (2, 3, 1)],
@@ -85,10 +85,10 @@ def test_each_runner_dispatches_and_pads_as_vllm(runner, mode, dispatched, slots
 
 @pytest.mark.parametrize("runner, mode, rows, tokens, slots", [
     # metadata counts the padded rows under FULL only; V2's slot mappings always span them
-    ("v1", "PIECEWISE", [1, 2, 3, 3, 2, 1], [2, 2, 4, 3, 2, 1], [2, 2, 4, 3, 2, 1]),
-    ("v2", "PIECEWISE", [1, 2, 3, 3, 2, 1], [2, 2, 4, 3, 2, 1], [2, 2, 4, 4, 2, 2]),
-    # FULL_DECODE_ONLY: the prefill and mixed steps (0 and 2) run eagerly, unpadded
-    ("v1", "FULL", [1, 2, 3, 4, 2, 2], [2, 2, 4, 4, 2, 2], [2, 2, 4, 4, 2, 2]),
+    ("v1", "PIECEWISE", [1, 2, 3, 3, 2, 1], [2, 4, 4, 3, 2, 1], [2, 4, 4, 3, 2, 1]),
+    ("v2", "PIECEWISE", [1, 2, 3, 3, 2, 1], [2, 4, 4, 3, 2, 1], [2, 4, 4, 4, 2, 2]),
+    # FULL_DECODE_ONLY: the prefill and mixed steps (0, 1 and 2) run eagerly, unpadded
+    ("v1", "FULL", [1, 2, 3, 4, 2, 2], [2, 4, 4, 4, 2, 2], [2, 4, 4, 4, 2, 2]),
 ])
 def test_the_compressed_layers_metadata_follows_the_runners_padding(runner, mode, rows, tokens, slots):
     require_vllm()
@@ -114,10 +114,13 @@ def test_the_compressed_layers_metadata_follows_the_runners_padding(runner, mode
             real = batch.num_tokens
             assert (state.slot_mapping[real:] == -1).all() and (c128.slot_mapping[real:] == -1).all()
             assert (c4.block_table[batch.num_reqs:] == 0).all()  # padded rows: the null block
-            decodes = [s for s in scheduled if s.query_len == 1 and s.start > 0]
+            decodes = [s for s in scheduled if s.query_len == 1]
             assert indexer.num_decode_tokens == len(decodes) + c128.num_actual_tokens - real
             assert indexer.num_prefill_tokens == real - len(decodes)
-            assert (indexer.prefill is None) == (indexer.num_prefills == 0)  # a prefill: no chunk (no entries yet)
+            assert (indexer.prefill is None) == (indexer.num_prefills == 0)
+            if indexer.prefill is not None:  # a chunk where the prefills hold compressed entries: the long prompt
+                long_prefill = any(s.query_len > 1 and s.start > 0 for s in scheduled)
+                assert len(indexer.prefill.chunks) == long_prefill
             # each real token's state slot is its request's block at its position (state block 8 at ratio 128)
             t = 0
             for i, s in enumerate(scheduled):
@@ -181,38 +184,33 @@ def test_a_snapshot_records_the_workload_and_refuses_a_bad_one(tmp_path, capsys)
 
 
 def test_the_prefills_run_every_layer_kinds_prefill_path(monkeypatch):
-    """The default workload's prefill and mixed steps (0 and 2) go through each layer
-    kind's ``_forward_prefill`` and, at ratio 4, through vLLM's indexer op (``forward_cuda``)
-    with prefill metadata of no chunk (the fresh prompts hold no compressed entry)."""
+    """The default workload's prefill and mixed steps (0, 1 and 2) go through each layer
+    kind's ``_forward_prefill`` and, at ratio 4, the indexer's prefill: the long prompt
+    (step 1) holds compressed entries and reaches its kernels (gather, logits, top-k)."""
     require_vllm()
-    import vllm.model_executor.layers.sparse_attn_indexer as indexer_layer
+    from vllm import _custom_ops
     from vllm.models.deepseek_v4.nvidia import flashmla
 
     from capturelint.adapters.vllm import cpu_shim
     from capturelint.adapters.vllm_runners import RunSpec, Runner
     from capturelint.options import CUDAGraphMode
 
-    prefills, indexer_prefills = [], []
+    prefills, gathers = [], []
     forward_prefill = flashmla.DeepseekV4FlashMLAAttention._forward_prefill
-    indexer_op = indexer_layer.SparseAttnIndexer.forward_cuda
+    gather = _custom_ops.cp_gather_indexer_k_quant_cache
 
     def spy_prefill(self, q, *args, **kwargs):
         prefills.append((self.compress_ratio, q.shape[0]))
         return forward_prefill(self, q, *args, **kwargs)
 
-    def spy_indexer(*args, **kwargs):
-        from vllm.forward_context import get_forward_context
-
-        md = get_forward_context().attn_metadata["model.layers.1.attn.indexer.k_cache"]
-        if md.num_prefills:
-            indexer_prefills.append((md.num_prefill_tokens, len(md.prefill.chunks)))
-        return indexer_op(*args, **kwargs)
+    def spy_gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens):
+        gathers.append(cu_seq_lens.tolist())
+        return gather(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens)
 
     with cpu_shim():
         monkeypatch.setattr(flashmla.DeepseekV4FlashMLAAttention, "_forward_prefill", spy_prefill)
-        monkeypatch.setattr(indexer_layer.SparseAttnIndexer, "forward_cuda", spy_indexer)
+        monkeypatch.setattr(_custom_ops, "cp_gather_indexer_k_quant_cache", spy_gather)
         Runner(RunSpec(mode=CUDAGraphMode.PIECEWISE), graphs=False).generate()
-    # step 0: request 0's 2-token prompt; step 2: request 2's, after two decodes
-    assert prefills == [(1, 2), (4, 2), (128, 2), (1, 2), (4, 2), (128, 2)]
-    # step 0 is short context (the fill, no indexer op); step 2 has a long request: the indexer ranks
-    assert indexer_prefills == [(2, 0)]
+    # steps 0 and 2: a fresh 2-token prompt; step 1: the long 3-token prompt at 125..127
+    assert prefills == [(1, 2), (4, 2), (128, 2), (1, 3), (4, 3), (128, 3), (1, 2), (4, 2), (128, 2)]
+    assert gathers == [[0, 32]]  # the long prompt's 32 indexer entries (128 // 4), once
