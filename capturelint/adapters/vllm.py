@@ -12,15 +12,18 @@ bundled engine's.
   ``forward``, the per-runner region choice (``_prepare_and_attn_fn``, attention.py
   :323-328), ``_prepare_and_attn``/``_prepare_and_attn_eager``,
   ``_fused_qnorm_rope_kv_insert`` (with its profile-run ``F.pad`` branch),
-  ``_sparse_indexer_and_attn``, ``forward_mqa``/``_forward_decode``, ``_o_proj``
+  ``_sparse_indexer_and_attn``, ``forward_mqa``/``_forward_decode``/``_forward_prefill``, ``_o_proj``
   (``deep_gemm_fp8_o_proj``'s bf16 branch), the linear layers, RoPE caches, the
   workspace manager and ``execute_in_parallel``; in the compressed layers
   ``DeepseekCompressor.forward`` and ``_compress_norm_rope_store``,
   ``DeepseekV4Indexer.forward``, ``SparseAttnIndexer.forward_cuda`` and the
-  ``sparse_attn_indexer`` op (its decode path), the top-k dispatcher
-  (``SparseIndexerTopk``), and the Python wrappers around the kernels replaced below
+  ``sparse_attn_indexer`` op (its decode and prefill paths), the top-k dispatcher
+  (``SparseIndexerTopk``), ``as_fp32_logits``, the indexer metadata builder's chunk
+  split and ``build_prefill_chunk_metadata``, the SWA metadata's prefill chunk plan,
+  and the Python wrappers around the kernels replaced below
   (``compute_global_topk_indices_and_lens``, ``compress_norm_rope_store_triton``,
-  ``get_compressed_slot_mapping``, ``build_c128a_topk_metadata``);
+  ``get_compressed_slot_mapping``, ``build_c128a_topk_metadata``,
+  ``dequantize_and_gather_k_cache``, ``combine_topk_swa_indices``);
 - the breakable runtime (``compilation/breakable_cudagraph.py``):
   ``BreakableCUDAGraphWrapper``'s keying, capture and replay, ``BreakableCUDAGraphCapture``
   with ``add_eager`` (which discards break return values) and
@@ -45,8 +48,10 @@ bundled engine's.
   compressed layers (``capturelint.adapters.vllm_kernels_compressed``) the compressor's
   ``save_partial_states`` and compress/norm/RoPE/store kernels (Triton, CuTe DSL), the
   indexer's q quantization, DeepGEMM's paged MQA logits, ``_C.top_k_per_row_decode``,
-  the short-context fill, the global top-k slots and the metadata kernels (C128A,
-  compressed slot mapping), and a CPU kernel for ``aten::mm.dtype``; the compressor
+  the short-context fill, the global top-k slots, the indexer's prefill
+  (``cp_gather_indexer_k_quant_cache``, DeepGEMM's ``fp8_fp4_mqa_logits``,
+  ``_C.top_k_per_row_prefill``) and the metadata kernels (C128A, compressed slot
+  mapping, the indexer's prefill chunks), and a CPU kernel for ``aten::mm.dtype``; the compressor
   module sees a CUDA platform (``is_cuda()``, for its CUDA branches) and the indexer op
   dispatches to ``forward_cuda``;
 - ``compute_fp8_einsum_recipe`` (asserts a CUDA device; answers SM90's recipe), the

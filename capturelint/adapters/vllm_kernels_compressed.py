@@ -68,7 +68,32 @@ Ops (namespace ``capturelint_vllm`` unless said)
     v1/attention/backends/mla/compressor_utils.py)
     Token at a boundary with a slot >= 0 -> the slot of compressed entry
     ``position // ratio`` in its request's blocks; others keep what the wrapper filled
-    (-1). DCP is not covered (world size 1).
+    (-1). DCP is not covered (world size 1). The kernel reads the slots of query tokens
+    only: a slot mapping longer than the output (V2 pads it) is read to the output's
+    length.
+
+The indexer's prefill (``sparse_attn_indexer``'s prefill chunks):
+
+``build_prefill_chunk_metadata`` (``_BUILD_PREFILL_CHUNK_METADATA_KERNEL``,
+    v1/attention/backends/mla/indexer.py)
+    Prefill token ``t`` of request ``b`` at position ``p`` (inside the query slice):
+    ``ks[t] = row_start[b]`` and ``ke[t] = row_start[b] + (p + 1) // ratio``, the
+    request's entries the token may see among the gathered ones;
+    ``token_to_seq[cu[b]..cu[b+1]) = b``. No DCP.
+``_C_cache_ops::cp_gather_indexer_k_quant_cache`` (CUDA, ``ops.cp_gather_indexer_k_quant_cache``)
+    Request ``b``'s first ``cu[b+1] - cu[b]`` entries of the paged indexer cache
+    (``[bs*128 fp8 | bs*4 fp32 scale]`` per block, its block table) into rows
+    ``cu[b]..`` of ``dst_k`` (fp8 ``[N, 128]``) and ``dst_scale`` (the scale's 4 bytes).
+``fp8_mqa_logits`` (DeepGEMM ``fp8_fp4_mqa_logits``, utils/deep_gemm.py, FP8 Q)
+    ``full[i, n] = k_scale[n] * sum_h relu(q[i,h] . k[n]) * w[i,h]`` (fp32), returned
+    compressed as DeepGEMM documents it: row ``i`` holds ``[ks[i], ke[i])`` from column
+    0, ``-inf`` after (``[M, max_seqlen_k]``). fp32, so vLLM's ``as_fp32_logits``
+    returns it as it is.
+``_C::top_k_per_row_prefill`` (CUDA, ``ops.top_k_per_row_prefill``)
+    Row ``r``, columns ``[row_starts[r], row_ends[r])``: a row of at most ``topk``
+    columns selects every one in order, a longer one the columns of its ``topk``
+    largest logits, largest first; ``-1`` after. vLLM's CUDA path passes row starts
+    of 0 (the logits are compressed), so the columns are the request's entry indices.
 
 Limits
 ------

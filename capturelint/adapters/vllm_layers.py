@@ -9,22 +9,21 @@ only), 4 (compressed sparse: ``DeepseekCompressor`` plus ``DeepseekV4Indexer``) 
 
 **Positions** (the workload is ``vllm_runners.schedule``). Fresh requests are
 prefilled from position 0; long ones have a 3-token prompt that begins at
-``START_POSITION`` (125) and join with a decode of its last token, at 127. So the
-default six steps cross what each kind does at a boundary: a ratio-4 compression at 3
-and 127, the ratio-128 compression at 127 (with vLLM's eager skip of the C128
+``START_POSITION`` (125) and is prefilled for real. So the default six steps cross
+what each kind does at a boundary: a ratio-4 compression at 3 and 127, the ratio-128
+compression at 127 (in the long prompt's prefill; with vLLM's eager skip of the C128
 compressor off the boundary, compressor.py:410-417, on the other steps), and the
 indexer's switch from "every candidate" (``max_seq_len // 4 <= index_topk``,
 attention.py:1121, ``_fill_short_context_topk_indices``) while only fresh requests
-run, to the real top-k (``sparse_attn_indexer``'s decode path) once a long request
-does (``index_topk`` is 16).
+run, to the real top-k (``sparse_attn_indexer``'s prefill and decode paths) once the
+long request does (``index_topk`` is 16).
 
-**Stand-in prefill.** A long request's positions before its first step are not
-computed (a 128-token prefill per request would cost more than the whole check, and it
-would reach the indexer's prefill kernels, which have no references here):
+**Stand-in prefill.** A long request's positions before its prompt are not computed
+(a 125-token prefill per request would cost more than the whole check):
 ``LayerCaches.prefill`` writes random, well-formed entries, seeded by the run's seed
-(the graph run and its eager twin see the same), into every cache its first steps
-read: the sliding-window rows of the last ``WINDOW`` positions, the compressor states
-of the windows still open, the compressed entries of the closed ones (main and indexer
+(the graph run and its eager twin see the same), into every cache its steps read:
+the sliding-window rows of the last ``WINDOW`` positions, the compressor states of the
+windows still open, the compressed entries of the closed ones (main and indexer
 caches). What the steps compute from there is vLLM's.
 
 **Caches** (``LayerCaches``), allocated and bound as vLLM's ``bind_kv_cache`` takes
@@ -56,9 +55,9 @@ vLLM's wrapper itself (its kernel a reference, ``vllm_kernels_compressed``):
 - ``{layer}.indexer.k_cache`` -> ``DeepseekV32IndexerMetadata``
   (``DeepseekV32IndexerMetadataBuilder.build``, v1/attention/backends/mla/indexer.py
   :1415): its decode part (the uniform non-varlen decode: compressed ``seq_lens``
-  ``[B, 1]``, ``decode_lens`` of ones, no padding) and its prefill part, whose chunk
-  vLLM's own ``build_prefill_chunk_metadata`` makes: none while the prefills hold no
-  compressed entry (``LayerMetadata._indexer_prefill``).
+  ``[B, 1]``, ``decode_lens`` of ones, no padding) and its prefill part: vLLM's own
+  chunk split and ``build_prefill_chunk_metadata`` (``LayerMetadata._indexer_prefill``),
+  which makes no chunk while the prefills hold no compressed entry.
 
 A dummy batch (capture and warmup) has every slot ``-1`` and the null blocks.
 """

@@ -19,24 +19,21 @@ ratios and the top-k buffer), ``_bind_caches`` and ``metadata``.
 
 **The workload** (``schedule``): requests of different prompt lengths (2 and 3
 tokens) join and leave; step ``i`` runs ``batch_sizes[i % len]`` of them (default
-1,2,3,3,2,1), the batch ordered decodes first. A joining request is prefilled whole
-from position 0. With compressed layers (the default) every other request is a long
-one instead: its prompt begins at ``vllm_layers.START_POSITION`` (125), the positions
-before its last token are a stand-in prefill of its caches (``LayerCaches.prefill``),
-and it joins with a decode of that token at 127. The default six steps are then a
-prefill step, a decode step (requests at positions 2 and 127), a mixed step (two
-decodes and a prefill: 4 tokens, which PIECEWISE replays and FULL_DECODE_ONLY runs
-eagerly), a decode batch padded from 3 to 4, a full one and one padded from 1 to 2;
-they cross the ratio-4 boundaries (3, 127), the ratio-128 boundary (127) and the
-indexer's switch between its short-context fill and its real top-k. The prefills
-run through every layer kind's ``_forward_prefill``; what they do not reach, and why:
-a fresh prompt holds no compressed entry yet (shorter than the ratio), so the
-compressed gather and the top-k part of the combined indices are empty and the
-indexer's prefill has no chunk (no ``cp_gather_indexer_k_quant_cache``,
-``fp8_fp4_mqa_logits``, ``as_fp32_logits``, ``top_k_per_row_prefill``: no CPU
-reference here, ``LayerMetadata._indexer_prefill`` refuses a chunk); a long request's
-prompt is stood in for the same reason. ``--layers 1`` (sliding-window only) runs
-every request fresh (a prefill step, two mixed steps, three decode batches).
+1,2,3,3,2,1), the batch ordered decodes first. A joining request is prefilled whole in
+its first step, from position 0. With compressed layers (the default) every other
+request is a long one instead: its prompt begins at ``vllm_layers.START_POSITION``
+(125), the positions before it are a stand-in prefill of its caches
+(``LayerCaches.prefill``), and its prompt (125..127) is prefilled for real. The default
+six steps are then a prefill step, two mixed steps (a decode and the long prompt; two
+decodes at different positions and a fresh prompt: 4 tokens each, which PIECEWISE
+replays and FULL_DECODE_ONLY runs eagerly), a decode batch padded from 3 to 4, a full
+one and one padded from 1 to 2. They cross the ratio-4 boundaries (3, 127), the
+ratio-128 boundary (127, inside the long prompt's prefill) and the indexer's switch
+between its short-context fill and its real top-k, and every layer kind runs its
+``_forward_prefill``: the long prompt with compressed entries (the indexer's prefill
+chunk: gather, MQA logits, top-k; the C128A prefill indices; the compressed gather and
+the combined indices), the fresh ones without (no chunk: vLLM's builder makes none).
+``--layers 1`` (sliding-window only) runs every request fresh.
 
 **The runners** (``Runner``), a loop over those steps with the model wrapped by vLLM's
 ``BreakableCUDAGraphWrapper``, over persistent buffers (``Buffers``: input ids,

@@ -234,6 +234,27 @@ CONTRACT: tuple[Contract, ...] = (
         "indexer_metadata.max_seq_len // self.compress_ratio <= self.topk_tokens",
         "and not torch.cuda.is_current_stream_capturing()",
     ), "06e35b9060f63abb3678de017a203e7f4b845e152edd3fac0e6ebb8eecbcc9b3"),
+    Contract("v1/attention/backends/mla/indexer.py", "BuildPrefillChunkMetadataKernel.kernel",
+             f"{COMPRESSED} build_prefill_chunk_metadata", (
+        "tl.store(cu_compressed_seq_len_ks_ptr + out_pos, row_start, mask=mask)",
+        "global_ctx = start_pos + 1 + offset",
+        "len_per_token = global_ctx // COMPRESS_RATIO",
+        "tl.store(token_to_seq_ptr + seq_start + offset, batch_idx, mask=mask)",
+    ), "90d838c6a153528d2278190e459177efc3174ac320c5e5fb2c94224d36deb4cb"),
+    Contract("utils/deep_gemm.py", "fp8_fp4_mqa_logits", f"{COMPRESSED} fp8_mqa_logits", (
+        "Compressed logits of shape [M, max_seqlen_k]: row ``i`` holds K",
+        "positions ``[cu_seqlen_ks[i], cu_seqlen_ke[i])`` starting at column",
+    ), "d5fd7b1e2c1127ef6ed394085aa5dd22a29cbd94ce08e17e21aa058dedbaf720"),
+    Contract("model_executor/layers/sparse_attn_indexer.py", "as_fp32_logits", f"{COMPRESSED} fp8_mqa_logits (fp32)", (
+        "if logits.dtype == torch.float32:",
+        "return logits",
+    ), "fe42443f549e579c4d3ad2866013594ecba7563f299a37ef67a128fae83c36d9"),
+    Contract("model_executor/layers/sparse_attn_indexer.py", "sparse_attn_indexer",
+             f"{COMPRESSED} top_k_per_row_prefill (row starts 0)", (
+        "row_ends = cu_seqlen_ke - cu_seqlen_ks",
+        "torch.zeros_like(row_ends) if row_starts is None else row_starts,",
+        "ops.cp_gather_indexer_k_quant_cache(",
+    ), "9362147cce22311ea3bf5d37646c768e505768d73292ecc82f2e2d59995624d8"),
     Contract("v1/worker/gpu/block_table.py", "BlockTables.gather_block_tables",
              f"{RUNNERS} Runner.metadata (V2 block tables)", (
         "return tuple(bt[:num_reqs_padded] for bt in out)",
