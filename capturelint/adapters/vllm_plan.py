@@ -19,7 +19,9 @@ Options, resolved like the bundled engine's (command line over settings over def
   compressed layers; each at most ``max_num_seqs``, 16).
 - ``--spec mtp|dspark``: speculative decoding (``vllm_spec``): each step is the target's
   verify forward and the draft's forwards, their graphs captured as each runner
-  captures them. DSpark runs only on V2 (its default runner); ``--runner v1`` (or
+  captures them, over a fixed batch (``--capture-sizes``/``--batch-sizes`` are
+  refused) and sliding-window target layers (``--layers`` 1, its default; more is
+  refused). DSpark runs only on V2 (its default runner); ``--runner v1`` (or
   ``all``) with it is vLLM's own refusal (``DSPARK_V1_REFUSAL``).
 
 ``--fresh-metadata``, ``--kernels triton`` and ``--break-outputs`` describe the bundled
@@ -55,6 +57,10 @@ VLLM_MODES = (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL)
 DEFAULT_LAYERS = 3
 DEFAULT_STEPS = 6
 SPEC_METHODS = (None, "mtp", "dspark")  # --spec: none, or a draft vLLM 0.33.0 ships for DeepSeek V4
+
+SPEC_LAYERS_REFUSAL = ("--layers {layers} with --spec: the speculative-decoding loop verifies over sliding-window "
+                       "target layers only (its verify steps build no metadata for the compressed layers); use "
+                       "--layers 1, its default")
 
 DSPARK_V1_REFUSAL = ("--spec dspark needs --runner v2: vLLM 0.33.0 runs DSpark only on Model Runner V2 "
                      "(config/vllm.py:3110-3113 lists 'dspark speculative decoding' as unsupported by V1, and "
@@ -94,6 +100,11 @@ def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
 
     from capturelint.adapters.vllm_runners import MAX_REQS, MAX_TOKENS
 
+    if options.spec:
+        for option, given in (("--capture-sizes", options.capture_sizes), ("--batch-sizes", options.batch_sizes)):
+            if given:
+                raise CapturelintError(f"{option} sets the serving workload; --spec runs its own loop of verify and "
+                                       f"draft steps over a fixed batch, drop {option}")
     for option, sizes, most in (("--capture-sizes", options.capture_sizes, MAX_TOKENS),
                                 ("--batch-sizes", options.batch_sizes, MAX_REQS)):
         if any(n > most for n in sizes):
@@ -101,11 +112,14 @@ def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
                                    f"{'max_num_batched_tokens' if most == MAX_TOKENS else 'max_num_seqs'})")
     # DSpark runs only on V2 (config/vllm.py:3110-3113): its default runner
     default_runners = (Runner.V2,) if options.spec == "dspark" else tuple(Runner)
-    return resolve_plan(settings, options, NAME, default_runners=lambda: default_runners, default_modes=VLLM_MODES,
+    plan = resolve_plan(settings, options, NAME, default_runners=lambda: default_runners, default_modes=VLLM_MODES,
                         invariants=default_invariants, mode_refused=refused, check_runners=spec_runners,
                         break_outputs=BreakOutputs.DISCARD, spec=options.spec,
                         capture_sizes=tuple(sorted(set(options.capture_sizes))) or None,
                         batch_sizes=options.batch_sizes or None)
+    if plan.spec and plan.layers not in (None, 1):  # from the command line or the settings
+        raise CapturelintError(SPEC_LAYERS_REFUSAL.format(layers=plan.layers))
+    return plan
 
 
 def load(plan: CheckPlan) -> CheckPlan:
@@ -136,7 +150,9 @@ def _spec(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Any:
 
     workload = {name: value for name, value in (("capture_sizes", plan.capture_sizes), ("batch_sizes", plan.batch_sizes))
                 if value is not None}
-    return RunSpec(runner=runner, mode=mode, eager_region=plan.eager_region, layers=plan.layers or DEFAULT_LAYERS,
+    # --spec: sliding-window target layers (SPEC_LAYERS_REFUSAL)
+    layers = plan.layers or (1 if plan.spec else DEFAULT_LAYERS)
+    return RunSpec(runner=runner, mode=mode, eager_region=plan.eager_region, layers=layers,
                    steps=plan.steps or DEFAULT_STEPS, seed=plan.seed, **workload)
 
 
