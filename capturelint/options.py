@@ -7,7 +7,8 @@ command line asks of an engine (``EngineOptions``).
   the ones that capture graphs, what a check runs by default;
 - ``EagerRegion``: which part of the attention is an eager break (``--eager-region``);
 - ``BreakOutputs``: what replay does with an eager break's return values
-  (``--break-outputs``).
+  (``--break-outputs``);
+- ``parse_sizes``: ``--capture-sizes`` / ``--batch-sizes``, comma-separated counts.
 
 ``CUDAGraphMode`` and ``BreakOutputs`` are the runtime's own values (the runtime imports
 only torch): they are defined in ``capturelint.runtime.protocol`` and re-exported here.
@@ -33,7 +34,8 @@ DEFAULT_ENGINE = "bundled"
 the one a region map leaves unwritten (``capturelint.snapshot``)."""
 
 ENGINE_OPTIONS = ("--engine", "--runner", "--mode", "--eager-region", "--fresh-metadata", "--layers", "--steps", "--seed",
-                  "--kernels", "--break-outputs", "--platform", "--no-reuse", "--spec")
+                  "--kernels", "--break-outputs", "--platform", "--no-reuse", "--spec", "--capture-sizes",
+                  "--batch-sizes")
 """The options that configure capturelint's engines (``--jobs`` and ``--config`` apply to
 every check). An adapter says which of them it reads (``Adapter.OPTIONS``); one given on
 the command line that it does not read is an error, not ignored."""
@@ -121,6 +123,19 @@ def parse_break_outputs(text: str) -> BreakOutputs:
         raise CapturelintError(f"--break-outputs: {e}") from None
 
 
+def parse_sizes(option: str, text: str) -> tuple[int, ...]:
+    """``2,4`` -> (2, 4): positive integers, comma-separated, for ``option``; a one-line
+    error otherwise (the range each size may take is the engine's to check)."""
+    parts = [p.strip() for p in str(text).split(",")]
+    try:
+        sizes = tuple(int(p) for p in parts)
+    except ValueError:
+        sizes = ()
+    if not sizes or any(n < 1 for n in sizes):
+        raise CapturelintError(f"{option} takes positive integers separated by commas (e.g. 2,4), got {text!r}")
+    return sizes
+
+
 def runners_text(runners: tuple[Runner, ...]) -> str:
     """How ``--runner`` says ``runners``: ``v1``, or ``all`` for every runner."""
     return "all" if set(runners) == set(Runner) and len(runners) > 1 else ",".join(map(str, runners))
@@ -164,6 +179,8 @@ class EngineOptions:
     reuse: bool = True
     spec: str | None = None
     given: tuple[str, ...] = ()
+    capture_sizes: tuple[int, ...] = ()
+    batch_sizes: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, runner: str | None = None, modes: Iterable[str] = (), eager_region: str | None = None,
@@ -177,5 +194,6 @@ class EngineOptions:
 
 __all__ = [
     "BreakOutputs", "CAPTURE_MODES", "CUDAGraphMode", "Choice", "DEFAULT_ENGINE", "ENGINE_OPTIONS", "EagerRegion",
-    "EngineOptions", "Runner", "parse_break_outputs", "parse_modes", "parse_region", "parse_runners", "runners_text",
+    "EngineOptions", "Runner", "parse_break_outputs", "parse_modes", "parse_region", "parse_runners", "parse_sizes",
+    "runners_text",
 ]

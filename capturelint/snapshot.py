@@ -132,23 +132,31 @@ class EngineParams:
     fresh_metadata: bool
     break_outputs: BreakOutputs
     name: str = DEFAULT_ENGINE  # the engine family (--engine); written only when not the default engine
+    capture_sizes: tuple[int, ...] | None = None  # --engine vllm's workload; written only when given
+    batch_sizes: tuple[int, ...] | None = None
 
     @classmethod
     def of(cls, plan: Any) -> "EngineParams":
         return cls(plan.layers, plan.steps, plan.seed, plan.kernels, plan.fresh_metadata, plan.break_outputs,
-                   plan.engine)
+                   plan.engine, plan.capture_sizes, plan.batch_sizes)
 
     def described(self) -> dict[str, Any]:
         """Every value as the file says it: the break-output policy as
-        ``copy_break_outputs`` (true or false), the name included."""
+        ``copy_break_outputs`` (true or false), the name and the workload sizes
+        (lists, or null for the engine's defaults) included."""
         return {"layers": self.layers, "steps": self.steps, "seed": self.seed, "kernels": self.kernels,
                 "fresh_metadata": self.fresh_metadata, "copy_break_outputs": self.break_outputs is BreakOutputs.COPY,
-                "name": self.name}
+                "name": self.name,
+                "capture_sizes": None if self.capture_sizes is None else list(self.capture_sizes),
+                "batch_sizes": None if self.batch_sizes is None else list(self.batch_sizes)}
 
     def to_json(self) -> dict[str, Any]:
         doc = self.described()
         if self.name == DEFAULT_ENGINE:
             del doc["name"]
+        for key in ("capture_sizes", "batch_sizes"):
+            if doc[key] is None:
+                del doc[key]
         return doc
 
 
@@ -314,6 +322,16 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number a snapshot holds")
 
 
+def _sizes(f: _Fields, eng: dict, key: str) -> tuple[int, ...] | None:
+    """An optional list of positive integers of the engine section (``--capture-sizes``)."""
+    if key not in eng:
+        return None
+    value = f.field(eng, key, "engine", (list,), "a list of positive integers")
+    if not value or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in value):
+        raise f.fail(f"engine.{key}", f"must be a list of positive integers, got {value!r}")
+    return tuple(value)
+
+
 def parse_snapshot(doc: Any, path: str) -> RegionMap:
     """Validate a parsed snapshot document; see ``load_snapshot``."""
     f = _Fields(path)
@@ -343,6 +361,8 @@ def parse_snapshot(doc: Any, path: str) -> RegionMap:
         break_outputs=(BreakOutputs.COPY if f.field(eng, "copy_break_outputs", "engine", (bool,), "true or false")
                        else BreakOutputs.DISCARD),
         name=f.field(eng, "name", "engine", (str,), "a string") if "name" in eng else DEFAULT_ENGINE,
+        capture_sizes=_sizes(f, eng, "capture_sizes"),
+        batch_sizes=_sizes(f, eng, "batch_sizes"),
     )
     raw_configs = f.field(doc, "configurations", "", (list,), "a list")
     configs: list[ConfigMap] = []

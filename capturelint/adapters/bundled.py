@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     from capturelint.suggest import Slot
 
 NAME = "bundled"
-OPTIONS = frozenset(ENGINE_OPTIONS)
-OTHER_OPTIONS = ""  # it reads them all
+OPTIONS = frozenset(ENGINE_OPTIONS) - {"--capture-sizes", "--batch-sizes"}
+OTHER_OPTIONS = "sets the workload of --engine vllm (the bundled engine's is its scheduler's)"
 UNIT = "configuration"
 CHECK_MODES = tuple(str(m) for m in CAPTURE_MODES)  # their names, for scripts (examples/)
 

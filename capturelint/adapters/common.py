@@ -116,6 +116,8 @@ class CheckPlan:
     reuse: bool = True  # share identical work between configurations (the eager twins)
     target: str | None = None
     spec: str | None = None  # speculative-decoding method (--spec), where the adapter checks one
+    capture_sizes: tuple[int, ...] | None = None  # --engine vllm's workload (None: its defaults)
+    batch_sizes: tuple[int, ...] | None = None
     configured: tuple[tuple[str, str], ...] | None = None  # (runner, mode) as the adapter names them
     warnings: tuple[str, ...] = dataclasses.field(default=(), compare=False)
     loaded: Any = dataclasses.field(default=None, compare=False, repr=False)

@@ -12,15 +12,18 @@ bundled engine's.
   ``forward``, the per-runner region choice (``_prepare_and_attn_fn``, attention.py
   :323-328), ``_prepare_and_attn``/``_prepare_and_attn_eager``,
   ``_fused_qnorm_rope_kv_insert`` (with its profile-run ``F.pad`` branch),
-  ``_sparse_indexer_and_attn``, ``forward_mqa``/``_forward_decode``, ``_o_proj``
+  ``_sparse_indexer_and_attn``, ``forward_mqa``/``_forward_decode``/``_forward_prefill``, ``_o_proj``
   (``deep_gemm_fp8_o_proj``'s bf16 branch), the linear layers, RoPE caches, the
   workspace manager and ``execute_in_parallel``; in the compressed layers
   ``DeepseekCompressor.forward`` and ``_compress_norm_rope_store``,
   ``DeepseekV4Indexer.forward``, ``SparseAttnIndexer.forward_cuda`` and the
-  ``sparse_attn_indexer`` op (its decode path), the top-k dispatcher
-  (``SparseIndexerTopk``), and the Python wrappers around the kernels replaced below
+  ``sparse_attn_indexer`` op (its decode and prefill paths), the top-k dispatcher
+  (``SparseIndexerTopk``), ``as_fp32_logits``, the indexer metadata builder's chunk
+  split and ``build_prefill_chunk_metadata``, the SWA metadata's prefill chunk plan,
+  and the Python wrappers around the kernels replaced below
   (``compute_global_topk_indices_and_lens``, ``compress_norm_rope_store_triton``,
-  ``get_compressed_slot_mapping``, ``build_c128a_topk_metadata``);
+  ``get_compressed_slot_mapping``, ``build_c128a_topk_metadata``,
+  ``dequantize_and_gather_k_cache``, ``combine_topk_swa_indices``);
 - the breakable runtime (``compilation/breakable_cudagraph.py``):
   ``BreakableCUDAGraphWrapper``'s keying, capture and replay, ``BreakableCUDAGraphCapture``
   with ``add_eager`` (which discards break return values) and
@@ -37,14 +40,18 @@ bundled engine's.
 - kernels, by CPU references written from their semantics
   (``capturelint.adapters.vllm_kernels``): the ``_C`` ops the attention calls
   (``fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert`` and its bf16 variant,
-  ``weak_ref_tensor``), FlashMLA's ``_flashmla_C.sparse_decode_fwd``, and the Triton
-  kernels ``fused_q_kv_rmsnorm`` and ``fused_inv_rope_fp8_quant`` (vLLM disables Triton
-  without a GPU driver), whose module-level names are rebound for the run; for the
+  ``weak_ref_tensor``), FlashMLA's ``_flashmla_C.sparse_decode_fwd`` and
+  ``sparse_prefill_fwd``, and the Triton kernels ``fused_q_kv_rmsnorm``,
+  ``fused_inv_rope_fp8_quant`` and, for prefills, the kernel objects behind
+  ``dequantize_and_gather_k_cache`` and ``combine_topk_swa_indices`` (vLLM disables
+  Triton without a GPU driver), whose module-level names are rebound for the run; for the
   compressed layers (``capturelint.adapters.vllm_kernels_compressed``) the compressor's
   ``save_partial_states`` and compress/norm/RoPE/store kernels (Triton, CuTe DSL), the
   indexer's q quantization, DeepGEMM's paged MQA logits, ``_C.top_k_per_row_decode``,
-  the short-context fill, the global top-k slots and the metadata kernels (C128A,
-  compressed slot mapping), and a CPU kernel for ``aten::mm.dtype``; the compressor
+  the short-context fill, the global top-k slots, the indexer's prefill
+  (``cp_gather_indexer_k_quant_cache``, DeepGEMM's ``fp8_fp4_mqa_logits``,
+  ``_C.top_k_per_row_prefill``) and the metadata kernels (C128A, compressed slot
+  mapping, the indexer's prefill chunks), and a CPU kernel for ``aten::mm.dtype``; the compressor
   module sees a CUDA platform (``is_cuda()``, for its CUDA branches) and the indexer op
   dispatches to ``forward_cuda``;
 - ``compute_fp8_einsum_recipe`` (asserts a CUDA device; answers SM90's recipe), the
@@ -214,6 +221,7 @@ def _install(patches: _Patches, graph_pool_handle: Callable[[], Any], kernels: A
     patches.set(platform_cls, "_global_graph_pool", None)
 
     import vllm.models.deepseek_v4.attention as attention
+    import vllm.models.deepseek_v4.common.ops.cache_utils as cache_utils
     import vllm.models.deepseek_v4.nvidia.flashmla as flashmla
     import vllm.models.deepseek_v4.nvidia.ops.o_proj as o_proj
     from vllm.third_party.flashmla import flash_mla_interface
@@ -221,6 +229,12 @@ def _install(patches: _Patches, graph_pool_handle: Callable[[], Any], kernels: A
     patches.set(attention, "fused_q_kv_rmsnorm", kernels.fused_q_kv_rmsnorm)
     patches.set(o_proj, "fused_inv_rope_fp8_quant", kernels.fused_inv_rope_fp8_quant)
     patches.set(flashmla, "flash_mla_with_kvcache", flash_mla_interface.flash_mla_with_kvcache)
+    patches.set(flashmla, "flash_mla_sparse_fwd", flash_mla_interface.flash_mla_sparse_fwd)
+    # The prefill path's Triton kernels: their launchers (the objects keep their warmup
+    # registration); vLLM's Python wrappers around them run as they are.
+    patches.set(cache_utils, "has_cutedsl", lambda: False)  # CuTe DSL kernels need CUDA
+    patches.set(cache_utils.DequantizeAndGatherKCacheKernel, "__call__", kernels.DequantizeAndGatherKCache.__call__)
+    patches.set(cache_utils.CombineTopkSwaIndicesKernel, "__call__", kernels.CombineTopkSwaIndices.__call__)
     patches.set(flashmla, "compute_fp8_einsum_recipe", _sm90_einsum_recipe)
     from capturelint.adapters import vllm_kernels_compressed
 
@@ -380,7 +394,7 @@ def observe_vllm_runtime() -> Iterator[None]:
             output = original_replay(self, entry, args, kwargs)
         finally:
             _bridge.phase = Phase.EAGER
-        protocol.announce("on_graph_end", info, Phase.REPLAY, output)
+        protocol.announce("on_graph_end", info, Phase.REPLAY, _real_rows(output))
         return output
 
     Capture.__enter__ = enter
@@ -425,11 +439,38 @@ def _shadow(info: GraphInfo, runnable: Callable, args: tuple, kwargs: dict) -> A
     _bridge.shadow = _ShadowCapture(info) if info.breaks_eager else None
     try:
         with protocol.capturing_as_on_gpu(True):
-            return runnable(*args, **kwargs)
+            return _real_rows(runnable(*args, **kwargs))
     finally:
         _bridge.shadow = previous
 
 
+@contextlib.contextmanager
+def real_rows(n: int) -> Iterator[None]:
+    """The step in the block has ``n`` real tokens: the first ``n`` rows of the model's
+    output. A batch padded to its capture size computes its padded rows from whatever
+    the padding leaves (rows of ``torch.empty`` the attention does not write), and the
+    runner discards them (vLLM keeps ``[:num_tokens]``); so a replay is compared with
+    its shadow on the real rows only."""
+    previous = getattr(_bridge, "rows", None)
+    _bridge.rows = n
+    try:
+        yield
+    finally:
+        _bridge.rows = previous
+
+
+def _real_rows(output: Any) -> Any:
+    """``output[:n]`` for ``real_rows(n)``, taken outside any dispatch mode: the view is
+    the comparison's, not an op of the step the tracer records."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    n = getattr(_bridge, "rows", None)
+    if n is None or not hasattr(output, "shape"):
+        return output
+    with _disable_current_modes():
+        return output[:n]
+
+
 __all__ = [
-    "INSTALL_COMMAND", "SUPPORTED_VERSIONS", "cpu_shim", "observe_vllm_runtime", "require_vllm",
+    "INSTALL_COMMAND", "SUPPORTED_VERSIONS", "cpu_shim", "observe_vllm_runtime", "real_rows", "require_vllm",
 ]

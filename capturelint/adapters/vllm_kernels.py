@@ -53,6 +53,24 @@ What is built
     is the torch reference, registered as ``torch.ops.capturelint_vllm.fused_q_kv_rmsnorm``;
     the second has vLLM's signature and calls that op, so an adapter can rebind vLLM's
     module-level name to it and a tracer sees one op.
+``dequantize_and_gather_k_cache`` / ``DequantizeAndGatherKCache``
+    vLLM's Triton ``DequantizeAndGatherKCacheKernel`` (DeepSeek V4
+    ``common/ops/cache_utils.py``), which the prefill path calls through
+    ``dequantize_and_gather_k_cache``: for request ``b``, the last ``gather_lens[b]``
+    (all ``seq_lens[b]`` without it) tokens of its sequence are read from the paged
+    ``fp8_ds_mla`` cache through ``block_table[b]`` and written, dequantized to the
+    output's dtype, to ``out[b, offset + i]``; registered as
+    ``torch.ops.capturelint_vllm.dequantize_and_gather_k_cache``; the class is a
+    drop-in for the kernel's launcher, so vLLM's Python wrapper runs unchanged.
+``combine_topk_swa_indices`` / ``CombineTopkSwaIndices``
+    vLLM's Triton ``CombineTopkSwaIndicesKernel`` (same file), behind
+    ``combine_topk_swa_indices``: per prefill token at position ``pos`` of request
+    ``b`` (queries rebased to ``query_start_loc[0]``), ``topk_len = min((pos + 1) //
+    compress_ratio, topk)`` top-k entries ``topk_indices[t, j] + M*b``, then the window
+    ``[max(pos - (window - 1), 0), pos]`` as indices ``M*b + N + p - (seq_len -
+    gather_len)`` into the gathered buffer; ``combined_lens[t]`` their count. The
+    caller fills the rest with -1. Registered as
+    ``torch.ops.capturelint_vllm.combine_topk_swa_indices``.
 ``reference_fused_inv_rope_fp8_quant`` / ``fused_inv_rope_fp8_quant``
     vLLM's Triton ``fused_inv_rope_fp8_quant`` (DeepSeek V4 common ops, called by
     ``deep_gemm_fp8_o_proj`` with ``quantize = wo_a is fp8``): inverse GPT-J RoPE of
@@ -174,6 +192,10 @@ __all__ = [
     "reference_fused_inv_rope_fp8_quant",
     "fused_inv_rope_fp8_quant",
     "weak_ref_tensor",
+    "dequantize_and_gather_k_cache",
+    "DequantizeAndGatherKCache",
+    "combine_topk_swa_indices",
+    "CombineTopkSwaIndices",
     "register_reference_kernels",
     "register_ops",
     "missing_kernel_error",
@@ -201,6 +223,8 @@ SPARSE_PREFILL = "sparse_prefill_fwd"
 OWN_NAMESPACE = "capturelint_vllm"
 QKV_RMSNORM = "fused_q_kv_rmsnorm"
 INV_ROPE = "fused_inv_rope_fp8_quant"
+GATHER_K = "dequantize_and_gather_k_cache"
+COMBINE_INDICES = "combine_topk_swa_indices"
 TILE_SCHEDULER_METADATA_SIZE = 8  # int32 words per scheduler part in FlashMLA
 
 #: The ops this module has a reference for, as ``namespace::name``.
@@ -212,6 +236,8 @@ REFERENCE_KERNELS: tuple[str, ...] = (
     f"{FLASHMLA_NAMESPACE}::{SPARSE_PREFILL}",
     f"{OWN_NAMESPACE}::{QKV_RMSNORM}",
     f"{OWN_NAMESPACE}::{INV_ROPE}",
+    f"{OWN_NAMESPACE}::{GATHER_K}",
+    f"{OWN_NAMESPACE}::{COMBINE_INDICES}",
 )
 
 # vLLM 0.33.0's schemas (from its _C library; the FlashMLA ones follow the arguments of
@@ -247,6 +273,14 @@ _SCHEMAS = {
         "(Tensor o, Tensor positions, Tensor cos_sin_cache, int n_groups, int heads_per_group, "
         "int nope_dim=448, int rope_dim=64, int quant_group_size=128, bool tma_aligned_scales=False, "
         "bool quantize=True) -> (Tensor, Tensor)"
+    ),
+    GATHER_K: (
+        "(Tensor(a!) out, Tensor k_cache, Tensor seq_lens, Tensor? gather_lens, Tensor block_table, "
+        "int block_size, int offset) -> ()"
+    ),
+    COMBINE_INDICES: (
+        "(Tensor(a!) combined_indices, Tensor(b!) combined_lens, Tensor topk_indices, Tensor query_start_loc, "
+        "Tensor seq_lens, Tensor gather_lens, int M, int N, int topk, int compress_ratio, int window_size) -> ()"
     ),
 }
 
@@ -893,6 +927,113 @@ def weak_ref_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided(t.size(), t.stride(), t.storage_offset())
 
 
+def reference_dequantize_and_gather_k_cache(
+    out: torch.Tensor,
+    k_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    gather_lens: torch.Tensor | None,
+    block_table: torch.Tensor,
+    block_size: int,
+    offset: int,
+) -> None:
+    """``out[b, offset + i] = row(seq_lens[b] - gather_len + i)`` for ``i <
+    gather_len`` (``gather_lens[b]``, or ``seq_lens[b]`` without them): the token's slot
+    is ``block_table[b, pos // block_size] * block_size + pos % block_size`` in the
+    ``fp8_ds_mla`` cache ``k_cache`` (``[blocks, block_size, 584]`` bytes, or a 2-D
+    view of it), dequantized, rounded to ``out``'s dtype. Other rows are left as they
+    were."""
+    cache = k_cache.reshape(k_cache.shape[0], -1)
+    for b in range(seq_lens.shape[0]):
+        seq_len = int(seq_lens[b])
+        gather_len = seq_len if gather_lens is None else int(gather_lens[b])
+        if gather_len <= 0:
+            continue
+        pos = torch.arange(seq_len - gather_len, seq_len, device=block_table.device)
+        blocks = block_table[b].long()[torch.div(pos, block_size, rounding_mode="floor")]
+        rows = dequantize_fp8_ds_mla(cache, blocks * block_size + pos % block_size, block_size)
+        out[b, offset : offset + gather_len] = rows.to(out.dtype)
+
+
+def reference_combine_topk_swa_indices(
+    combined_indices: torch.Tensor,
+    combined_lens: torch.Tensor,
+    topk_indices: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    gather_lens: torch.Tensor,
+    M: int,
+    N: int,
+    topk: int,
+    compress_ratio: int,
+    window_size: int,
+) -> None:
+    """Per request ``b`` and query token ``t`` (``query_start_loc`` rebased to its first
+    entry) at position ``pos = seq_len - query_len + (t - query_start)``: the first
+    ``topk_len = min((pos + 1) // compress_ratio, topk)`` entries of row ``t`` are
+    ``topk_indices[t, :topk_len] + M*b``, the next ``swa_len = pos - swa_start + 1``
+    (``swa_start = max(pos - (window_size - 1), 0)``) are ``M*b + N + p - (seq_len -
+    gather_len)`` for ``p`` in ``[swa_start, pos]``; ``combined_lens[t] = topk_len +
+    swa_len``. Entries past them are left as they were (the caller fills -1)."""
+    base = int(query_start_loc[0])
+    for b in range(seq_lens.shape[0]):
+        query_start, query_end = int(query_start_loc[b]) - base, int(query_start_loc[b + 1]) - base
+        seq_len, gather_len = int(seq_lens[b]), int(gather_lens[b])
+        start_pos, gather_start = seq_len - (query_end - query_start), seq_len - gather_len
+        for t in range(query_start, query_end):
+            pos = start_pos + t - query_start
+            topk_len = min((pos + 1) // compress_ratio, topk)
+            if topk_len > 0:
+                combined_indices[t, :topk_len] = topk_indices[t, :topk_len] + M * b
+            swa_start = max(pos - (window_size - 1), 0)
+            swa_len = pos - swa_start + 1
+            window = torch.arange(swa_start, pos + 1, dtype=combined_indices.dtype, device=combined_indices.device)
+            combined_indices[t, topk_len : topk_len + swa_len] = M * b + N + window - gather_start
+            combined_lens[t] = topk_len + swa_len
+
+
+class DequantizeAndGatherKCache:
+    """Drop-in for the launcher (``__call__``) of vLLM's ``DequantizeAndGatherKCacheKernel``
+    (called by ``dequantize_and_gather_k_cache`` with the kernel's arguments): runs
+    ``torch.ops.capturelint_vllm.dequantize_and_gather_k_cache``. ``use_fnuz`` must be
+    False (OCP fp8, as on CUDA)."""
+
+    def __call__(self, out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, *, use_fnuz=False):
+        if use_fnuz:
+            raise NotImplementedError("FNUZ fp8 caches (ROCm gfx942) have no CPU reference")
+        _own_op(GATHER_K)(out, k_cache, seq_lens, gather_lens, block_table, block_size, offset)
+
+
+class CombineTopkSwaIndices:
+    """Drop-in for the launcher (``__call__``) of vLLM's ``CombineTopkSwaIndicesKernel``
+    (called by ``combine_topk_swa_indices`` after it filled the output with -1): runs
+    ``torch.ops.capturelint_vllm.combine_topk_swa_indices``. Image-span visibility
+    (``left_visible``/``right_visible``, ``max_image_tokens``) has no reference."""
+
+    def __call__(self, combined_indices, combined_lens, topk_indices, query_start_loc, seq_lens, gather_lens, M, N, *,
+                 TOP_K, COMPRESS_RATIO, WINDOW_SIZE, left_visible=None, right_visible=None, max_image_tokens=0):
+        if left_visible is not None or right_visible is not None or max_image_tokens:
+            raise NotImplementedError("in-image visibility of combine_topk_swa_indices has no CPU reference")
+        _own_op(COMBINE_INDICES)(combined_indices, combined_lens, topk_indices, query_start_loc, seq_lens, gather_lens,
+                                 int(M), int(N), TOP_K, COMPRESS_RATIO, WINDOW_SIZE)
+
+
+def dequantize_and_gather_k_cache(out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, use_fnuz=False):
+    """vLLM's ``dequantize_and_gather_k_cache`` signature over the reference op."""
+    DequantizeAndGatherKCache()(out, k_cache, seq_lens, gather_lens, block_table, block_size, offset, use_fnuz=use_fnuz)
+
+
+def combine_topk_swa_indices(topk_indices, query_start_loc, seq_lens, gather_lens, window_size, compress_ratio, topk,
+                             M, N, out):
+    """The reference op over vLLM's ``combine_topk_swa_indices`` arguments, writing
+    ``out = (combined_indices, combined_lens)`` after filling the indices with -1
+    (what vLLM's wrapper does before its kernel)."""
+    combined_indices, combined_lens = out
+    combined_indices.fill_(-1)
+    CombineTopkSwaIndices()(combined_indices, combined_lens, topk_indices, query_start_loc, seq_lens, gather_lens, M,
+                            N, TOP_K=topk, COMPRESS_RATIO=compress_ratio, WINDOW_SIZE=window_size)
+    return combined_indices, combined_lens
+
+
 # ---------------------------------------------------------------------- registration
 
 
@@ -955,6 +1096,10 @@ def _fused_inv_rope_fp8_quant_fake(
     return out.transpose(0, 1), scale.transpose(0, 1)
 
 
+def _no_result_fake(*args, **kwargs):
+    return None
+
+
 # qualified name -> (schema, reference, fake)
 _IMPLS = {
     f"_C::{QUANT_INSERT}": (
@@ -972,6 +1117,9 @@ _IMPLS = {
     f"{OWN_NAMESPACE}::{INV_ROPE}": (
         _SCHEMAS[INV_ROPE], reference_fused_inv_rope_fp8_quant, _fused_inv_rope_fp8_quant_fake
     ),
+    f"{OWN_NAMESPACE}::{GATHER_K}": (_SCHEMAS[GATHER_K], reference_dequantize_and_gather_k_cache, _no_result_fake),
+    f"{OWN_NAMESPACE}::{COMBINE_INDICES}": (_SCHEMAS[COMBINE_INDICES], reference_combine_topk_swa_indices,
+                                            _no_result_fake),
 }
 assert tuple(_IMPLS) == REFERENCE_KERNELS
 

@@ -68,7 +68,32 @@ Ops (namespace ``capturelint_vllm`` unless said)
     v1/attention/backends/mla/compressor_utils.py)
     Token at a boundary with a slot >= 0 -> the slot of compressed entry
     ``position // ratio`` in its request's blocks; others keep what the wrapper filled
-    (-1). DCP is not covered (world size 1).
+    (-1). DCP is not covered (world size 1). The kernel reads the slots of query tokens
+    only: a slot mapping longer than the output (V2 pads it) is read to the output's
+    length.
+
+The indexer's prefill (``sparse_attn_indexer``'s prefill chunks):
+
+``build_prefill_chunk_metadata`` (``_BUILD_PREFILL_CHUNK_METADATA_KERNEL``,
+    v1/attention/backends/mla/indexer.py)
+    Prefill token ``t`` of request ``b`` at position ``p`` (inside the query slice):
+    ``ks[t] = row_start[b]`` and ``ke[t] = row_start[b] + (p + 1) // ratio``, the
+    request's entries the token may see among the gathered ones;
+    ``token_to_seq[cu[b]..cu[b+1]) = b``. No DCP.
+``_C_cache_ops::cp_gather_indexer_k_quant_cache`` (CUDA, ``ops.cp_gather_indexer_k_quant_cache``)
+    Request ``b``'s first ``cu[b+1] - cu[b]`` entries of the paged indexer cache
+    (``[bs*128 fp8 | bs*4 fp32 scale]`` per block, its block table) into rows
+    ``cu[b]..`` of ``dst_k`` (fp8 ``[N, 128]``) and ``dst_scale`` (the scale's 4 bytes).
+``fp8_mqa_logits`` (DeepGEMM ``fp8_fp4_mqa_logits``, utils/deep_gemm.py, FP8 Q)
+    ``full[i, n] = k_scale[n] * sum_h relu(q[i,h] . k[n]) * w[i,h]`` (fp32), returned
+    compressed as DeepGEMM documents it: row ``i`` holds ``[ks[i], ke[i])`` from column
+    0, ``-inf`` after (``[M, max_seqlen_k]``). fp32, so vLLM's ``as_fp32_logits``
+    returns it as it is.
+``_C::top_k_per_row_prefill`` (CUDA, ``ops.top_k_per_row_prefill``)
+    Row ``r``, columns ``[row_starts[r], row_ends[r])``: a row of at most ``topk``
+    columns selects every one in order, a longer one the columns of its ``topk``
+    largest logits, largest first; ``-1`` after. vLLM's CUDA path passes row starts
+    of 0 (the logits are compressed), so the columns are the request's entry indices.
 
 Limits
 ------
@@ -199,7 +224,12 @@ def compress_norm_rope_store(state_cache: torch.Tensor, token_to_req_indices: to
         raise NotImplementedError(f"compress_norm_rope_store: head_dim {head_dim} / rope {rope_head_dim}")
     t = torch.arange(num_actual, device=positions.device)
     pos = positions[:num_actual].long()
-    keep = (slot_mapping[:num_actual] >= 0) & ((pos + 1) % compress_ratio == 0) & (kv_slot_mapping[:num_actual] >= 0)
+    # A compressed slot view shorter than the state slots (V2 pads the slot mappings, not
+    # the metadata's token count): the kernel reads on into the builder's buffer, which
+    # get_compressed_slot_mapping fills with PAD whole (compressor_utils.py:206-211).
+    kv_slot_mapping = torch.nn.functional.pad(kv_slot_mapping[:num_actual],
+                                              (0, max(num_actual - kv_slot_mapping.shape[0], 0)), value=-1)
+    keep = (slot_mapping[:num_actual] >= 0) & ((pos + 1) % compress_ratio == 0) & (kv_slot_mapping >= 0)
     t, pos = t[keep], pos[keep]
     if t.numel() == 0:
         return
@@ -290,6 +320,71 @@ def top_k_per_row_decode(logits: torch.Tensor, next_n: int, seq_lens: torch.Tens
     topk_indices[:num_rows, :topk_tokens] = out
 
 
+# ---------------------------------------------------------- indexer prefill
+
+
+def cp_gather_indexer_k_quant_cache(kv_cache: torch.Tensor, dst_k: torch.Tensor, dst_scale: torch.Tensor,
+                                    block_table: torch.Tensor, cu_seq_lens: torch.Tensor) -> None:
+    """Each request's indexer entries, contiguous (see the module docstring)."""
+    flat = kv_cache.reshape(kv_cache.shape[0], -1)
+    bs = flat.shape[1] // (INDEXER_HEAD_DIM + INDEXER_SCALE_BYTES)
+    values, scales = dst_k.view(torch.uint8), dst_scale.view(torch.uint8)
+    for b in range(block_table.shape[0]):
+        start, end = int(cu_seq_lens[b]), int(cu_seq_lens[b + 1])
+        t = torch.arange(end - start, device=flat.device)
+        blocks = block_table[b].long()[torch.div(t, bs, rounding_mode="floor")][:, None]
+        offset = (t % bs)[:, None]
+        values[start:end] = flat[blocks, offset * INDEXER_HEAD_DIM + torch.arange(INDEXER_HEAD_DIM)]
+        scales[start:end] = flat[blocks, bs * INDEXER_HEAD_DIM + offset * INDEXER_SCALE_BYTES + torch.arange(4)]
+
+
+def fp8_mqa_logits(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor,
+                   cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor, max_seqlen_k: int) -> torch.Tensor:
+    """FP8 MQA logits, compressed rows (see the module docstring)."""
+    dots = torch.einsum("mhd,nd->mhn", q.float(), k.float()) * k_scale.reshape(-1).float()
+    full = (dots.relu() * weights.float()[..., None]).sum(dim=1)  # [M, N]
+    cols = cu_seqlen_ks.long()[:, None] + torch.arange(max_seqlen_k, device=q.device)
+    valid = cols < cu_seqlen_ke.long()[:, None]
+    if full.shape[1] == 0:
+        return torch.full((q.shape[0], max_seqlen_k), float("-inf"), device=q.device)
+    return full.gather(1, cols.clamp(max=full.shape[1] - 1)).masked_fill(~valid, float("-inf"))
+
+
+def top_k_per_row_prefill(logits: torch.Tensor, row_starts: torch.Tensor, row_ends: torch.Tensor,
+                          topk_indices: torch.Tensor, num_rows: int, stride0: int, stride1: int,
+                          topk_tokens: int) -> None:
+    """Per row, the columns of the ``topk_tokens`` largest logits in ``[start, end)``."""
+    rows = logits.as_strided((num_rows, logits.shape[1]), (stride0, stride1), logits.storage_offset()).float()
+    cols = torch.arange(rows.shape[1], device=logits.device)
+    starts, ends = row_starts.long()[:num_rows, None], row_ends.long()[:num_rows, None]
+    masked = rows.masked_fill((cols < starts) | (cols >= ends), float("-inf"))
+    width = min(topk_tokens, rows.shape[1])
+    order = torch.sort(masked, dim=1, descending=True, stable=True).indices[:, :width]
+    k = torch.arange(width, device=logits.device)[None, :]
+    lens = ends - starts
+    order = torch.where(lens <= topk_tokens, starts + k, order)  # a short row: every column, in order
+    out = torch.full((num_rows, topk_tokens), -1, dtype=topk_indices.dtype, device=topk_indices.device)
+    out[:, :width] = torch.where(k < lens, order, -1).to(topk_indices.dtype)
+    topk_indices[:num_rows, :topk_tokens] = out
+
+
+def build_prefill_chunk_metadata(query_start_loc: torch.Tensor, uncompressed_seq_lens: torch.Tensor,
+                                 cu_seq_lens: torch.Tensor, row_start_cu: torch.Tensor, token_to_seq: torch.Tensor,
+                                 cu_seqlen_ks: torch.Tensor, cu_seqlen_ke: torch.Tensor, query_slice_start: int,
+                                 query_slice_stop: int, compress_ratio: int) -> None:
+    """Per prefill token its K range in the gathered entries, per entry its request."""
+    num_reqs = cu_seq_lens.shape[0] - 1
+    for b in range(num_reqs):
+        query_start, query_end = int(query_start_loc[b]), int(query_start_loc[b + 1])
+        start_pos = int(uncompressed_seq_lens[b]) - (query_end - query_start)
+        row_start = int(row_start_cu[b])
+        for t in range(query_start, query_end):
+            if query_slice_start <= t < query_slice_stop:
+                cu_seqlen_ks[t - query_slice_start] = row_start
+                cu_seqlen_ke[t - query_slice_start] = row_start + (start_pos + 1 + t - query_start) // compress_ratio
+        token_to_seq[int(cu_seq_lens[b]):int(cu_seq_lens[b + 1])] = b
+
+
 # ------------------------------------------------------------------ metadata
 
 
@@ -359,7 +454,8 @@ def compressed_slot_mapping(out: torch.Tensor, slot_mapping: torch.Tensor, query
     req_c = req.clamp_max(num_reqs - 1)
     pos = seq_lens.long()[req_c] - lens[req_c] + (token - starts[req_c])
     slot = torch.full_like(token, -1)
-    slot[: slot_mapping.shape[0]] = slot_mapping.long()
+    k = min(out.shape[0], slot_mapping.shape[0])  # the kernel reads the slots of query tokens only
+    slot[:k] = slot_mapping[:k].long()
     boundary = live & ((pos + 1) % compress_ratio == 0) & (slot != -1)
     entry = torch.div(pos.clamp_min(0), compress_ratio, rounding_mode="floor")
     slots = _slots_of(entry[:, None], req_c, block_table, block_size)[:, 0]
@@ -394,6 +490,16 @@ _SCHEMAS = {
     "compressed_slot_mapping": "(Tensor(a!) out, Tensor slot_mapping, Tensor query_start_loc, Tensor seq_lens, "
                                "Tensor block_table, int block_size, int compress_ratio, int dcp_world_size, "
                                "int cp_interleave) -> ()",
+    "cp_gather_indexer_k_quant_cache": "(Tensor kv_cache, Tensor(a!) dst_k, Tensor(b!) dst_scale, "
+                                       "Tensor block_table, Tensor cu_seq_lens) -> ()",
+    "fp8_mqa_logits": "(Tensor q, Tensor k, Tensor k_scale, Tensor weights, Tensor cu_seqlen_ks, "
+                      "Tensor cu_seqlen_ke, int max_seqlen_k) -> Tensor",
+    "top_k_per_row_prefill": "(Tensor logits, Tensor row_starts, Tensor row_ends, Tensor(a!) topk_indices, "
+                             "int num_rows, int stride0, int stride1, int topk_tokens) -> ()",
+    "build_prefill_chunk_metadata": "(Tensor query_start_loc, Tensor uncompressed_seq_lens, Tensor cu_seq_lens, "
+                                    "Tensor row_start_cu, Tensor(a!) token_to_seq, Tensor(b!) cu_seqlen_ks, "
+                                    "Tensor(c!) cu_seqlen_ke, int query_slice_start, int query_slice_stop, "
+                                    "int compress_ratio) -> ()",
 }
 
 
@@ -410,6 +516,10 @@ def _logits_fake(q, kv_cache, weights, context_lens, block_tables, max_model_len
     return q.new_empty((q.shape[0] * q.shape[1], max_model_len), dtype=torch.float32)
 
 
+def _mqa_logits_fake(q, k, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, max_seqlen_k):
+    return q.new_empty((q.shape[0], max_seqlen_k), dtype=torch.float32)
+
+
 _REFERENCES = {
     "save_partial_states": (save_partial_states, _none),
     "compress_norm_rope_store": (compress_norm_rope_store, _none),
@@ -420,9 +530,15 @@ _REFERENCES = {
     "fill_short_context_topk_indices": (fill_short_context_topk_indices, _none),
     "build_c128a_topk_metadata": (build_c128a_topk_metadata, _none),
     "compressed_slot_mapping": (compressed_slot_mapping, _none),
+    "cp_gather_indexer_k_quant_cache": (cp_gather_indexer_k_quant_cache, _none),
+    "fp8_mqa_logits": (fp8_mqa_logits, _mqa_logits_fake),
+    "top_k_per_row_prefill": (top_k_per_row_prefill, _none),
+    "build_prefill_chunk_metadata": (build_prefill_chunk_metadata, _none),
 }
-_C_OPS = ("top_k_per_row_decode",)  # vLLM calls these as torch.ops._C.<name>
-IMPLS = {f"{'_C' if name in _C_OPS else NS}::{name}": (_SCHEMAS[name], *_REFERENCES[name]) for name in _SCHEMAS}
+# vLLM calls these as torch.ops.<namespace>.<name>
+_VLLM_NAMESPACES = {"top_k_per_row_decode": "_C", "top_k_per_row_prefill": "_C",
+                    "cp_gather_indexer_k_quant_cache": "_C_cache_ops"}
+IMPLS = {f"{_VLLM_NAMESPACES.get(name, NS)}::{name}": (_SCHEMAS[name], *_REFERENCES[name]) for name in _SCHEMAS}
 #: The ops this module has a reference for, as ``namespace::name``.
 REFERENCE_KERNELS: tuple[str, ...] = tuple(IMPLS)
 
@@ -449,7 +565,7 @@ def register() -> tuple[str, ...]:
 
 def _op(name: str) -> Any:
     register()
-    return getattr(getattr(torch.ops, "_C" if name in _C_OPS else NS), name)
+    return getattr(getattr(torch.ops, _VLLM_NAMESPACES.get(name, NS)), name)
 
 
 # ----------------------------------------------------------------- drop-ins
@@ -475,10 +591,30 @@ class CompressNormRopeStoreKernel:
                  store_full_fp8=False, **unused: Any) -> None:
         if use_fp4_cache or store_full_kv or store_full_fp8 or kv_cache.dtype != torch.uint8:
             raise NotImplementedError("compress_norm_rope_store: the reference covers the FP8 caches only")
-        _op("compress_norm_rope_store")(state_cache, token_to_req_indices, positions, slot_mapping, block_table,
-                                        block_size, state_width, cos_sin_cache, kv_cache,
-                                        k_cache_metadata.slot_mapping, num_actual, head_dim, rope_head_dim,
-                                        compress_ratio, overlap, rms_norm_weight, rms_norm_eps)
+        _op("compress_norm_rope_store")(state_cache, token_to_req_indices, positions, slot_mapping,
+                                        addressable(block_table), block_size, state_width, cos_sin_cache, kv_cache,
+                                        addressable(k_cache_metadata.slot_mapping), num_actual, head_dim,
+                                        rope_head_dim, compress_ratio, overlap, rms_norm_weight, rms_norm_eps)
+
+
+def addressable(t: torch.Tensor) -> torch.Tensor:
+    """What a kernel given ``t`` as a pointer (and its row stride) can address: ``t``'s
+    allocation from ``t``'s offset on, rows of ``t``'s width. The kernels above take the
+    block table and the compressed slot mapping so: they index them by request and by
+    token (grid over ``num_actual`` tokens), never by the view's row count, which V2
+    sizes by the unpadded batch under PIECEWISE (a capture's dummy batch and a smaller
+    real one read the same rows of the builder's persistent buffer). The view is taken
+    outside any dispatch mode: it is the launch's argument, not an op of the step."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    total = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
+    with _disable_current_modes():
+        if t.dim() == 1 and t.stride(0) == 1:
+            return t.as_strided((total,), (1,), t.storage_offset())
+        if t.dim() == 2 and t.stride(1) == 1 and t.stride(0) >= t.shape[1] > 0:
+            rows = (total - t.shape[1]) // t.stride(0) + 1
+            return t.as_strided((rows, t.shape[1]), t.stride(), t.storage_offset())
+    return t
 
 
 def fused_indexer_q_rope_quant_dropin(positions, index_q, index_q_cos_sin_cache, index_weights,
@@ -498,6 +634,30 @@ def fp8_fp4_paged_mqa_logits_dropin(q, kv_cache, weights, context_lens, block_ta
     if scale is not None or indices is not None:
         raise NotImplementedError("fp8_fp4_paged_mqa_logits: the reference covers FP8 q without varlen indices")
     return _op("fp8_paged_mqa_logits")(values, kv_cache, weights, context_lens, block_tables, max_model_len)
+
+
+def fp8_fp4_mqa_logits_dropin(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, max_seqlen_k):
+    """Drop-in for ``vllm.utils.deep_gemm.fp8_fp4_mqa_logits`` (FP8 q with its scale
+    folded into the weights, fp32 K scales)."""
+    (q_values, q_scale), (k_values, k_scale) = q, kv
+    if q_scale is not None or k_scale.dtype != torch.float32:
+        raise NotImplementedError("fp8_fp4_mqa_logits: the reference covers FP8 q without scale, fp32 K scales")
+    return _op("fp8_mqa_logits")(q_values, k_values, k_scale, weights, cu_seqlen_ks, cu_seqlen_ke, int(max_seqlen_k))
+
+
+class BuildPrefillChunkMetadataKernel:
+    """Stands in for the Triton ``_BUILD_PREFILL_CHUNK_METADATA_KERNEL`` (indexer.py)
+    without decode context parallelism."""
+
+    def __call__(self, query_start_loc, uncompressed_seq_lens, cu_seq_lens, row_start_cu, token_to_seq,
+                 cu_seqlen_ks, cu_seqlen_ke, query_slice_start, query_slice_stop, dcp_rank, dcp_world,
+                 dcp_interleave, *, num_reqs, COMPRESS_RATIO) -> None:
+        if dcp_world != 1:
+            raise NotImplementedError("build_prefill_chunk_metadata: decode context parallelism is not covered")
+        _op("build_prefill_chunk_metadata")(query_start_loc[: num_reqs + 1], uncompressed_seq_lens[:num_reqs],
+                                            cu_seq_lens[: num_reqs + 1], row_start_cu[: num_reqs + 1], token_to_seq,
+                                            cu_seqlen_ks, cu_seqlen_ke, int(query_slice_start),
+                                            int(query_slice_stop), COMPRESS_RATIO)
 
 
 class ComputeGlobalTopkKernel:
@@ -567,6 +727,7 @@ def install(patches: Any) -> None:
     from vllm.models.deepseek_v4.common.ops import cache_utils
     from vllm.models.deepseek_v4.nvidia import flashmla
     from vllm.v1.attention.backends.mla import compressor_utils
+    from vllm.v1.attention.backends.mla import indexer as indexer_backend
 
     register()
     store = CompressNormRopeStoreKernel()
@@ -578,6 +739,8 @@ def install(patches: Any) -> None:
     patches.set(attention, "_fill_short_context_topk_indices", FillShortContextKernel())
     patches.set(attention, "triton", _TritonHelpers(attention.triton))  # its launch reads triton.next_power_of_2
     patches.set(indexer_layer, "fp8_fp4_paged_mqa_logits", fp8_fp4_paged_mqa_logits_dropin)
+    patches.set(indexer_layer, "fp8_fp4_mqa_logits", fp8_fp4_mqa_logits_dropin)
+    patches.set(indexer_backend, "_BUILD_PREFILL_CHUNK_METADATA_KERNEL", BuildPrefillChunkMetadataKernel())
     patches.set(cache_utils, "_COMPUTE_GLOBAL_TOPK_INDICES_AND_LENS_KERNEL", ComputeGlobalTopkKernel())
     patches.set(sparse_mla, "_BUILD_C128A_TOPK_METADATA_KERNEL", BuildC128AKernel())
     patches.set(compressor_utils, "_COMPRESSED_SLOT_MAPPING_KERNEL", CompressedSlotMappingKernel())

@@ -9,10 +9,19 @@ Options, resolved like the bundled engine's (command line over settings over def
 - ``--eager-region``: ``per-runner`` (default) keeps vLLM's own choice
   (attention.py:323-328), ``narrow`` / ``wide`` force ``_prepare_and_attn`` /
   ``_prepare_and_attn_eager`` on every layer;
-- ``--layers`` (default 3: one layer of each kind, ``vllm_layers``), ``--steps`` (decode steps, default 6), ``--seed``;
+- ``--layers`` (default 3: one layer of each kind, ``vllm_layers``), ``--steps`` (engine steps, default 6), ``--seed``;
+- the workload (``vllm_runners.schedule``): ``--capture-sizes`` (vLLM's
+  ``cudagraph_capture_sizes``, default 2,4; each at most the runner's
+  ``max_num_batched_tokens``, 64) and ``--batch-sizes`` (the requests running in each
+  step, cycled over ``--steps``, default 1,2,3,3,2,1: a prefill step, a mixed
+  prefill-decode step, decode batches padded to their capture size and ones that fill
+  it, with long requests joining at the compressors' boundaries when the model has
+  compressed layers; each at most ``max_num_seqs``, 16).
 - ``--spec mtp|dspark``: speculative decoding (``vllm_spec``): each step is the target's
   verify forward and the draft's forwards, their graphs captured as each runner
-  captures them. DSpark runs only on V2 (its default runner); ``--runner v1`` (or
+  captures them, over a fixed batch (``--capture-sizes``/``--batch-sizes`` are
+  refused) and sliding-window target layers (``--layers`` 1, its default; more is
+  refused). DSpark runs only on V2 (its default runner); ``--runner v1`` (or
   ``all``) with it is vLLM's own refusal (``DSPARK_V1_REFUSAL``).
 
 ``--fresh-metadata``, ``--kernels triton`` and ``--break-outputs`` describe the bundled
@@ -51,6 +60,10 @@ DEFAULT_LAYERS = 3
 DEFAULT_STEPS = 6
 SPEC_METHODS = (None, "mtp", "dspark")  # --spec: none, or a draft vLLM 0.33.0 ships for DeepSeek V4
 
+SPEC_LAYERS_REFUSAL = ("--layers {layers} with --spec: the speculative-decoding loop verifies over sliding-window "
+                       "target layers only (its verify steps build no metadata for the compressed layers); use "
+                       "--layers 1, its default")
+
 DSPARK_V1_REFUSAL = ("--spec dspark needs --runner v2: vLLM 0.33.0 runs DSpark only on Model Runner V2 "
                      "(config/vllm.py:3110-3113 lists 'dspark speculative decoding' as unsupported by V1, and "
                      "_validate_v1_model_runner, :3332-3337, raises 'Model Runner V1 does not support: dspark "
@@ -87,11 +100,28 @@ def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
         return (f"--engine vllm checks the PIECEWISE and FULL graphs; mode {mode} is a dispatch policy over them, use "
                 "--mode PIECEWISE,FULL")
 
+    from capturelint.adapters.vllm_runners import MAX_REQS, MAX_TOKENS
+
+    if options.spec:
+        for option, given in (("--capture-sizes", options.capture_sizes), ("--batch-sizes", options.batch_sizes)):
+            if given:
+                raise CapturelintError(f"{option} sets the serving workload; --spec runs its own loop of verify and "
+                                       f"draft steps over a fixed batch, drop {option}")
+    for option, sizes, most in (("--capture-sizes", options.capture_sizes, MAX_TOKENS),
+                                ("--batch-sizes", options.batch_sizes, MAX_REQS)):
+        if any(n > most for n in sizes):
+            raise CapturelintError(f"{option} {','.join(map(str, sizes))}: each must be at most {most} (the runner's "
+                                   f"{'max_num_batched_tokens' if most == MAX_TOKENS else 'max_num_seqs'})")
     # DSpark runs only on V2 (config/vllm.py:3110-3113): its default runner
     default_runners = (Runner.V2,) if options.spec == "dspark" else tuple(Runner)
-    return resolve_plan(settings, options, NAME, default_runners=lambda: default_runners, default_modes=VLLM_MODES,
+    plan = resolve_plan(settings, options, NAME, default_runners=lambda: default_runners, default_modes=VLLM_MODES,
                         invariants=default_invariants, mode_refused=refused, check_runners=spec_runners,
-                        break_outputs=BreakOutputs.DISCARD, spec=options.spec)
+                        break_outputs=BreakOutputs.DISCARD, spec=options.spec,
+                        capture_sizes=tuple(sorted(set(options.capture_sizes))) or None,
+                        batch_sizes=options.batch_sizes or None)
+    if plan.spec and plan.layers not in (None, 1):  # from the command line or the settings
+        raise CapturelintError(SPEC_LAYERS_REFUSAL.format(layers=plan.layers))
+    return plan
 
 
 def load(plan: CheckPlan) -> CheckPlan:
@@ -120,8 +150,12 @@ def forward_context_probe() -> ContextSnapshot:
 def _spec(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Any:
     from capturelint.adapters.vllm_runners import RunSpec
 
-    return RunSpec(runner=runner, mode=mode, eager_region=plan.eager_region, layers=plan.layers or DEFAULT_LAYERS,
-                   steps=plan.steps or DEFAULT_STEPS, seed=plan.seed)
+    workload = {name: value for name, value in (("capture_sizes", plan.capture_sizes), ("batch_sizes", plan.batch_sizes))
+                if value is not None}
+    # --spec: sliding-window target layers (SPEC_LAYERS_REFUSAL)
+    layers = plan.layers or (1 if plan.spec else DEFAULT_LAYERS)
+    return RunSpec(runner=runner, mode=mode, eager_region=plan.eager_region, layers=layers,
+                   steps=plan.steps or DEFAULT_STEPS, seed=plan.seed, **workload)
 
 
 _MISSING_OP = re.compile(r"'_OpNamespace' '(\w+)' object has no attribute '(\w+)'")

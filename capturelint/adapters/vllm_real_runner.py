@@ -166,8 +166,15 @@ RUNNERS = {RunnerName.V1: "vllm.v1.worker.gpu_model_runner", RunnerName.V2: "vll
 
 
 # The RunSpec fields this runner honours; a field added to RunSpec (a new workload) is
-# refused until the scheduler outputs here express it (``_unhonoured``).
-HONOURED = frozenset({"runner", "mode", "eager_region", "layers", "steps", "batch", "prompt", "seed", "start"})
+# refused until the scheduler outputs here express it (``_unhonoured``). Its workload is
+# its own: ``spec.batch`` requests, each arriving with ``START`` tokens computed (the
+# stand-in prefill), then a ``PROMPT``-token prompt fed one token per step, then greedy
+# tokens: uniform one-token decode steps. The shim's serving workload (``capture_sizes``,
+# ``batch_sizes``: prefill, mixed and padded steps) is not expressed as scheduler outputs
+# yet, so it is refused when set away from its default.
+HONOURED = frozenset({"runner", "mode", "eager_region", "layers", "steps", "batch", "seed"})
+PROMPT = 3
+START = 126  # past the ratio-4 and ratio-128 compressions at 127 and the indexer's top-k at 131
 
 
 def _unhonoured(spec: shim.RunSpec) -> list[str]:
@@ -347,7 +354,7 @@ class RealRunner:
         self._prefill()
         self.ids = [f"req{i}" for i in range(spec.batch)]
         gen = torch.Generator().manual_seed(spec.seed + 1)  # the prompts of vllm_runners.Runner
-        self.prompts = torch.randint(0, shim.VOCAB, (spec.prompt, spec.batch), generator=gen)
+        self.prompts = torch.randint(0, shim.VOCAB, (PROMPT, spec.batch), generator=gen)
         self.captured = False
 
     def _kv_cache_config(self) -> Any:
@@ -363,8 +370,8 @@ class RealRunner:
         resolve_kv_cache_layout(self.vc, [layouts], list(specs.values()))
         groups = get_global_kv_cache_groups(self.vc, [specs])
         max_len = self.vc.model_config.max_model_len
-        if self.spec.start + self.spec.steps > max_len:
-            raise CapturelintError(f"--steps {self.spec.steps} from position {self.spec.start} passes max_model_len {max_len}")
+        if START + self.spec.steps > max_len:
+            raise CapturelintError(f"--steps {self.spec.steps} from position {START} passes max_model_len {max_len}")
         # What the scheduler's KV cache manager would hand out: every request its own
         # blocks for its full length in every group, disjoint (the groups share one block
         # pool, and a tensor is shared by layers of different groups), block 0 the null block.
@@ -383,7 +390,7 @@ class RealRunner:
         return get_kv_cache_configs(self.vc, [specs], [memory], groups)[0]
 
     def _prefill(self) -> None:
-        """``vllm_layers``' stand-in prefill of the positions before ``spec.start``, into the
+        """``vllm_layers``' stand-in prefill of the positions before ``START``, into the
         caches vLLM allocated and bound, at the blocks each request owns: what a prefix
         cache hit of the whole context would leave there (the requests arrive with
         ``num_computed_tokens = start``)."""
@@ -411,7 +418,7 @@ class RealRunner:
                                        "fewer --layers")
         caches = vllm_layers.LayerCaches.bound(self.model, self.spec.batch, compressed[0] if compressed else None,
                                                {ratio: tables[0] for ratio, tables in states.items()})
-        caches.prefill(self.spec.start, swa, shim.SWA_BLOCK, shim.WINDOW, self.spec.seed)
+        caches.prefill([START] * self.spec.batch, swa, shim.SWA_BLOCK, shim.WINDOW, self.spec.seed)
 
     def capture(self) -> None:
         """vLLM's ``capture_model``: the dispatcher's capture descriptors, each warmed up
@@ -430,7 +437,7 @@ class RealRunner:
         from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 
         n = self.spec.batch
-        start = self.spec.start
+        start = START
         new, cached = [], CachedRequestData.make_empty()
         if step == 0:
             # the context before start is computed (_prefill); then the prompt's tokens
@@ -441,7 +448,7 @@ class RealRunner:
                                   prefill_token_ids=[0] * start + self.prompts[:, i].tolist())  # V2 reads these
                    for i, rid in enumerate(self.ids)]
         else:
-            outputs = max(0, step - self.spec.prompt + 1)
+            outputs = max(0, step - PROMPT + 1)
             cached = CachedRequestData(req_ids=list(self.ids), resumed_req_ids=set(), new_token_ids=[],
                                        all_token_ids={}, new_block_ids=[None] * n, num_computed_tokens=[start + step] * n,
                                        num_output_tokens=[outputs] * n)

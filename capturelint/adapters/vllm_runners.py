@@ -13,34 +13,67 @@ attention and its capture regions. The configuration is built in code (``hf_conf
 Layer ``i`` has compress ratio 1, 4 or 128 in turn (``vllm_layers.layer_ratios``: the
 default three layers are one sliding-window, one compressed-sparse layer with its
 indexer, one heavily compressed layer); their caches, metadata and the stand-in
-prefill of the context before the first step (decode starts at position 126, so the
-steps cross each kind's boundaries) live in ``vllm_layers``, the kernels they reach in
-``vllm_kernels_compressed``. The hooks here: ``build_model`` (the ratios and the
-top-k buffer), ``_bind_caches`` and ``metadata``.
+prefill of the context before each request's first step live in ``vllm_layers``, the
+kernels they reach in ``vllm_kernels_compressed``. The hooks here: ``build_model`` (the
+ratios and the top-k buffer), ``_bind_caches`` and ``metadata``.
 
-**The runners** (``Runner``), each a loop of uniform decode steps (every request adds
-one token per step, prompt tokens first, then greedy tokens) over persistent input
-buffers (``input_ids``, ``positions``, ``slot_mapping``, block table, SWA indices),
-with the model wrapped by vLLM's ``BreakableCUDAGraphWrapper``:
+**The workload** (``schedule``): requests of different prompt lengths (2 and 3
+tokens) join and leave; step ``i`` runs ``batch_sizes[i % len]`` of them (default
+1,2,3,3,2,1), the batch ordered decodes first. A joining request is prefilled whole in
+its first step, from position 0. With compressed layers (the default) every other
+request is a long one instead: its prompt begins at ``vllm_layers.START_POSITION``
+(125), the positions before it are a stand-in prefill of its caches
+(``LayerCaches.prefill``), and its prompt (125..127) is prefilled for real. The default
+six steps are then a prefill step, two mixed steps (a decode and the long prompt; two
+decodes at different positions and a fresh prompt: 4 tokens each, which PIECEWISE
+replays and FULL_DECODE_ONLY runs eagerly), a decode batch padded from 3 to 4, a full
+one and one padded from 1 to 2. They cross the ratio-4 boundaries (3, 127), the
+ratio-128 boundary (127, inside the long prompt's prefill) and the indexer's switch
+between its short-context fill and its real top-k, and every layer kind runs its
+``_forward_prefill``: the long prompt with compressed entries (the indexer's prefill
+chunk: gather, MQA logits, top-k; the C128A prefill indices; the compressed gather and
+the combined indices), the fresh ones without (no chunk: vLLM's builder makes none).
+``--layers 1`` (sliding-window only) runs every request fresh.
 
-- Model Runner V1 (``v1/worker/gpu_model_runner.py``): the model is wrapped with
-  ``runtime_mode=PIECEWISE`` (:5130-5147). ``_warmup_and_capture`` (:6523) runs a
-  warmup and then the capturing ``_dummy_run`` with ``force_attention = mode == FULL``
-  (:6536): a PIECEWISE graph is captured **without attention metadata**
-  (``attn_metadata=None``, :5637) and dummy slot mappings filled with -1 (:5628); a
-  FULL graph is captured with metadata.
-- Model Runner V2 (``v1/worker/gpu/cudagraph_utils.py``): ``capture`` (:424-486) runs
-  a warmup (mode NONE) and then the capture, with metadata always built
-  (``prepare_inputs_to_capture`` :827, ``prepare_attn`` :898) over the persistent
-  buffers, whose slot mappings hold ``PAD_SLOT_ID`` (-1,
-  ``block_table.py:262 get_dummy_slot_mappings``). The wrapper takes any non-NONE
-  mode (``runtime_mode=None``, :570).
+**The runners** (``Runner``), a loop over those steps with the model wrapped by vLLM's
+``BreakableCUDAGraphWrapper``, over persistent buffers (``Buffers``: input ids,
+positions, slot mapping, block table, sequence lengths, query starts, and the SWA
+metadata builder's own index buffers) sized for ``max_num_batched_tokens``:
 
-Both then run real steps under ``set_forward_context(attn_metadata, ...)`` with the
-capture's batch descriptor, so each step replays. V1's FULL graphs are captured here
-by the breakable wrapper under a FULL forward context (vLLM's FULL-mode bypass makes
-the whole forward one captured segment), where vLLM's V1 uses ``CUDAGraphWrapper``:
-the same ops in one graph.
+- **Dispatch** is vLLM's ``CudagraphDispatcher`` (real code) over
+  ``cudagraph_capture_sizes`` (default 2,4): the smallest capture size >= the step's
+  token count, eager above the largest. The configured FULL mode is resolved by vLLM's
+  ``resolve_cudagraph_mode_and_sizes`` (real code) with DeepSeek V4's builders' support
+  (``resolved_cudagraph_mode``): FULL_DECODE_ONLY, so prefill and mixed steps run
+  eagerly and uniform decode batches replay FULL graphs. V2's own candidate table
+  (cudagraph_utils.py:256-395) is stood in for by the dispatcher; for these modes it
+  picks the same graphs.
+- **Capture** (``Runner.capture``), per capture size, largest first. Model Runner V1
+  (``v1/worker/gpu_model_runner.py``, wrapped with ``runtime_mode=PIECEWISE``,
+  :5130-5147): ``_warmup_and_capture`` (:6523) runs the warmup and the capturing
+  ``_dummy_run`` with ``force_attention = mode == FULL`` (:6536): a PIECEWISE graph is
+  captured **without attention metadata** (``attn_metadata=None``, :5637) and slots
+  filled with -1 (:5628); a FULL graph with the dummy's padded metadata. Model Runner V2
+  (``v1/worker/gpu/cudagraph_utils.py``, any non-NONE mode, :570): ``capture``
+  (:424-486) runs a warmup (mode NONE) and the capture, metadata always built
+  (``prepare_inputs_to_capture`` :827, ``prepare_attn`` :898) over ``PAD_SLOT_ID``
+  slots (``block_table.py:262 get_dummy_slot_mappings``). The dummy batches are each
+  runner's (``Runner.dummy_batch``): all decode tokens.
+- **Padding** (``Runner.step_batch``): a step padded to its capture size gets metadata
+  over the padded counts under FULL and over the real ones under PIECEWISE and eager
+  (V1 ``pad_attn``; V2 ``model_states/default.py:179-186``); V1's slot mapping spans
+  the real tokens unless FULL, V2's always spans the padded ones. Padded request rows
+  get the null block, ``seq_len`` 0 and empty queries; padded token rows slot -1.
+- **Metadata** (``Runner.metadata``): what ``DeepseekSparseSWAMetadataBuilder.build``
+  makes (its Triton kernels are in torch here), with vLLM's own
+  ``split_decodes_and_prefills``; prefill fields for the prefill path.
+
+Each step runs under ``set_forward_context(attn_metadata, ...)`` with the dispatched
+mode and batch descriptor; only its real rows are kept (and compared). V1's FULL graphs
+are captured here by the breakable wrapper under a FULL forward context (vLLM's
+FULL-mode bypass makes the whole forward one captured segment), where vLLM's V1 uses
+``CUDAGraphWrapper``: the same ops in one graph. ``tests/vllm/test_vllm_contract.py``
+pins every vLLM function stood in for here.
 
 The region: ``eager_region=None`` keeps vLLM's own choice (``_prepare_and_attn_eager``
 under V1, ``_prepare_and_attn`` under V2, attention.py:323-328); ``narrow`` and
@@ -58,7 +91,6 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from capturelint.errors import CapturelintError
 from capturelint.options import CUDAGraphMode, EagerRegion
 from capturelint.options import Runner as RunnerName  # this module's Runner is the step loop
 from capturelint.adapters import vllm_layers
@@ -72,6 +104,13 @@ HEADS = 8
 WINDOW = 8
 SWA_BLOCK = 64
 PAD_SLOT_ID = -1
+DEFAULT_CAPTURE_SIZES = (2, 4)
+DEFAULT_BATCH_SIZES = (1, 2, 3, 3, 2, 1)
+PROMPT_LENS = (2, 3)  # request r's prompt has PROMPT_LENS[r % 2] tokens
+MAX_TOKENS = vllm_layers.MAX_TOKENS  # scheduler_config.max_num_batched_tokens (vllm_config): the largest capture size
+MAX_REQS = vllm_layers.MAX_REQS  # scheduler_config.max_num_seqs: the largest batch
+MAX_BLOCKS = 4  # block-table columns per request: max_model_len (256) tokens
+NULL_BLOCK_ID = 0  # vLLM's block 0 is reserved for padding rows (gpu_model_runner.py:2302-2304)
 COMPRESS_TYPES = {1: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
 
 
@@ -104,7 +143,8 @@ def vllm_config(num_layers: int, runner: RunnerName, ratios: tuple[int, ...] | N
     object.__setattr__(vc, "model_config", mc)
     # None trips an assert in the indexer's metadata builder (v1/attention/backends/mla/indexer.py:919).
     vc.attention_config.sparse_mla_prefill_workspace_factor = 5
-    vc.scheduler_config.max_num_batched_tokens = vllm_layers.MAX_TOKENS
+    vc.scheduler_config.max_num_batched_tokens = MAX_TOKENS
+    vc.scheduler_config.max_num_seqs = MAX_REQS
     vc.kernel_config.enable_jit_warmup = False  # Triton/CuTe JIT warmup registrations: no kernels to warm here
     return vc
 
@@ -137,16 +177,21 @@ def _ensure_distributed(vc: Any) -> None:
 def _runner_env(runner: RunnerName) -> Iterator[None]:
     """``VLLM_USE_V2_MODEL_RUNNER`` for the block: what selects the runner in
     ``VllmConfig.use_v2_model_runner`` (config/vllm.py:731-750); without Triton vLLM
-    would otherwise choose V1."""
-    saved = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
-    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner is RunnerName.V2 else "0"
+    would otherwise choose V1. ``VLLM_USE_BREAKABLE_CUDAGRAPH=1``: the breakable
+    graphs this adapter runs (V1 wraps with them only then, gpu_model_runner.py
+    :5130-5147, and its ``CudagraphDispatcher`` accepts PIECEWISE without a compiled
+    model only then, cudagraph_dispatcher.py:48-60)."""
+    wanted = {"VLLM_USE_V2_MODEL_RUNNER": "1" if runner is RunnerName.V2 else "0", "VLLM_USE_BREAKABLE_CUDAGRAPH": "1"}
+    saved = {name: os.environ.get(name) for name in wanted}
+    os.environ.update(wanted)
     try:
         yield
     finally:
-        if saved is None:
-            os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
-        else:
-            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @contextlib.contextmanager
@@ -249,17 +294,20 @@ def _randomize(model: nn.Module, seed: int) -> None:
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
     """One configuration: runner, CUDA-graph mode, region (``per-runner``: vLLM's own
-    choice), size, seed."""
+    choice), size, seed, and the workload: ``capture_sizes`` (vLLM's
+    ``cudagraph_capture_sizes``) and ``batch_sizes`` (the requests running in each
+    step, cycled over ``steps``; see ``schedule``). ``batch``: the requests of the
+    speculative-decoding loops (``vllm_spec``), which run a fixed batch."""
 
     runner: RunnerName = RunnerName.V1
     mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE
     eager_region: EagerRegion = EagerRegion.PER_RUNNER
     layers: int = 3
     steps: int = 6
-    batch: int = 2
-    prompt: int = 3
     seed: int = 0
-    start: int = vllm_layers.START_POSITION  # the first decode step's position (vllm_layers)
+    capture_sizes: tuple[int, ...] = DEFAULT_CAPTURE_SIZES
+    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
+    batch: int = 2
 
 
 def build_model(spec: RunSpec) -> tuple[TinyDeepseekV4, Any]:
@@ -270,7 +318,7 @@ def build_model(spec: RunSpec) -> tuple[TinyDeepseekV4, Any]:
     with _runner_env(spec.runner), set_current_vllm_config(vc), _default_dtype(torch.bfloat16):
         _ensure_distributed(vc)
         # the model-level top-k buffer (nvidia/model.py:848): [max tokens, index_topk]
-        topk = torch.zeros(vllm_layers.MAX_TOKENS, vllm_layers.INDEX_TOPK, dtype=torch.int32)
+        topk = torch.zeros(MAX_TOKENS, vllm_layers.INDEX_TOPK, dtype=torch.int32)
         attns = [build_attention(vc, i, topk) for i in range(spec.layers)]
         model = TinyDeepseekV4(attns)
     _use_cpu_gemm(model)
@@ -296,42 +344,191 @@ def region_of(model: TinyDeepseekV4) -> str:
     return kinds.pop() if len(kinds) == 1 else "mixed"
 
 
+MAX_SEQ = MAX_BLOCKS * SWA_BLOCK  # a request finishes when it holds this many tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class Scheduled:
+    """One request's share of a step: ``query_len`` tokens from position ``start`` (the
+    tokens it computed before). ``query_len`` 1 after the first step: a decode."""
+
+    req: int
+    start: int
+    query_len: int
+
+
+def schedule(batch_sizes: tuple[int, ...], steps: int, long_context: int | None = None) -> list[tuple[Scheduled, ...]]:
+    """The workload: step ``i`` runs ``batch_sizes[i % len(batch_sizes)]`` requests.
+
+    As a scheduler with continuous batching would: a request that joins is prefilled
+    whole in its first step (request ``r``'s prompt has ``PROMPT_LENS[r % 2]`` tokens,
+    from position 0) and then decodes one token per step. With ``long_context``, the
+    odd requests are long ones: their prompt begins at position ``long_context``, every
+    position before its last token is a stand-in prefill of the caches, and they join
+    with a decode of that token; when the batch shrinks the oldest requests
+    leave, and a request that reaches ``MAX_SEQ`` tokens leaves and another joins. The
+    batch is ordered decodes first, then the joining prefills (vLLM reorders it so,
+    ``split_decodes_and_prefills``). A step that grows the batch is a mixed
+    prefill-decode step (the first one a prefill-only step)."""
+    running: list[tuple[int, int]] = []  # (request, tokens computed)
+    next_req = 0
+    out = []
+    for i in range(steps):
+        want = batch_sizes[i % len(batch_sizes)]
+        running = [r for r in running if r[1] < MAX_SEQ]
+        running = running[len(running) - want:] if len(running) > want else running
+        batch = [Scheduled(req, computed, 1) for req, computed in running]
+        while len(batch) < want:
+            prompt = PROMPT_LENS[next_req % len(PROMPT_LENS)]
+            long = long_context is not None and next_req % 2 == 1
+            batch.append(Scheduled(next_req, long_context if long else 0, prompt))
+            next_req += 1
+        running = [(s.req, s.start + s.query_len) for s in batch]
+        out.append(tuple(batch))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """A batch as the runner lays it out in its persistent buffers.
+
+    ``scheduled``: the real requests (decodes first). ``num_tokens_padded`` /
+    ``num_reqs_padded``: what it was dispatched to (the capture size; the real counts
+    when it runs eagerly). ``max_query_len``: what the runner tells the metadata
+    builders. ``padded_metadata``: the attention metadata counts the padded rows (FULL
+    graphs); otherwise it is built with the real counts. ``padded_slots``: the slot
+    mapping spans the padded tokens (``PAD_SLOT_ID`` past the real ones) rather than
+    the real ones only. ``dummy``: a capture's or warmup's dummy batch (every slot
+    ``PAD_SLOT_ID``, inputs zero)."""
+
+    scheduled: tuple[Scheduled, ...]
+    num_tokens_padded: int
+    num_reqs_padded: int
+    max_query_len: int
+    padded_metadata: bool
+    padded_slots: bool
+    dummy: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.query_len for s in self.scheduled)
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.scheduled)
+
+
+def uniform_decode(scheduled: tuple[Scheduled, ...]) -> bool:
+    """V1's ``_is_uniform_decode`` (gpu_model_runner.py:3620-3637): every request
+    schedules ``uniform_decode_query_len`` (1) token."""
+    max_query_len = max(s.query_len for s in scheduled)
+    return max_query_len == 1 and sum(s.query_len for s in scheduled) == max_query_len * len(scheduled)
+
+
 class Buffers:
-    """The runner's persistent buffers: what captured graphs read, refilled per step."""
+    """The runner's persistent buffers, and the SWA metadata builder's (what captured
+    graphs read): sized for ``MAX_TOKENS`` tokens and ``MAX_REQS`` requests, as vLLM
+    sizes them for ``max_num_batched_tokens`` / ``max_num_seqs``; each step writes its
+    prefix, so a graph captured for ``n`` tokens reads the same addresses on every
+    replay of ``n``."""
 
-    def __init__(self, batch: int, max_blocks: int = 4):
-        n = batch
-        self.input_ids = torch.zeros(n, dtype=torch.long)
-        self.positions = torch.zeros(n, dtype=torch.long)
-        self.slot_mapping = torch.full((n,), PAD_SLOT_ID, dtype=torch.long)
-        self.block_table = torch.arange(batch * max_blocks, dtype=torch.int32).view(batch, max_blocks)
-        self.seq_lens = torch.zeros(batch, dtype=torch.int32)
-        self.query_start_loc = torch.arange(batch + 1, dtype=torch.int32)
-        self.is_valid_token = torch.ones(n, dtype=torch.bool)
-        self.token_to_req_indices = torch.arange(n, dtype=torch.int32)
-        self.swa_indices = torch.full((n, 1, WINDOW), -1, dtype=torch.int32)  # as sparse_swa.py:509 allocates it
-        self.swa_lens = torch.zeros(n, dtype=torch.int32)
+    def __init__(self) -> None:
+        self.input_ids = torch.zeros(MAX_TOKENS, dtype=torch.long)
+        self.positions = torch.zeros(MAX_TOKENS, dtype=torch.long)
+        self.slot_mapping = torch.full((MAX_TOKENS,), PAD_SLOT_ID, dtype=torch.long)
+        self.block_table = torch.zeros(MAX_REQS, MAX_BLOCKS, dtype=torch.int32)
+        self.seq_lens = torch.zeros(MAX_REQS, dtype=torch.int32)
+        self.query_start_loc = torch.zeros(MAX_REQS + 1, dtype=torch.int32)
+        # DeepseekSparseSWAMetadataBuilder.__init__'s buffers (sparse_swa.py:497-546)
+        self.token_to_req_indices = torch.zeros(MAX_TOKENS, dtype=torch.int32)
+        self.is_valid_token = torch.zeros(MAX_TOKENS, dtype=torch.bool)
+        self.swa_indices = torch.zeros(MAX_TOKENS, 1, WINDOW, dtype=torch.int32)
+        self.swa_lens = torch.zeros(MAX_TOKENS, dtype=torch.int32)
+        self.prefill_swa_indices = torch.zeros(MAX_TOKENS, 1, WINDOW, dtype=torch.int32)
+        self.prefill_swa_lens = torch.zeros(MAX_TOKENS, dtype=torch.int32)
 
-    def fill(self, tokens: torch.Tensor, position: int | None) -> None:
-        """Step inputs in place. ``position=None``: a dummy batch (slots -1, one token)."""
+    def fill(self, batch: Batch, tokens: torch.Tensor | None) -> None:
+        """The batch's inputs, block table, sequence lengths, query starts and slots, in
+        place. Request ``r`` owns blocks ``1 + MAX_BLOCKS*r ...`` (block 0 is vLLM's
+        null block); padded request rows get the null block, ``seq_len`` 0 and empty
+        queries (``query_start_loc`` repeats the token count), as both runners pad
+        them (gpu_model_runner.py:2302-2304, :5600-5602; input_batch.py:165-179).
+        Padded token rows keep what the buffers held (vLLM does not clear them);
+        ``tokens=None`` with a dummy batch: zero inputs (input_batch.py:182-183)."""
+        n, r = batch.num_tokens, batch.num_reqs
         with torch.no_grad():
-            self.input_ids.copy_(tokens)
-            pos = 0 if position is None else position
-            self.positions.fill_(pos)
-            self.seq_lens.fill_(pos + 1)
-            blocks = self.block_table[:, pos // SWA_BLOCK].long()
-            if position is None:
-                self.slot_mapping.fill_(PAD_SLOT_ID)
+            if batch.dummy:
+                self.input_ids[: batch.num_tokens_padded].zero_()
+                self.positions[: batch.num_tokens_padded].zero_()
             else:
-                self.slot_mapping.copy_(blocks * SWA_BLOCK + pos % SWA_BLOCK)
-            # The SWA indices vLLM's _compute_swa_indices_and_lens_kernel writes
-            # (v1/attention/backends/mla/sparse_swa.py:1052): the window's slots, -1 after.
-            start = max(pos - (WINDOW - 1), 0)
-            window = torch.arange(start, pos + 1)
-            slots = self.block_table.long()[:, window // SWA_BLOCK] * SWA_BLOCK + window % SWA_BLOCK
-            self.swa_indices.fill_(-1)
-            self.swa_indices[:, 0, : len(window)] = slots.to(torch.int32)
-            self.swa_lens.fill_(len(window))
+                self.input_ids[:n].copy_(tokens)
+            self.block_table.fill_(NULL_BLOCK_ID)
+            self.seq_lens.zero_()
+            t = 0
+            for i, s in enumerate(batch.scheduled):
+                if not batch.dummy:
+                    self.block_table[i] = torch.arange(MAX_BLOCKS, dtype=torch.int32) + 1 + MAX_BLOCKS * s.req
+                    self.positions[t : t + s.query_len] = torch.arange(s.start, s.start + s.query_len)
+                self.seq_lens[i] = s.start + s.query_len
+                self.query_start_loc[i + 1] = t + s.query_len
+                t += s.query_len
+            self.query_start_loc[r + 1 :] = n
+            self.slot_mapping.fill_(PAD_SLOT_ID)
+            if not batch.dummy:
+                pos = self.positions[:n]
+                rows = torch.repeat_interleave(torch.arange(r), torch.tensor([s.query_len for s in batch.scheduled]))
+                blocks = self.block_table.long()[rows, pos // SWA_BLOCK]
+                self.slot_mapping[:n] = blocks * SWA_BLOCK + pos % SWA_BLOCK
+
+
+def swa_indices_and_lens(buffers: Buffers, out_indices: torch.Tensor, out_lens: torch.Tensor, num_tokens: int,
+                         token_offset: int) -> None:
+    """vLLM's Triton ``_compute_swa_indices_and_lens_kernel`` (sparse_swa.py:1057-1132),
+    in torch, for tokens ``token_offset ..`` (rows ``0 ..`` of the outputs): an invalid
+    token (slot < 0) gets length 0 and a row of -1; a valid one the slots of its
+    window ``[max(pos - (window - 1), 0), pos]`` and its length, -1 after (no image
+    spans, no bounded replay: ``replay_start`` 0)."""
+    width = out_indices.shape[-1]
+    for row in range(num_tokens):
+        token = row + token_offset
+        out_indices[row].fill_(-1)
+        if not bool(buffers.is_valid_token[token]):
+            out_lens[row] = 0
+            continue
+        req = int(buffers.token_to_req_indices[token])
+        query_start, query_end = int(buffers.query_start_loc[req]), int(buffers.query_start_loc[req + 1])
+        pos = int(buffers.seq_lens[req]) - (query_end - query_start) + token - query_start
+        window = torch.arange(max(pos - (WINDOW - 1), 0), pos + 1)[:width]
+        blocks = buffers.block_table.long()[req, window // SWA_BLOCK]
+        out_indices[row, 0, : len(window)] = (blocks * SWA_BLOCK + window % SWA_BLOCK).to(torch.int32)
+        out_lens[row] = len(window)
+
+
+def resolved_cudagraph_mode(vc: Any, mode: Any) -> Any:
+    """The ``cudagraph_mode`` vLLM runs DeepSeek V4 with when ``mode`` is configured:
+    its own ``resolve_cudagraph_mode_and_sizes`` (compilation.py:1376-1418), given the
+    least CUDA-graph support of the metadata builders of DeepSeek V4's layer kinds
+    (each builder's own ``get_cudagraph_support``): the SWA cache's, the compressed
+    attention's, the compressor's and the indexer's (ratio 4). The indexer supports
+    mixed batches only with varlen paged MQA logits (SM100 with DeepGEMM,
+    indexer.py:930-997); elsewhere, and so here, FULL resolves to FULL_DECODE_ONLY:
+    uniform decode batches replay FULL graphs, every other batch runs eagerly.
+    PIECEWISE stays PIECEWISE."""
+    from vllm.models.deepseek_v4.compressor import CompressorMetadataBuilder
+    from vllm.models.deepseek_v4.nvidia.flashmla import DeepseekSparseSWAFlashMLAMetadataBuilder
+    from vllm.models.deepseek_v4.sparse_mla import DeepseekV4FlashMLAMetadataBuilder
+    from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerMetadataBuilder
+
+    builders = (DeepseekSparseSWAFlashMLAMetadataBuilder, DeepseekV4FlashMLAMetadataBuilder, CompressorMetadataBuilder,
+                DeepseekV32IndexerMetadataBuilder)
+    support = min((b.get_cudagraph_support(vc, None) for b in builders), key=lambda s: s.value)
+    cc = vc.compilation_config
+    saved = cc.cudagraph_mode
+    try:
+        return cc.resolve_cudagraph_mode_and_sizes(support, "DeepSeek V4", uniform_decode_query_len=1,
+                                                   max_num_reqs=MAX_REQS)
+    finally:
+        cc.cudagraph_mode = saved
 
 
 class Runner:
@@ -340,94 +537,252 @@ class Runner:
     def __init__(self, spec: RunSpec, graphs: bool = True):
         from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
         from vllm.config import CUDAGraphMode as VllmMode
-        from vllm.forward_context import BatchDescriptor
 
         self.spec = spec
+        # with compressed layers, long requests join near their boundaries (module docstring)
+        compressed = any(r > 1 for r in vllm_layers.layer_ratios(spec.layers))
+        self.steps = schedule(spec.batch_sizes, spec.steps, vllm_layers.START_POSITION if compressed else None)
         self.model, self.vc = build_model(spec)
-        self.buffers = Buffers(spec.batch)
+        self.buffers = Buffers()
         self.caches = self._bind_caches()
         self.mode = VllmMode[spec.mode.value] if graphs else VllmMode.NONE
+        self.dispatcher = self._dispatcher()
         # V1 wraps for PIECEWISE dispatch only (gpu_model_runner.py:5139); V2 for any
         # non-NONE mode (cudagraph_utils.py:570). FULL: see the module docstring.
         runtime_mode = VllmMode.PIECEWISE if spec.runner is RunnerName.V1 and self.mode is VllmMode.PIECEWISE else None
         self.wrapper = BreakableCUDAGraphWrapper(self.model, self.vc, runtime_mode=runtime_mode)
-        self.descriptor = BatchDescriptor(num_tokens=spec.batch, num_reqs=spec.batch if self.mode is VllmMode.FULL else None,
-                                          uniform=True)
         self.gen = torch.Generator().manual_seed(spec.seed + 1)
-        self.prompts = torch.randint(0, VOCAB, (spec.prompt, spec.batch), generator=self.gen)
+        self.prompts = {r: torch.randint(0, VOCAB, (PROMPT_LENS[r % len(PROMPT_LENS)],), generator=self.gen)
+                        for r in sorted({s.req for step in self.steps for s in step})}
+
+    def _dispatcher(self) -> Any:
+        """vLLM's ``CudagraphDispatcher`` over the spec's capture sizes, with its keys
+        for the resolved mode (``initialize_cudagraph_keys``): what picks each step's
+        graph. The sizes are set as a user's ``compilation_config`` sets them, then
+        ``post_init_cudagraph_sizes`` (compilation.py:1136) checks them."""
+        from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+        cc = self.vc.compilation_config
+        cc.cudagraph_capture_sizes = sorted(self.spec.capture_sizes)
+        cc.max_cudagraph_capture_size = max(self.spec.capture_sizes)
+        cc.cudagraph_mode = self.mode
+        cc.post_init_cudagraph_sizes()
+        self.cudagraph_mode = resolved_cudagraph_mode(self.vc, self.mode)
+        with _runner_env(self.spec.runner):
+            dispatcher = CudagraphDispatcher(self.vc)
+        dispatcher.initialize_cudagraph_keys(self.cudagraph_mode, uniform_decode_query_len=1)
+        return dispatcher
 
     def _bind_caches(self) -> list[tuple[str, torch.Tensor]]:
+        """Every layer's SWA cache (request ``r`` owns blocks ``1 + MAX_BLOCKS*r ...``,
+        block 0 is the null block), the compressed layers' caches (``vllm_layers``), and
+        the stand-in prefill of each request's positions before its first step."""
         caches = []
-        blocks = int(self.buffers.block_table.numel())
+        requests = 1 + max(s.req for step in self.steps for s in step)
+        blocks = 1 + MAX_BLOCKS * requests
         for i, layer in enumerate(self.model.layers):
             cache = torch.zeros(blocks, 1, SWA_BLOCK, 584, dtype=torch.uint8)
             layer.attn.swa_cache_layer.bind_kv_cache(cache)
             caches.append((f"kv_cache.layers.{i}.swa", layer.attn.swa_cache_layer.kv_cache))
-        # the compressed layers' caches and metadata, and the stand-in prefill (vllm_layers)
-        max_len = self.vc.model_config.max_model_len
-        if self.spec.start + self.spec.steps > max_len:
-            raise CapturelintError(f"--steps {self.spec.steps} from position {self.spec.start} passes max_model_len {max_len}")
-        layer_caches = vllm_layers.LayerCaches(self.model, self.spec.batch, max_len)
-        swa = [(c.view(c.shape[0], -1), self.buffers.block_table) for _, c in caches]
-        layer_caches.prefill(self.spec.start, swa, SWA_BLOCK, WINDOW, self.spec.seed)
-        self.layer_metadata = vllm_layers.LayerMetadata(layer_caches, self.spec.batch)
+        first: dict[int, int] = {}
+        for step in self.steps:
+            for s in step:
+                first.setdefault(s.req, s.start)
+        layer_caches = vllm_layers.LayerCaches(self.model, requests, self.vc.model_config.max_model_len)
+        swa_table = 1 + torch.arange(requests * MAX_BLOCKS, dtype=torch.int32).view(requests, MAX_BLOCKS)
+        swa = [(c.view(c.shape[0], -1), swa_table) for _, c in caches]
+        layer_caches.prefill([first[r] for r in range(requests)], swa, SWA_BLOCK, WINDOW, self.spec.seed)
+        self.layer_metadata = vllm_layers.LayerMetadata(layer_caches, self.vc)
         return caches + layer_caches.named
 
+    # -- the runners' rules for a batch
+    def _full(self, mode: Any) -> bool:
+        return mode.name == "FULL"
+
+    def step_batch(self, scheduled: tuple[Scheduled, ...]) -> tuple[Batch, Any, Any]:
+        """A real step: dispatch, then the batch as the runner pads it, with the runtime
+        mode and batch descriptor.
+
+        Both runners dispatch with vLLM's ``CudagraphDispatcher`` (V1's
+        ``_determine_batch_execution_and_padding``, gpu_model_runner.py:3684-3740, with
+        ``uniform_decode`` from ``_is_uniform_decode``); V2's ``ModelCudaGraphManager``
+        (cudagraph_utils.py:256-395, 523-553) picks the same graph for these modes:
+        the smallest capture size >= the token count, eager above the largest.
+        Metadata: FULL is built over the padded counts, PIECEWISE and eager over the
+        real ones (V1: ``pad_attn``, gpu_model_runner.py:4047, 4108-4112; V2:
+        ``prepare_attn``, model_states/default.py:179-186). Slot mapping: V1 spans the
+        real tokens unless FULL (gpu_model_runner.py:4096-4104), V2 always spans the
+        padded ones (``compute_slot_mappings``, gpu/model_runner.py:1609-1614)."""
+        n = sum(s.query_len for s in scheduled)
+        max_query_len = max(s.query_len for s in scheduled)
+        mode, descriptor = self.dispatcher.dispatch(n, uniform_decode=uniform_decode(scheduled))
+        full = self._full(mode)
+        reqs_padded = descriptor.num_reqs if full and descriptor.num_reqs is not None else len(scheduled)
+        batch = Batch(scheduled, descriptor.num_tokens, reqs_padded, max_query_len, padded_metadata=full,
+                      padded_slots=full or self.spec.runner is RunnerName.V2)
+        return batch, mode, descriptor
+
+    def dummy_batch(self, descriptor: Any, mode: Any, warmup: bool) -> Batch:
+        """A capture's (``warmup``: its warmup's) dummy batch of ``descriptor.num_tokens``
+        tokens.
+
+        V1's ``_dummy_run`` (gpu_model_runner.py:5519-5545): a uniform descriptor is
+        one token per request; otherwise ``min(tokens, max_num_seqs)`` requests share
+        the tokens, and ``max_query_len`` is the token count; ``seq_lens`` are
+        ``max_query_len`` (:5658). V2's ``prepare_inputs_to_capture``
+        (cudagraph_utils.py:827-844, ``InputBatch.make_dummy``, input_batch.py:152-170):
+        ``min(tokens, max_num_reqs)`` requests, ``seq_len == query_len``, and
+        ``max_query_len`` the token count for FULL, else the longest query. Metadata
+        over the dummy's own counts (V1 pads them for FULL, :5689-5692; V2 builds them
+        with mode NONE, :898), slots all ``PAD_SLOT_ID`` (V1 :5626-5628, V2
+        ``get_dummy_slot_mappings``, block_table.py:262-271)."""
+        tokens = descriptor.num_tokens
+        uniform = bool(getattr(descriptor, "uniform", False))
+        reqs = tokens if uniform else min(tokens, MAX_REQS)
+        lens = [tokens // reqs] * reqs
+        if self.spec.runner is RunnerName.V1:
+            lens[-1] += tokens % reqs
+            max_query_len = 1 if uniform else tokens
+            starts = [max_query_len - q for q in lens]
+        else:
+            for i in range(tokens % reqs):
+                lens[-1 - i] += 1
+            max_query_len = 1 if uniform else tokens if self._full(mode) else max(lens)
+            starts = [0] * reqs
+        scheduled = tuple(Scheduled(-1, s, q) for s, q in zip(starts, lens))
+        return Batch(scheduled, tokens, reqs, max_query_len, padded_metadata=self._full(mode), padded_slots=True,
+                     dummy=True)
+
     # -- attention metadata, built by the runner (vLLM's builders are Triton kernels)
-    def metadata(self) -> dict[str, Any]:
+    def metadata(self, batch: Batch) -> dict[str, Any]:
         """One step's ``attn_metadata``: per layer, the SWA cache's metadata over the
-        persistent buffers, and a fresh ``FlashMLASchedMeta`` (vLLM makes one per build)."""
+        persistent buffers, and a fresh ``FlashMLASchedMeta`` (vLLM makes one per build).
+
+        What ``DeepseekSparseSWAMetadataBuilder.build`` (sparse_swa.py:560-720) makes of
+        the runner's ``CommonAttentionMetadata`` (``num_reqs`` / ``num_actual_tokens``
+        padded or not, as ``batch`` says): the decode/prefill split by vLLM's own
+        ``split_decodes_and_prefills``, ``is_valid_token = slot >= 0``, the token to
+        request map (tokens past the real ones map to request 0,
+        ``compute_token_to_req_indices``), the decode and prefill window indices, the
+        prefill gather lengths (``_COMPUTE_PREFILL_METADATA_KERNEL``: query length plus
+        up to ``window - 1`` tokens of prefix), and the tile-scheduler plan holders."""
         from vllm.third_party.flashmla.flash_mla_interface import FlashMLASchedMeta
         from vllm.v1.attention.backends.mla.sparse_swa import DeepseekSparseSWAMetadata
+        from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
         b = self.buffers
-        n = self.spec.batch
+        num_reqs = batch.num_reqs_padded if batch.padded_metadata else batch.num_reqs
+        num_tokens = batch.num_tokens_padded if batch.padded_metadata else batch.num_tokens
+        num_slots = batch.num_tokens_padded if batch.padded_slots else batch.num_tokens
+        qsl_cpu = b.query_start_loc[: num_reqs + 1].clone()
+        common = types.SimpleNamespace(max_query_len=batch.max_query_len, num_reqs=num_reqs,
+                                       num_actual_tokens=num_tokens, query_start_loc_cpu=qsl_cpu)
+        num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens = split_decodes_and_prefills(
+            common, decode_threshold=1)
+        slot_mapping = b.slot_mapping[:num_slots]
+        with torch.no_grad():
+            torch.ge(slot_mapping, 0, out=b.is_valid_token[:num_slots])
+            n = batch.num_tokens
+            b.token_to_req_indices[: max(n, num_tokens)].zero_()
+            lens = qsl_cpu[1:] - qsl_cpu[:-1]
+            b.token_to_req_indices[:n] = torch.repeat_interleave(torch.arange(num_reqs, dtype=torch.int32), lens)[:n]
+            if num_decode_tokens > 0:
+                b.swa_lens[num_decode_tokens:] = 0
+                swa_indices_and_lens(b, b.swa_indices, b.swa_lens, num_decode_tokens, 0)
+            if num_prefill_tokens > 0:
+                swa_indices_and_lens(b, b.prefill_swa_indices, b.prefill_swa_lens, num_prefill_tokens, num_decode_tokens)
+        prefill: dict[str, Any] = {}
+        if num_prefills > 0:
+            seq_lens = b.seq_lens[num_decodes:num_reqs]
+            query_lens = lens[num_decodes : num_decodes + num_prefills].to(torch.int32)
+            prefix = seq_lens - query_lens
+            prefill = dict(
+                prefill_seq_lens=b.seq_lens[num_decodes:num_reqs], prefill_seq_lens_cpu=seq_lens.clone(),
+                prefill_gather_lens=(query_lens + prefix.clamp(min=0, max=WINDOW - 1)).to(torch.int32),
+                prefill_query_lens_cpu=query_lens, prefill_window_size=WINDOW,
+                prefill_max_model_len=self.vc.model_config.max_model_len,
+                prefill_max_num_batched_tokens=self.vc.scheduler_config.max_num_batched_tokens,
+            )
         swa = DeepseekSparseSWAMetadata(
-            block_table=b.block_table, slot_mapping=b.slot_mapping, block_size=SWA_BLOCK, seq_lens=b.seq_lens,
-            query_start_loc=b.query_start_loc, query_start_loc_cpu=b.query_start_loc.clone(),
-            is_valid_token=b.is_valid_token, token_to_req_indices=b.token_to_req_indices,
-            decode_swa_indices=b.swa_indices, decode_swa_lens=b.swa_lens, decode_swa_width=WINDOW,
-            num_decodes=n, num_prefills=0, num_decode_tokens=n, num_prefill_tokens=0,
-            tile_sched_swaonly=FlashMLASchedMeta(), tile_sched_c4a=FlashMLASchedMeta(),
-            tile_sched_c128a=FlashMLASchedMeta(),
+            block_table=b.block_table[:num_reqs], slot_mapping=slot_mapping, block_size=SWA_BLOCK,
+            seq_lens=b.seq_lens[:num_reqs], query_start_loc=b.query_start_loc[: num_reqs + 1],
+            query_start_loc_cpu=qsl_cpu, is_valid_token=b.is_valid_token[:num_slots],
+            token_to_req_indices=b.token_to_req_indices[:num_tokens],
+            decode_swa_indices=b.swa_indices[:num_decode_tokens], decode_swa_lens=b.swa_lens[:num_decode_tokens],
+            decode_swa_width=WINDOW,
+            prefill_swa_indices=b.prefill_swa_indices[:num_prefill_tokens] if num_prefill_tokens else None,
+            prefill_swa_lens=b.prefill_swa_lens[:num_prefill_tokens] if num_prefill_tokens else None,
+            num_decodes=num_decodes, num_prefills=num_prefills, num_decode_tokens=num_decode_tokens,
+            num_prefill_tokens=num_prefill_tokens, max_decode_query_len=min(batch.max_query_len, 1),
+            **({"tile_sched_swaonly": FlashMLASchedMeta(), "tile_sched_c4a": FlashMLASchedMeta(),
+                "tile_sched_c128a": FlashMLASchedMeta()} if num_decode_tokens > 0 else {}), **prefill,
         )
         md = {layer.attn.swa_cache_layer.prefix: swa for layer in self.model.layers}
-        md.update(self.layer_metadata.build(b, n))  # the compressed layers' (vllm_layers)
+        # the compressed layers' (vllm_layers), by the same counts and split
+        md.update(self.layer_metadata.build(b, [s.req for s in batch.scheduled], num_reqs, num_tokens, slot_mapping,
+                                            (num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens),
+                                            batch.max_query_len))
         return md
 
-    def _forward(self, attn_metadata: Any, mode: Any) -> torch.Tensor:
+    def _forward(self, batch: Batch, attn_metadata: Any, mode: Any, descriptor: Any) -> torch.Tensor:
         from vllm.config import set_current_vllm_config
         from vllm.forward_context import set_forward_context
 
-        descriptor = None if mode.name == "NONE" else self.descriptor
-        with set_current_vllm_config(self.vc), set_forward_context(attn_metadata, self.vc, num_tokens=self.spec.batch,
+        from capturelint.adapters.vllm import real_rows
+
+        n = batch.num_tokens_padded
+        with set_current_vllm_config(self.vc), set_forward_context(attn_metadata, self.vc, num_tokens=n,
                                                                     cudagraph_runtime_mode=mode,
-                                                                    batch_descriptor=descriptor):
-            return self.wrapper(input_ids=self.buffers.input_ids, positions=self.buffers.positions)
+                                                                    batch_descriptor=descriptor), \
+                real_rows(batch.num_tokens):
+            return self.wrapper(input_ids=self.buffers.input_ids[:n], positions=self.buffers.positions[:n])
 
     def capture(self) -> None:
-        """Warm up, then capture the decode batch the steps will replay."""
+        """Warm up and capture every graph the dispatcher has a key for, largest first
+        (``get_capture_descs``), as each runner does.
+
+        V1 (``_warmup_and_capture``, gpu_model_runner.py:6523-6569): warmup(s) in mode
+        NONE, then the capture, both building attention metadata only when
+        ``force_attention = mode == FULL`` (:6536, :5637): a PIECEWISE graph is
+        captured with ``attn_metadata=None``. V2 (``capture``, cudagraph_utils.py
+        :465-486): a warmup in mode NONE, then a capture with fresh inputs, metadata
+        always built (``prepare_inputs_to_capture``, :898)."""
         from vllm.config import CUDAGraphMode as VllmMode
 
         if self.mode is VllmMode.NONE:
             return
-        self.buffers.fill(torch.zeros(self.spec.batch, dtype=torch.long), None)
-        with_metadata = self.spec.runner is RunnerName.V2 or self.mode is VllmMode.FULL
-        self._forward(self.metadata() if with_metadata else None, VllmMode.NONE)  # warmup
-        self._forward(self.metadata() if with_metadata else None, self.mode)  # capture
+        v1 = self.spec.runner is RunnerName.V1
+        warmups = 1  # V1: cudagraph_num_of_warmups, which VllmConfig sets to 1 with graphs on (config/vllm.py:2011)
+        for mode, descriptors in self.dispatcher.get_capture_descs():
+            with_metadata = not v1 or self._full(mode)
+            for descriptor in descriptors:
+                for _ in range(warmups):
+                    batch = self.dummy_batch(descriptor, mode, warmup=True)
+                    self.buffers.fill(batch, None)
+                    self._forward(batch, self.metadata(batch) if with_metadata else None, VllmMode.NONE, None)
+                batch = self.dummy_batch(descriptor, mode, warmup=False)
+                self.buffers.fill(batch, None)
+                self._forward(batch, self.metadata(batch) if with_metadata else None, mode, descriptor)
 
     def generate(self) -> torch.Tensor:
-        """Capture, then ``steps`` decode steps; the logits of every step."""
+        """Capture, then the workload's steps; the logits of every real token of every
+        step, concatenated (padded rows left out). Each request's next input is the
+        greedy token of its last row."""
         self.capture()
         logits = []
-        tokens = self.prompts[0]
-        for step in range(self.spec.steps):
-            self.buffers.fill(tokens, self.spec.start + step)
-            out = self._forward(self.metadata(), self.mode)
-            out = out.detach().clone()
+        last: dict[int, int] = {}
+        for scheduled in self.steps:
+            batch, mode, descriptor = self.step_batch(scheduled)
+            tokens = torch.cat([self.prompts[s.req][-s.query_len:] if s.req not in last else torch.tensor([last[s.req]])
+                                for s in scheduled])
+            self.buffers.fill(batch, tokens)
+            out = self._forward(batch, self.metadata(batch), mode, descriptor)
+            out = out[: batch.num_tokens].detach().clone()
             logits.append(out)
-            tokens = self.prompts[step + 1] if step + 1 < self.spec.prompt else out.argmax(-1)
-        return torch.stack(logits)
+            ends = torch.cumsum(torch.tensor([s.query_len for s in scheduled]), 0) - 1
+            for s, row in zip(scheduled, ends.tolist()):
+                last[s.req] = int(out[row].argmax())
+        return torch.cat(logits)
 
     def roots(self) -> dict[str, Any]:
         return {"model": self.model, "runner": self.buffers, "caches": self.caches}
@@ -440,5 +795,5 @@ def compare(graphs: torch.Tensor, eager: torch.Tensor) -> tuple[float, float]:
     return agree, float("inf") if diff.isnan() else float(diff)
 
 
-__all__ = ["Buffers", "RunSpec", "Runner", "TinyDeepseekV4", "build_attention", "build_model", "compare",
-           "force_region", "hf_config", "region_of", "vllm_config"]
+__all__ = ["Batch", "Buffers", "RunSpec", "Runner", "Scheduled", "TinyDeepseekV4", "build_attention", "build_model",
+           "compare", "force_region", "hf_config", "region_of", "schedule", "uniform_decode", "vllm_config"]

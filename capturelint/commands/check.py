@@ -82,6 +82,9 @@ def suggest_hint(kw: dict[str, Any], select: tuple[str, ...], ignore: tuple[str,
                 args += [f"--{name.replace('_', '-')}", spelled(kw[name])]
         if kw.get("modes"):
             args += ["--mode", spelled(kw["modes"])]
+        for name in ("capture_sizes", "batch_sizes"):
+            if kw.get(name):
+                args += [f"--{name.replace('_', '-')}", ",".join(map(str, kw[name]))]
         if kw.get("fresh_metadata"):
             args.append("--fresh-metadata")
         if kw.get("platform") not in (None, "cuda"):

@@ -22,6 +22,7 @@ from capturelint.options import (
     parse_modes,
     parse_region,
     parse_runners,
+    parse_sizes,
     runners_text,
 )
 from capturelint.output import stderr_console, stdout_console  # noqa: F401  (the commands' consoles)
@@ -55,6 +56,11 @@ def parsed_runners(ctx: click.Context, param: click.Parameter, value: str | None
 def parsed_modes(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[CUDAGraphMode, ...]:
     """``--mode``, repeatable and comma-separated: the modes."""
     return parse_modes(_csv(ctx, param, value))
+
+
+def _sizes(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
+    """``--capture-sizes`` / ``--batch-sizes``: comma-separated counts."""
+    return None if value is None else parse_sizes(max(param.opts, key=len), value)
 
 
 def parsed_region(ctx: click.Context, param: click.Parameter, value: str | None) -> EagerRegion | None:
@@ -97,7 +103,8 @@ class _Engines(click.Choice):
 
 def engine_options(fn: Callable) -> Callable:
     """``--engine --jobs --no-reuse --runner --mode --eager-region --fresh-metadata
-    --layers --steps --seed --kernels --break-outputs --platform --spec --config``: which engine
+    --layers --steps --seed --kernels --break-outputs --capture-sizes --batch-sizes
+    --platform --spec --config``: which engine
     and which of its configurations to run."""
     opts = [
         click.option("--engine", type=_Engines(),
@@ -123,6 +130,13 @@ def engine_options(fn: Callable) -> Callable:
         click.option("--break-outputs", type=click.Choice([str(b) for b in BreakOutputs]), callback=_break_outputs,
                      help="What the capture runtime does with eager-break return values on replay: copy them into "
                           "static buffers (default) or discard them, as vLLM 0.33.0 does (settings: break-outputs)."),
+        click.option("--capture-sizes", metavar="N,N,...", callback=_sizes,
+                     help="--engine vllm: the CUDA-graph capture sizes (vLLM's cudagraph_capture_sizes); each step "
+                          "replays the smallest one >= its token count, padded (default 2,4)."),
+        click.option("--batch-sizes", metavar="N,N,...", callback=_sizes,
+                     help="--engine vllm: the requests running in each step, cycled over --steps; a growing batch "
+                          "prefills the joining requests (a mixed prefill-decode step), a shrinking one lets the oldest "
+                          "leave (default 1,2,3,3,2,1)."),
         click.option("--platform", type=click.Choice(["cuda", "rocm", "cpu"]), default="cuda", show_default=True,
                      help="Platform whose default runner applies."),
         click.option("--spec", type=click.Choice(["mtp", "dspark"]),
@@ -166,6 +180,8 @@ def command_options(kw: dict[str, Any], select: tuple[str, ...] = (), ignore: tu
         reuse=not kw.get("no_reuse", False),
         spec=kw.get("spec"),
         given=given_engine_options(),
+        capture_sizes=kw.get("capture_sizes") or (),
+        batch_sizes=kw.get("batch_sizes") or (),
     )
 
 

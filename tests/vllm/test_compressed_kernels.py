@@ -6,8 +6,10 @@ reference is checked against it: the paged MQA logits against
 ``fp8_paged_mqa_logits_torch`` (v1/attention/ops/rocm_aiter_mla_sparse.py), the decode
 top-k against ``SparseIndexerTopk``'s ``torch`` back end, the short-context fill against
 ``DeepseekV4CPUIndexer._fill_short_context_topk`` (models/deepseek_v4/cpu/cpu_sparse.py),
-the slot mappings against ``map_local_to_global_slots_cpu`` (cpu/cpu_utils.py) and the
-C128A indices against the dense top-k of ``DeepseekV4CPUAttention.forward_mqa``. The
+the slot mappings against ``map_local_to_global_slots_cpu`` (cpu/cpu_utils.py), the
+C128A indices against the dense top-k of ``DeepseekV4CPUAttention.forward_mqa`` and the
+prefill MQA logits against ``fp8_mqa_logits_torch``; the prefill chunk metadata through
+vLLM's own ``build_prefill_chunk_metadata``. The
 compressor kernels (Triton, CuTe DSL and C++ in vLLM) and the index-q quantization are
 checked against their definitions, computed here in float64. The registered ops are
 what is called (``torch.ops``), so the schemas are exercised too.
@@ -147,6 +149,32 @@ def test_compress_head128_stores_the_indexer_layout_and_skips_pads():
     assert bool((flat[4 * 128:5 * 128] == 0xAB).all())  # token 1's state slot was -1
 
 
+def test_compress_reads_pad_past_a_shorter_compressed_slot_view():
+    """V2 PIECEWISE: the state slots span the padded tokens, the compressed slot mapping
+    the real ones (``out[:num_tokens]`` of a buffer filled with PAD): a token past the
+    view stores nothing, as the kernel reading PAD there."""
+    head, ratio, position = 128, 4, 7
+    state, table, bs, *_ = _states(ratio, head, position + 1, seed=5)
+    cache = torch.full((1, 8, 132), 0xAB, dtype=torch.uint8)
+    ops.compress_norm_rope_store(state, torch.tensor([0, 0]), torch.tensor([position, position]),
+                                 torch.tensor([0, 1]), table, bs, state.shape[-1] // 2, rope_cache(), cache,
+                                 torch.tensor([3]), 2, head, 64, ratio, True, torch.ones(head).bfloat16(), EPS)
+    flat = cache.view(-1)
+    assert not bool((flat[3 * 128:4 * 128] == 0xAB).all())  # token 0: stored at slot 3
+    assert bool((flat[:3 * 128] == 0xAB).all()) and bool((flat[4 * 128:8 * 128] == 0xAB).all())  # nothing else
+
+
+def test_a_kernels_pointer_arguments_address_the_whole_buffer():
+    """``addressable``: what a kernel given a view as a pointer can read (the rows of the
+    buffer from the view's offset), outside any dispatch mode."""
+    buffer = torch.arange(40, dtype=torch.int32).view(10, 4)
+    view = buffer[2:3]
+    got = C.addressable(view)
+    assert got.shape == (8, 4) and got.data_ptr() == view.data_ptr() and torch.equal(got, buffer[2:])
+    flat = torch.arange(16)
+    assert torch.equal(C.addressable(flat[:3]), flat)
+
+
 # --------------------------------------------------------------------- indexer
 
 
@@ -202,6 +230,74 @@ def test_top_k_matches_vllms_torch_backend_and_selects_short_rows_in_order():
     assert torch.equal(ours[:2], theirs[:2])  # long rows: the 8 largest, largest first
     assert ours[2].tolist() == [0, 1, 2, 3, 4, -1, -1, -1]  # a short row: every column, in order
     assert set(theirs[2, :5].tolist()) == set(range(5)) and theirs[2, 5:].tolist() == [-1, -1, -1]
+
+
+# ------------------------------------------------------------- indexer prefill
+
+
+def test_mqa_logits_match_vllms_torch_implementation_from_each_rows_start():
+    """DeepGEMM's non-paged logits are compressed: row ``i`` holds K ``[ks[i], ke[i])``
+    from column 0 (utils/deep_gemm.py:665-668); vLLM's torch version returns them in
+    place (``fp8_mqa_logits_torch``, ``[M, N]``)."""
+    from vllm.v1.attention.ops.rocm_aiter_mla_sparse import fp8_mqa_logits_torch
+
+    g = torch.Generator().manual_seed(9)
+    q = (torch.randn(3, 4, 128, generator=g) * 20).to(torch.float8_e4m3fn)
+    k = (torch.randn(9, 128, generator=g) * 20).to(torch.float8_e4m3fn)
+    scale = torch.ldexp(torch.ones(9), torch.randint(-6, -2, (9,), generator=g))
+    weights = torch.randn(3, 4, generator=g)
+    ks, ke = torch.tensor([0, 0, 4], dtype=torch.int32), torch.tensor([2, 4, 9], dtype=torch.int32)
+    ours = C.fp8_fp4_mqa_logits_dropin((q, None), (k, scale), weights, ks, ke, 5)
+    theirs = fp8_mqa_logits_torch(q, (k, scale), weights, ks, ke)
+    for row in range(3):
+        n = int(ke[row] - ks[row])
+        # vLLM's torch version rounds each q.k to bf16 (its einsum runs in bf16); DeepGEMM accumulates in fp32
+        torch.testing.assert_close(ours[row, :n], theirs[row, int(ks[row]):int(ke[row])], rtol=2 ** -7, atol=1e-3)
+        assert bool((ours[row, n:] == float("-inf")).all())
+
+
+def test_top_k_prefill_picks_the_largest_in_each_rows_range_and_short_rows_in_order():
+    logits = torch.randn(2, 40, generator=torch.Generator().manual_seed(10))
+    starts, ends = torch.zeros(2, dtype=torch.int32), torch.tensor([40, 5], dtype=torch.int32)
+    out = torch.full((2, 8), 99, dtype=torch.int32)
+    torch.ops._C.top_k_per_row_prefill(logits, starts, ends, out, 2, logits.stride(0), logits.stride(1), 8)
+    assert out[0].tolist() == torch.topk(logits[0], 8).indices.tolist()  # largest first
+    assert out[1].tolist() == [0, 1, 2, 3, 4, -1, -1, -1]
+
+
+def test_cp_gather_lays_each_requests_entries_out_contiguously():
+    cache = _indexer_cache(5, 4, 11)
+    flat = cache.view(5, -1)
+    table = torch.tensor([[3, 1], [2, 0]], dtype=torch.int32)
+    cu = torch.tensor([0, 6, 9], dtype=torch.int32)
+    k = torch.zeros(9, 128, dtype=torch.float8_e4m3fn)
+    scale = torch.zeros(9, 4, dtype=torch.uint8)
+    torch.ops._C_cache_ops.cp_gather_indexer_k_quant_cache(cache, k, scale, table, cu)
+    for row, (req, t) in enumerate([(0, t) for t in range(6)] + [(1, t) for t in range(3)]):
+        block, offset = int(table[req, t // 4]), t % 4
+        assert torch.equal(k[row].view(torch.uint8), flat[block, offset * 128:(offset + 1) * 128])
+        assert torch.equal(scale[row], flat[block, 4 * 128 + offset * 4:4 * 128 + offset * 4 + 4])
+
+
+def test_prefill_chunk_metadata_through_vllms_builder_function(monkeypatch):
+    import vllm.v1.attention.backends.mla.indexer as indexer
+
+    monkeypatch.setattr(indexer, "_BUILD_PREFILL_CHUNK_METADATA_KERNEL", C.BuildPrefillChunkMetadataKernel())
+    # two prefills at ratio 4: positions 7..9 (10 tokens in all) and 0..5
+    qsl = torch.tensor([0, 3, 9], dtype=torch.int32)
+    seq_lens = torch.tensor([10, 6], dtype=torch.int32)
+    compressed = seq_lens // 4
+    chunk = indexer.build_prefill_chunk_metadata(0, 2, qsl, qsl.clone(), seq_lens, compressed, compressed.clone(),
+                                                 torch.zeros(2, 1, dtype=torch.int32), 4)
+    assert chunk.total_seq_lens == 3 and chunk.token_to_seq.tolist() == [0, 0, 1]
+    # each token sees its request's entries that its position closed: (pos + 1) // 4
+    assert chunk.cu_seqlen_ks.tolist() == [0, 0, 0, 2, 2, 2, 2, 2, 2]
+    assert chunk.cu_seqlen_ke.tolist() == [2, 2, 2, 2, 2, 2, 3, 3, 3]
+    empty = indexer.build_prefill_chunk_metadata(1, 2, qsl, qsl.clone(), torch.tensor([10, 3], dtype=torch.int32),
+                                                 torch.tensor([2, 0], dtype=torch.int32),
+                                                 torch.tensor([2, 0], dtype=torch.int32),
+                                                 torch.zeros(2, 1, dtype=torch.int32), 4)
+    assert empty is None  # a prefill with no compressed entry yet: no chunk, no kernel
 
 
 def test_short_context_fill_matches_vllms_cpu_indexer():
@@ -266,6 +362,10 @@ def test_compressed_slot_mapping_through_vllms_wrapper(monkeypatch):
     # boundaries: position 3 (req 0, entry 0 -> block 3, slot 6) and 11 (req 1, entry 2 -> block 1, slot 2)
     assert got.tolist() == [-1, -1, 6, -1, -1, -1, 2]
     assert out[7:].tolist() == [-1, -1, -1]  # the wrapper clears the whole buffer
+    # V2 pads the slot mapping past the metadata's token count: the kernel reads query tokens only
+    padded = torch.cat((slot_mapping, torch.tensor([-1, -1, -1])))
+    again = cu.get_compressed_slot_mapping(7, padded, query_start_loc, seq_lens, table, 2, 4, out=out)
+    assert again.tolist() == [-1, -1, 6, -1, -1, -1, 2]
 
 
 def test_mm_with_an_fp32_output_dtype_runs_on_cpu():

@@ -410,6 +410,8 @@ def test_missing_kernel_error_is_one_line_naming_the_op() -> None:
         "_flashmla_C::sparse_prefill_fwd",
         "capturelint_vllm::fused_q_kv_rmsnorm",
         "capturelint_vllm::fused_inv_rope_fp8_quant",
+        "capturelint_vllm::dequantize_and_gather_k_cache",
+        "capturelint_vllm::combine_topk_swa_indices",
     }
     assert all(n in msg for n in K.REFERENCE_KERNELS)
     qualified = K.missing_kernel_error("_flashmla_C::dense_decode_fwd")

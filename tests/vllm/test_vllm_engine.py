@@ -70,9 +70,11 @@ def test_v1_narrow_region_fails_at_the_profile_run_branch(v1_narrow):
     piecewise = next(n for n in report["numerical"] if n["mode"] == "PIECEWISE")
     assert piecewise["max_step_error"] > 1e-2
     assert piecewise["token_agreement"] < 1.0
-    # a FULL graph is captured with metadata (force_attention): the narrow region is safe there
+    # a FULL graph is captured with metadata (force_attention): the narrow region is safe there;
+    # FULL (FULL_DECODE_ONLY for DeepSeek V4) replays the three decode steps, the prefill and
+    # mixed steps run eagerly
     full = next(n for n in report["numerical"] if n["mode"] == "FULL")
-    assert full["max_step_error"] < 1e-4 and full["replay_steps"] >= 4
+    assert full["max_step_error"] < 1e-4 and full["replay_steps"] == 3
     assert not [f for f in report["findings"] if f["mode"] == "FULL"]
 
 
@@ -82,7 +84,8 @@ def test_v1_with_vllms_own_region_is_clean(v1_default):
     assert report["findings"] == []
     assert {c["eager_region"] for c in report["configurations"]} == {"wide"}  # _prepare_and_attn_eager under V1
     for n in report["numerical"]:
-        assert n["replay_steps"] >= 4
+        # PIECEWISE replays all six steps (the prefill and mixed ones too), FULL the decode ones
+        assert n["replay_steps"] == (6 if n["mode"] == "PIECEWISE" else 3)
         assert n["max_step_error"] < 1e-4
         assert n["token_agreement"] == 1.0
 
@@ -92,7 +95,7 @@ def test_v2_narrow_region_is_clean(v2_narrow):
     assert code == 0, report["findings"]
     for n in report["numerical"]:
         assert n["runner"] == "v2"
-        assert n["replay_steps"] >= 4
+        assert n["replay_steps"] >= 3
         assert n["max_step_error"] < 1e-4
 
 
@@ -274,7 +277,8 @@ def test_invariants_explain_selects_vllms_ops(capsys):
     explained = json.loads(capsys.readouterr().out)
     (config,) = explained["configurations"]
     (selection,) = config["selections"]
-    assert selection["graphs"] == ["PIECEWISE:2 tokens"]  # vLLM's graph, not the bundled engine's
+    # vLLM's graphs, one per capture size (largest first, as vLLM captures), not the bundled engine's
+    assert selection["graphs"] == ["PIECEWISE:4 tokens", "PIECEWISE:2 tokens"]
     placed = {(o["scope"], o["op"], o["placement"]) for o in selection["ops"]}
     assert ("model.layers.0.attn", "aten.constant_pad_nd.default", "captured") in placed
     assert ("model.layers.0.attn.wq_b", "aten.mm.default", "captured") in placed
@@ -356,12 +360,12 @@ def test_capture_answers_capturing_in_segments_and_not_in_breaks():
     # segments, where is_current_stream_capturing() is True: the C128 store is captured although the dummy
     # batch is off the boundary, and the indexer takes its real path although the context is short; the
     # indexer's logits run in the break, where it is False (the segment's capture_end ran before it).
+    # The warmups (mode NONE, one per capture size) are eager: short context, every candidate, and the
+    # C128 store skipped off the boundary.
     captured, _ = _spy_runs(Runner.V2, CUDAGraphMode.PIECEWISE, EagerRegion.PER_RUNNER)
-    warmup = captured[:next(i for i, (_, capturing) in enumerate(captured) if capturing)]
-    assert ("short-fill", False) in warmup  # the warmup (mode NONE) is eager: short context, every candidate
-    assert ("store128:512", False) not in warmup  # ... and the C128 store skipped off the boundary
-    capture = captured[len(warmup):]
-    assert {("store4:512", True), ("store4:128", True), ("store128:512", True), ("indexer-topk", False)} == set(capture)
+    assert set(captured) == {("short-fill", False), ("store4:512", False), ("store4:128", False),  # warmups
+                             ("store4:512", True), ("store4:128", True), ("store128:512", True),  # captures
+                             ("indexer-topk", False)}  # the captures' breaks
     # V1, wide region: everything runs in the eager break, not capturing, and without metadata: no store at all
     captured, _ = _spy_runs(Runner.V1, CUDAGraphMode.PIECEWISE, EagerRegion.PER_RUNNER)
     assert captured == []
@@ -372,9 +376,12 @@ def test_eager_steps_cross_each_kinds_boundary():
     from capturelint.options import CUDAGraphMode, EagerRegion, Runner
 
     _, steps = _spy_runs(Runner.V2, CUDAGraphMode.PIECEWISE, EagerRegion.PER_RUNNER, graphs=False)
-    # positions 126..131: the indexer fills every candidate while (pos+1)//4 <= index_topk (32), then ranks
-    assert [c for c, _ in steps if c in ("short-fill", "indexer-topk")] == ["short-fill"] * 5 + ["indexer-topk"]
-    # the C128 compressor stores only at its boundary (position 127), eagerly; the C4 ones every step
+    # the indexer fills every candidate while max_seq_len // 4 <= index_topk (16): the steps with fresh requests
+    # only (the first and the last); with the long request (from its prompt at 125..127 on) it ranks
+    assert [c for c, _ in steps if c in ("short-fill", "indexer-topk")] == \
+        ["short-fill"] + ["indexer-topk"] * 4 + ["short-fill"]
+    # the C128 compressor stores only at its boundary (position 127, in step 1's prefill), eagerly; the C4 ones
+    # every step
     assert sum(c == "store128:512" for c, _ in steps) == 1
     assert sum(c == "store4:512" for c, _ in steps) == 6
     assert not any(capturing for _, capturing in steps)

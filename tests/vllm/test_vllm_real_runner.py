@@ -127,7 +127,7 @@ def test_v1_narrow_region_fails_where_vllms_runner_captured_without_metadata(tmp
     assert ("PIECEWISE", 2) in calls["dispatch"]
 
 
-def test_v1_with_vllms_own_region_matches_the_shim(tmp_path, monkeypatch, calls):
+def test_v1_with_vllms_own_region_is_clean_as_in_the_shim(tmp_path, monkeypatch, calls):
     real_code, real = check(tmp_path, monkeypatch, "real", *V1)
     assert calls["dummy_run"], "vLLM's runner did not capture"
     calls["dummy_run"].clear()
@@ -136,8 +136,10 @@ def test_v1_with_vllms_own_region_matches_the_shim(tmp_path, monkeypatch, calls)
     assert (real_code, shim_code) == (0, 0)
     assert real["findings"] == shim["findings"] == []
     assert {c["eager_region"] for c in real["configurations"]} == {"wide"}
-    assert real["numerical"] == shim["numerical"]
-    assert real["numerical"][0]["replay_steps"] == 4 and real["numerical"][0]["max_step_error"] == 0.0
+    # each runs its own workload (the shim's serving workload; here uniform decode steps
+    # from 126), so their numbers differ; each replay equals its eager twin
+    [num] = real["numerical"]
+    assert num["replay_steps"] == 4 and num["max_step_error"] == 0.0 and num["token_agreement"] == 1.0
 
 
 def test_v2_builds_metadata_for_its_capture_and_the_narrow_region_holds(tmp_path, monkeypatch, builds):
@@ -169,8 +171,8 @@ def test_v2_builds_metadata_for_its_capture_and_the_narrow_region_holds(tmp_path
     shim_code, shim = check(tmp_path, monkeypatch, "shim", *v2)
     assert (real_code, shim_code) == (0, 0)
     assert real["findings"] == shim["findings"] == []
-    assert real["numerical"] == shim["numerical"]
-    assert real["numerical"][0]["replay_steps"] == 4 and real["numerical"][0]["max_step_error"] == 0.0
+    [num] = real["numerical"]
+    assert num["replay_steps"] == 4 and num["max_step_error"] == 0.0 and num["token_agreement"] == 1.0
 
 
 def test_an_unknown_runner_implementation_is_one_line(tmp_path, monkeypatch, capsys):
@@ -202,22 +204,23 @@ def test_vllms_triton_slot_mapping_kernel_runs_in_the_interpreter():
     assert block_table.ComputeSlotMappingKernel.kernel is placeholder
 
 
-@pytest.mark.parametrize("runner", ["v1", "v2"])
-def test_vllms_builders_give_the_logits_of_the_hand_built_metadata(runner):
+def test_vllms_two_runners_compute_the_same_logits_with_their_own_builders():
     """Eager, six steps from position 126 (both compressions at 127 and 131, the
-    indexer's real top-k at 131): vLLM's runner with its own KV cache plan and metadata
-    builders, over the stand-in prefill at the blocks it owns, computes the logits of
-    ``vllm_runners`` with ``vllm_layers``' hand-built metadata, to the bit."""
+    indexer's real top-k at 131): Model Runner V1 and V2, each with its own input
+    preparation, KV cache plan and metadata builders, over the stand-in prefill at the
+    blocks each owns, compute the same logits to the bit."""
     require_vllm()
     from capturelint.adapters.vllm import cpu_shim
     from capturelint.adapters.vllm_real_runner import RealRunner, runner_context
-    from capturelint.adapters.vllm_runners import Runner, RunSpec
+    from capturelint.adapters.vllm_runners import RunSpec
     from capturelint.options import Runner as RunnerName
 
-    spec = RunSpec(runner=RunnerName(runner), layers=3, steps=6)
+    logits = []
     with cpu_shim():
-        shim = Runner(spec, graphs=False).generate()
-        with runner_context(spec.runner):
-            real = RealRunner(spec, graphs=False).generate()
-    assert real.shape == shim.shape == (6, 2, 96)
-    assert torch.equal(real, shim)
+        for runner in (RunnerName.V1, RunnerName.V2):
+            spec = RunSpec(runner=runner, layers=3, steps=6)
+            with runner_context(spec.runner):
+                logits.append(RealRunner(spec, graphs=False).generate())
+    v1, v2 = logits
+    assert v1.shape == v2.shape == (6, 2, 96) and bool(v1.isfinite().all())
+    assert torch.equal(v1, v2)
