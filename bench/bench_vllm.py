@@ -4,12 +4,15 @@ BENCHMARKS.md with the machine they were measured on).
 Measures, in one run, medians of --repeat whole processes each:
 - import: `import vllm` plus the DeepSeek V4 FlashMLA attention module, for the CPU
   target (what every `--engine vllm` command pays first);
-- the matrix: `capturelint check --engine vllm` (v1 and v2, PIECEWISE and FULL, 2 layers,
-  6 steps), and the two acceptance commands `--runner v1 --eager-region narrow` and
-  `--runner v2 --eager-region narrow`;
-- an untraced run of one configuration (v1 PIECEWISE: build, capture, 6 replayed steps,
-  no tracer, no twin) as the unit the ratios are expressed in, so they survive a
-  noisy machine.
+- the matrix: `capturelint check --engine vllm` at its defaults (v1 and v2, PIECEWISE and
+  FULL; three layers, one of each kind; the serving workload: prefill, mixed, padded and
+  full steps over two capture sizes), the two acceptance commands `--runner v1
+  --eager-region narrow` and `--runner v2 --eager-region narrow`, `--spec mtp`, and the
+  PIECEWISE configurations under vLLM's own runners (`CAPTURELINT_VLLM_RUNNER_IMPL=real`);
+- an untraced run of one configuration (v1 PIECEWISE at the defaults: build, capture, the
+  six steps, no tracer, no twin; the second in the process, after the lazy imports and
+  first-call costs that a check pays once) as the unit the ratios are expressed in, so they survive
+  a noisy machine.
 
     python bench/bench_vllm.py [--repeat 3] [--json]
 """
@@ -32,22 +35,29 @@ import os, time
 from capturelint.adapters.vllm import cpu_shim
 from capturelint.adapters.vllm_runners import RunSpec, Runner
 with cpu_shim():
+    Runner(RunSpec()).generate()  # once for the lazy imports and first-call costs a check pays once too
     t0 = time.perf_counter()
-    Runner(RunSpec(runner="v1", mode="PIECEWISE")).generate()
+    Runner(RunSpec()).generate()  # v1 PIECEWISE, the default model and workload
     print(time.perf_counter() - t0)
 """
 COMMANDS = {
     "check --engine vllm (4 configurations)": ["check", "--engine", "vllm", "--format", "json"],
+    "check --engine vllm --jobs 1": ["check", "--engine", "vllm", "--jobs", "1", "--format", "json"],
     "check --engine vllm --runner v1 --eager-region narrow": ["check", "--engine", "vllm", "--runner", "v1",
                                                               "--eager-region", "narrow", "--format", "json"],
     "check --engine vllm --runner v2 --eager-region narrow": ["check", "--engine", "vllm", "--runner", "v2",
                                                               "--eager-region", "narrow", "--format", "json"],
+    "check --engine vllm --spec mtp": ["check", "--engine", "vllm", "--spec", "mtp", "--format", "json"],
+    "check --engine vllm --mode PIECEWISE, vLLM's own runners": ["check", "--engine", "vllm", "--mode", "PIECEWISE",
+                                                                 "--format", "json"],
 }
+ENV = {"check --engine vllm --mode PIECEWISE, vLLM's own runners": {"CAPTURELINT_VLLM_RUNNER_IMPL": "real"}}
 
 
-def wall(argv: list[str]) -> float:
+def wall(argv: list[str], env: dict[str, str] | None = None) -> float:
     t0 = time.perf_counter()
-    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
+                   env={**os.environ, **(env or {})})
     return time.perf_counter() - t0
 
 
@@ -66,7 +76,8 @@ def main() -> None:
     unit = statistics.median(runs)
     results["untraced run, v1 PIECEWISE (in process, after import)"] = unit
     for name, argv in COMMANDS.items():
-        results[name] = statistics.median(wall([py, "-m", "capturelint.cli", *argv]) for _ in range(args.repeat))
+        results[name] = statistics.median(wall([py, "-m", "capturelint.cli", *argv], ENV.get(name))
+                                          for _ in range(args.repeat))
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     if args.json:
         print(json.dumps({"machine": machine, "seconds": results}, indent=2))
