@@ -166,15 +166,10 @@ RUNNERS = {RunnerName.V1: "vllm.v1.worker.gpu_model_runner", RunnerName.V2: "vll
 
 
 # The RunSpec fields this runner honours; a field added to RunSpec (a new workload) is
-# refused until the scheduler outputs here express it (``_unhonoured``). Its workload is
-# its own: ``spec.batch`` requests, each arriving with ``START`` tokens computed (the
-# stand-in prefill), then a ``PROMPT``-token prompt fed one token per step, then greedy
-# tokens: uniform one-token decode steps. The shim's serving workload (``capture_sizes``,
-# ``batch_sizes``: prefill, mixed and padded steps) is not expressed as scheduler outputs
-# yet, so it is refused when set away from its default.
-HONOURED = frozenset({"runner", "mode", "eager_region", "layers", "steps", "batch", "seed"})
-PROMPT = 3
-START = 126  # past the ratio-4 and ratio-128 compressions at 127 and the indexer's top-k at 131
+# refused until the scheduler outputs here express it (``_unhonoured``). The workload is
+# ``vllm_runners``' serving workload (``capture_sizes``, ``batch_sizes``, ``steps``);
+# ``batch`` is the speculative-decoding loops' (``vllm_spec``), which this runner does not run.
+HONOURED = frozenset({"runner", "mode", "eager_region", "layers", "steps", "seed", "capture_sizes", "batch_sizes"})
 
 
 def _unhonoured(spec: shim.RunSpec) -> list[str]:
@@ -220,10 +215,9 @@ def _configure(vc: Any, spec: shim.RunSpec, graphs: bool) -> None:
     cc = vc.compilation_config
     cc.mode = CompilationMode.NONE
     cc.cudagraph_mode = VllmMode[spec.mode.value] if graphs else VllmMode.NONE
-    cc.cudagraph_capture_sizes = [spec.batch] if graphs else []
-    cc.max_cudagraph_capture_size = spec.batch if graphs else 0
+    cc.cudagraph_capture_sizes = sorted(spec.capture_sizes) if graphs else []
+    cc.max_cudagraph_capture_size = max(spec.capture_sizes) if graphs else 0
     cc.cudagraph_num_of_warmups = 1
-    vc.scheduler_config.max_num_seqs = spec.batch
 
 
 class _VllmModel:
@@ -343,6 +337,12 @@ class RealRunner:
                                    "CAPTURELINT_VLLM_RUNNER_IMPL=shim")
         GPUModelRunner = importlib.import_module(RUNNERS[spec.runner]).GPUModelRunner
         self.spec = spec
+        self.steps = shim.workload(spec)
+        self.requests = 1 + max(s.req for step in self.steps for s in step)
+        self.starts: dict[int, int] = {}  # each request's position when it joins
+        for step in self.steps:
+            for s in step:
+                self.starts.setdefault(s.req, s.start)
         self.model, self.vc = shim.build_model(spec)
         self.model.__class__ = type("TinyDeepseekV4ForVllm", (_VllmModel, type(self.model)), {})
         self.model.logits_seen = []
@@ -352,9 +352,7 @@ class RealRunner:
             self.runner.load_model(model=self.model)
             self.runner.initialize_kv_cache(self._kv_cache_config())
         self._prefill()
-        self.ids = [f"req{i}" for i in range(spec.batch)]
-        gen = torch.Generator().manual_seed(spec.seed + 1)  # the prompts of vllm_runners.Runner
-        self.prompts = torch.randint(0, shim.VOCAB, (PROMPT, spec.batch), generator=gen)
+        self.prompts = shim.prompts(self.steps, spec.seed)  # vllm_runners.Runner's
         self.captured = False
 
     def _kv_cache_config(self) -> Any:
@@ -370,13 +368,14 @@ class RealRunner:
         resolve_kv_cache_layout(self.vc, [layouts], list(specs.values()))
         groups = get_global_kv_cache_groups(self.vc, [specs])
         max_len = self.vc.model_config.max_model_len
-        if START + self.spec.steps > max_len:
-            raise CapturelintError(f"--steps {self.spec.steps} from position {START} passes max_model_len {max_len}")
+        end = max(s.start + s.query_len for step in self.steps for s in step)
+        if end > max_len:
+            raise CapturelintError(f"--steps {self.spec.steps} reach position {end}, past max_model_len {max_len}")
         # What the scheduler's KV cache manager would hand out: every request its own
         # blocks for its full length in every group, disjoint (the groups share one block
         # pool, and a tensor is shared by layers of different groups), block 0 the null block.
-        self.block_ids: list[list[list[int]]] = [[] for _ in range(self.spec.batch)]
-        self.tables: dict[str, torch.Tensor] = {}  # layer name -> [batch, blocks]
+        self.block_ids: list[list[list[int]]] = [[] for _ in range(self.requests)]
+        self.tables: dict[str, torch.Tensor] = {}  # layer name -> [requests, blocks]
         first = 1
         for group in groups:
             per_request = math.ceil(max_len / group.kv_cache_spec.block_size)
@@ -390,10 +389,10 @@ class RealRunner:
         return get_kv_cache_configs(self.vc, [specs], [memory], groups)[0]
 
     def _prefill(self) -> None:
-        """``vllm_layers``' stand-in prefill of the positions before ``START``, into the
-        caches vLLM allocated and bound, at the blocks each request owns: what a prefix
-        cache hit of the whole context would leave there (the requests arrive with
-        ``num_computed_tokens = start``)."""
+        """``vllm_layers``' stand-in prefill of each request's positions before it joins
+        (a long request's context), into the caches vLLM allocated and bound, at the
+        blocks each request owns: what a prefix cache hit of that context would leave
+        there (the requests arrive with ``num_computed_tokens = start``)."""
         swa = []
         for layer in self.model.layers:
             cache = layer.attn.swa_cache_layer
@@ -416,9 +415,10 @@ class RealRunner:
                 raise CapturelintError(f"vLLM's KV cache plan put the {name} caches of {self.spec.layers} layers in "
                                        "several groups; the stand-in prefill takes one block table for them: check "
                                        "fewer --layers")
-        caches = vllm_layers.LayerCaches.bound(self.model, self.spec.batch, compressed[0] if compressed else None,
+        caches = vllm_layers.LayerCaches.bound(self.model, self.requests, compressed[0] if compressed else None,
                                                {ratio: tables[0] for ratio, tables in states.items()})
-        caches.prefill([START] * self.spec.batch, swa, shim.SWA_BLOCK, shim.WINDOW, self.spec.seed)
+        caches.prefill([self.starts[r] for r in range(self.requests)], swa, shim.SWA_BLOCK, shim.WINDOW,
+                       self.spec.seed)
 
     def capture(self) -> None:
         """vLLM's ``capture_model``: the dispatcher's capture descriptors, each warmed up
@@ -432,43 +432,54 @@ class RealRunner:
             self.runner.capture_model()
 
     def _scheduled(self, step: int) -> Any:
-        """The scheduler's output for ``step``: one token of every request."""
+        """The scheduler's output for ``step`` of the workload: the requests that join,
+        their prompt whole (``num_computed_tokens`` their start: 0, or a long request's
+        context, ``_prefill``); the running ones, one token each; those that left, finished."""
         from vllm.sampling_params import SamplingParams
         from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 
-        n = self.spec.batch
-        start = START
-        new, cached = [], CachedRequestData.make_empty()
-        if step == 0:
-            # the context before start is computed (_prefill); then the prompt's tokens
-            new = [NewRequestData(req_id=rid, prompt_token_ids=[0] * start + self.prompts[:, i].tolist(), mm_features=[],
-                                  sampling_params=SamplingParams(temperature=0.0, max_tokens=self.spec.steps),
-                                  pooling_params=None, block_ids=tuple(self.block_ids[i]),
-                                  num_computed_tokens=start, lora_request=None,
-                                  prefill_token_ids=[0] * start + self.prompts[:, i].tolist())  # V2 reads these
-                   for i, rid in enumerate(self.ids)]
-        else:
-            outputs = max(0, step - PROMPT + 1)
-            cached = CachedRequestData(req_ids=list(self.ids), resumed_req_ids=set(), new_token_ids=[],
-                                       all_token_ids={}, new_block_ids=[None] * n, num_computed_tokens=[start + step] * n,
-                                       num_output_tokens=[outputs] * n)
-        return SchedulerOutput(scheduled_new_reqs=new, scheduled_cached_reqs=cached,
-                               num_scheduled_tokens={rid: 1 for rid in self.ids}, total_num_scheduled_tokens=n,
-                               scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={}, finished_req_ids=set(),
-                               free_encoder_mm_hashes=[])
+        scheduled = self.steps[step]
+        before = {s.req: s for s in self.steps[step - 1]} if step else {}
+        ran = {r: sum(r in {s.req for s in st} for st in self.steps[:step]) for r in before}  # steps run so far
+        new, decoding = [s for s in scheduled if s.req not in before], [s for s in scheduled if s.req in before]
+        new_reqs = []
+        for s in new:
+            tokens = [0] * s.start + self.prompts[s.req].tolist()
+            new_reqs.append(NewRequestData(
+                req_id=_rid(s.req), prompt_token_ids=tokens, mm_features=[],
+                sampling_params=SamplingParams(temperature=0.0, max_tokens=self.spec.steps), pooling_params=None,
+                block_ids=tuple(self.block_ids[s.req]), num_computed_tokens=s.start, lora_request=None,
+                prefill_token_ids=tokens))  # V2 reads these
+        cached = CachedRequestData(req_ids=[_rid(s.req) for s in decoding], resumed_req_ids=set(), new_token_ids=[],
+                                   all_token_ids={}, new_block_ids=[None] * len(decoding),
+                                   num_computed_tokens=[s.start for s in decoding],
+                                   num_output_tokens=[ran[s.req] for s in decoding])
+        finished = {_rid(r) for r in before} - {_rid(s.req) for s in scheduled}
+        return SchedulerOutput(scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached,
+                               num_scheduled_tokens={_rid(s.req): s.query_len for s in scheduled},
+                               total_num_scheduled_tokens=sum(s.query_len for s in scheduled),
+                               scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
+                               finished_req_ids=finished, free_encoder_mm_hashes=[])
 
     def generate(self) -> torch.Tensor:
-        """Capture, then ``steps`` steps of ``execute_model`` + ``sample_tokens``; the
-        logits of every step."""
+        """Capture, then the workload's steps, each ``execute_model`` + ``sample_tokens``;
+        the logits of each request's last token of every step (what vLLM samples from),
+        concatenated, in the workload's order (decodes, then the requests that join)."""
         from vllm.config import set_current_vllm_config
 
         self.capture()
         self.model.logits_seen.clear()
+        rows = []
         with set_current_vllm_config(self.vc):
-            for step in range(self.spec.steps):
-                if self.runner.execute_model(self._scheduled(step)) is None:
-                    self.runner.sample_tokens(None)
-        return torch.stack(self.model.logits_seen)
+            for step, scheduled in enumerate(self.steps):
+                output = self.runner.execute_model(self._scheduled(step))
+                if output is None:
+                    output = self.runner.sample_tokens(None)
+                if hasattr(output, "get_output"):
+                    output = output.get_output()
+                logits = self.model.logits_seen[-1]
+                rows.append(logits[[output.req_id_to_index[_rid(s.req)] for s in scheduled]])
+        return torch.cat(rows)
 
     def roots(self) -> dict[str, Any]:
         """The model, the runner's persistent input buffers, the KV caches."""
@@ -494,6 +505,10 @@ class RealRunner:
                 caches.append((f"kv_cache.layers.{i}.indexer_compressor_state",
                                attn.indexer.compressor.state_cache.kv_cache))
         return {"model": self.model, "runner": buffers, "caches": caches}
+
+
+def _rid(req: int) -> str:
+    return f"req{req}"
 
 
 __all__ = ["INTERPRETED", "RealRunner", "runner_context", "supports"]
