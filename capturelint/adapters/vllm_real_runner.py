@@ -429,6 +429,10 @@ class RealRunner:
             return
         self.captured = True
         with set_current_vllm_config(self.vc):
+            # the worker's memory profiling before the capture (gpu_worker.py
+            # determine_available_memory): its dummy prefill of max_num_batched_tokens
+            # sizes the workspace, which the capture locks (a prefill after needs it)
+            self.runner.profile_run()
             self.runner.capture_model()
 
     def _scheduled(self, step: int) -> Any:
@@ -467,12 +471,16 @@ class RealRunner:
         concatenated, in the workload's order (decodes, then the requests that join)."""
         from vllm.config import set_current_vllm_config
 
+        from capturelint.adapters.vllm import real_rows
+
         self.capture()
         self.model.logits_seen.clear()
         rows = []
         with set_current_vllm_config(self.vc):
             for step, scheduled in enumerate(self.steps):
-                output = self.runner.execute_model(self._scheduled(step))
+                # a padded batch's padded rows are compared with nothing (vLLM discards them)
+                with real_rows(sum(s.query_len for s in scheduled)):
+                    output = self.runner.execute_model(self._scheduled(step))
                 if output is None:
                     output = self.runner.sample_tokens(None)
                 if hasattr(output, "get_output"):
