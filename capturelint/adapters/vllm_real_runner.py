@@ -429,10 +429,15 @@ class RealRunner:
             return
         self.captured = True
         with set_current_vllm_config(self.vc):
-            # the worker's memory profiling before the capture (gpu_worker.py
-            # determine_available_memory): its dummy prefill of max_num_batched_tokens
-            # sizes the workspace, which the capture locks (a prefill after needs it)
-            self.runner.profile_run()
+            if self.spec.runner is RunnerName.V2:
+                # the worker's memory profiling before the capture (gpu_worker.py
+                # determine_available_memory): its forward of max_num_batched_tokens without
+                # metadata sizes the workspace the capture locks, which a later prefill
+                # needs (flashmla.py _forward_prefill). V2's capture builds metadata for
+                # its dummy batches, so it sizes nothing; V1's capture warms up without
+                # metadata and sizes it itself, and V1's profile_run also runs a dummy
+                # sampler that samples randomly (_C.fused_gumbel_argmax, no reference here)
+                self.runner.profile_run()
             self.runner.capture_model()
 
     def _scheduled(self, step: int) -> Any:
