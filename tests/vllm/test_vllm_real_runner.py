@@ -22,7 +22,8 @@ from capturelint.cli import main
 from vllm_required import require_vllm
 
 ATTENTION = "vllm/models/deepseek_v4/attention.py"
-SMALL = ("--mode", "PIECEWISE", "--layers", "3")  # the default workload: six steps, capture sizes 2 and 4
+# the default workload (capture sizes 2 and 4, batch sizes 1, 2, 3, 3, 2, ...), five of its steps
+SMALL = ("--mode", "PIECEWISE", "--layers", "3", "--steps", "5")
 V1 = ("--runner", "v1")
 
 
@@ -90,7 +91,7 @@ STEP_BUILDERS = [("DeepseekV32IndexerMetadataBuilder", ("model.layers.1.attn.ind
 
 # the longest sequence of each step of the default workload: request 0 (prompt of 2 from
 # 0), request 1 (long: prompt of 3 from 125, over 127), request 2 (prompt of 2 from 0)
-WORKLOAD_SEQ_LENS = [2, 128, 129, 130, 131, 5]
+WORKLOAD_SEQ_LENS = [2, 128, 129, 130, 131]
 
 
 def step_builds(seq_len: int) -> list[tuple]:
@@ -136,13 +137,13 @@ def test_v1_narrow_region_fails_where_vllms_runner_captured_without_metadata(tmp
     # the scheduler outputs of the workload, the graph run's then the eager twin's: a
     # prefill-only step, two mixed prefill-decode steps, decodes, requests leaving
     steps = [(2, ["req0"], [], []), (4, ["req1"], ["req0"], []), (4, ["req2"], ["req0", "req1"], []),
-             (3, [], ["req0", "req1", "req2"], []), (2, [], ["req1", "req2"], ["req0"]), (1, [], ["req2"], ["req1"])]
+             (3, [], ["req0", "req1", "req2"], []), (2, [], ["req1", "req2"], ["req0"])]
     assert calls["execute_model"] == steps * 2
-    # vLLM's runner padded the steps of 3 and 1 tokens to the capture sizes 4 and 2
-    # and replayed those graphs; the eager twin's steps dispatched to no graph
-    assert calls["dispatch"][4:10] == [(2, "PIECEWISE", 2), (4, "PIECEWISE", 4), (4, "PIECEWISE", 4),
-                                       (3, "PIECEWISE", 4), (2, "PIECEWISE", 2), (1, "PIECEWISE", 2)]
-    assert [n for n, mode, _ in calls["dispatch"][10:] if mode == "NONE"] == [2, 4, 4, 3, 2, 1]
+    # vLLM's runner padded the step of 3 tokens to the capture size 4 and replayed that
+    # graph; the eager twin's steps dispatched to no graph
+    assert calls["dispatch"][4:9] == [(2, "PIECEWISE", 2), (4, "PIECEWISE", 4), (4, "PIECEWISE", 4),
+                                      (3, "PIECEWISE", 4), (2, "PIECEWISE", 2)]
+    assert calls["dispatch"][9:] == [(n, "NONE", n) for n in (2, 4, 4, 3, 2)]
 
 
 def test_v1_with_vllms_own_region_is_clean_as_in_the_shim(tmp_path, monkeypatch, calls):
@@ -156,7 +157,7 @@ def test_v1_with_vllms_own_region_is_clean_as_in_the_shim(tmp_path, monkeypatch,
     assert {c["eager_region"] for c in real["configurations"]} == {"wide"}
     # the same workload; each replay equals its eager twin
     [num] = real["numerical"]
-    assert num["replay_steps"] == 6 and num["max_step_error"] == 0.0 and num["token_agreement"] == 1.0
+    assert num["replay_steps"] == 5 and num["max_step_error"] == 0.0 and num["token_agreement"] == 1.0
 
 
 def test_v2_builds_metadata_for_its_capture_and_the_narrow_region_holds(tmp_path, monkeypatch, builds):
@@ -191,7 +192,7 @@ def test_v2_builds_metadata_for_its_capture_and_the_narrow_region_holds(tmp_path
     assert (real_code, shim_code) == (0, 0)
     assert real["findings"] == shim["findings"] == []
     [num] = real["numerical"]
-    assert num["replay_steps"] == 6 and num["max_step_error"] == 0.0 and num["token_agreement"] == 1.0
+    assert num["replay_steps"] == 5 and num["max_step_error"] == 0.0 and num["token_agreement"] == 1.0
 
 
 def test_an_unknown_runner_implementation_is_one_line(tmp_path, monkeypatch, capsys):
