@@ -6,18 +6,25 @@ code that makes them: a real ``GPUModelRunner`` of Model Runner V1
 through its ``__init__`` on the emulated CUDA device, with the tiny model of
 ``vllm_runners.build_model`` as its model. It captures with its own ``capture_model``
 and runs each step with its own ``execute_model`` and ``sample_tokens`` over hand-built
-``SchedulerOutput`` objects (what vLLM's scheduler hands a runner: every request one
-token per step, prompt tokens first as chunked prefill, then its greedy token).
+``SchedulerOutput`` objects: what vLLM's scheduler hands a runner for ``vllm_runners``'
+serving workload (``schedule``: ``batch_sizes`` cycled over ``steps``). A request that
+joins is a new request with its prompt whole (``num_scheduled_tokens`` its length), the
+running ones decode one token (cached requests, their greedy token the runner's own
+sample), and one that leaves is finished (``finished_req_ids``). vLLM's runner pads each
+step to the capture sizes (``capture_sizes``) and dispatches it, with its own decode and
+prefill split (its prefill path: ``flash_mla_sparse_fwd``, ``dequantize_and_gather_k_cache``
+and ``combine_topk_swa_indices`` as ``cpu_shim`` binds them).
 
 **Layer kinds.** All three (``vllm_layers``: ratio 1, ratio 4 with compressor and
-indexer, ratio 128) run with vLLM's own KV cache plan and metadata builders. The
-requests arrive with ``num_computed_tokens = start`` (126), as after a prefix-cache hit
-of the context, and ``vllm_layers``' stand-in prefill has written that context into the
-caches vLLM allocated, at the blocks each request owns (``_prefill``); the steps from
-there cross the ratio-4 and ratio-128 compressions (127) and the indexer's switch to
-its real top-k (131). The step's tokens and positions are those of ``vllm_runners``,
-whose hand-built metadata gives the same logits (tried: equal to the bit, 6 steps, V1
-and V2).
+indexer, ratio 128) run with vLLM's own KV cache plan and metadata builders. The long
+requests (``vllm_runners.schedule``'s ``long_context``) arrive with
+``num_computed_tokens = 125``, as after a prefix-cache hit of their context, and
+``vllm_layers``' stand-in prefill has written that context into the caches vLLM
+allocated, at the blocks each request owns (``_prefill``); their prompts cross the
+ratio-4 and ratio-128 compressions (127) and their decodes the indexer's switch to its
+real top-k (131). Tokens, prompts and stand-in are those of ``vllm_runners``, whose
+hand-built metadata gives the same logits on the rows vLLM samples from (tried: equal to
+the bit, the default workload, V1 and V2).
 
 **vLLM's code, run as it is** (line numbers of vLLM 0.33.0). V1:
 
@@ -101,10 +108,10 @@ V2 (``v1/worker/gpu/``):
   CPU torch has no events; the emulated CUDA event is used;
   ``torch.accelerator.get_memory_info`` (``capture_model`` :6477): answers 0;
 - configuration a CPU platform resets: the ``VllmConfig`` is built on ``CpuPlatform``,
-  which turns CUDA graphs off; the runner's graph mode, capture size (the batch) and one
+  which turns CUDA graphs off; the runner's graph mode, capture sizes and one
   warmup (``config/vllm.py:2011``) are set on it, as a CUDA platform would, and the
   model configuration is ``vllm_runners``' namespace with the fields the runner reads;
-- the prefill: the context before ``start`` is ``vllm_layers``' stand-in, for its cost:
+- the prefill of a long request's context (before 125) is ``vllm_layers``' stand-in, for its cost:
   vLLM's own chunked prefill of it does run here eagerly (tried, V1 and V2, chunks of
   30 tokens, with ``common/ops/cache_utils.py``'s ``dequantize_and_gather_k_cache`` and
   ``combine_topk_swa_indices`` interpreted and ``nvidia/flashmla.py``'s
@@ -114,7 +121,9 @@ V2 (``v1/worker/gpu/``):
   ``fp8_fp4_mqa_logits``, ``top_k_per_row_prefill``), but takes about 35 s a run, where
   a whole check takes 3-6 s; the block size, 256, is what a CUDA platform takes from
   the DeepSeek V4 backend (CpuPlatform leaves 16); the scheduler's KV cache manager:
-  the blocks are handed out here, each request its own in every group;
+  the blocks are handed out here, each request its own in every group; V2's
+  ``profile_run`` (the worker's memory profiling) runs before its capture, as in an
+  engine: it sizes the workspace the capture locks and a later prefill needs;
 - the model's kernels: the compressed layers' compressor, indexer and attention kernels
   are ``vllm_kernels_compressed``' references, as under ``vllm_runners``;
 - the model's vLLM interface: the tiny model answers ``forward(input_ids, positions,
