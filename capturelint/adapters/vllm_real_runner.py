@@ -142,6 +142,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 import types
@@ -227,6 +228,7 @@ def _configure(vc: Any, spec: shim.RunSpec, graphs: bool) -> None:
     cc.cudagraph_capture_sizes = sorted(spec.capture_sizes) if graphs else []
     cc.max_cudagraph_capture_size = max(spec.capture_sizes) if graphs else 0
     cc.cudagraph_num_of_warmups = 1
+    vc.load_config.use_tqdm_on_load = False  # V1's capture progress bar (capturelint's stderr is its own)
 
 
 class _VllmModel:
@@ -287,10 +289,12 @@ def runner_context(runner: RunnerName) -> Iterator[None]:
         patches.set(sparse_mla, "_BUILD_C128A_TOPK_METADATA_KERNEL", sparse_mla.BuildC128ATopkMetadataKernel())
         patches.set(compressor_utils, "_COMPRESSED_SLOT_MAPPING_KERNEL", compressor_utils.CompressedSlotMappingKernel())
         if runner is RunnerName.V2:
-            from vllm.v1.worker.gpu import buffer_utils, model_runner
+            from vllm.v1.worker.gpu import buffer_utils, cudagraph_utils, model_runner
 
             patches.set(model_runner, "DeviceMemoryProfiler", _NoMemoryProfiler)
             patches.set(buffer_utils, "get_accelerator_view_from_cpu_tensor", _uva_view)
+            # V2's capture progress bar, which no setting turns off (capturelint's stderr is its own)
+            patches.set(cudagraph_utils, "tqdm", functools.partial(cudagraph_utils.tqdm, disable=True))
         with _env("VLLM_USE_BREAKABLE_CUDAGRAPH", "1"), interpret_modules(INTERPRETED[runner]):
             yield
     finally:
