@@ -591,7 +591,7 @@ class CompressNormRopeStoreKernel:
                  store_full_fp8=False, **unused: Any) -> None:
         if use_fp4_cache or store_full_kv or store_full_fp8 or kv_cache.dtype != torch.uint8:
             raise NotImplementedError("compress_norm_rope_store: the reference covers the FP8 caches only")
-        _op("compress_norm_rope_store")(state_cache, token_to_req_indices, positions, slot_mapping,
+        _op("compress_norm_rope_store")(state_cache, addressable(token_to_req_indices), positions, slot_mapping,
                                         addressable(block_table), block_size, state_width, cos_sin_cache, kv_cache,
                                         addressable(k_cache_metadata.slot_mapping), num_actual, head_dim,
                                         rope_head_dim, compress_ratio, overlap, rms_norm_weight, rms_norm_eps)
@@ -600,8 +600,9 @@ class CompressNormRopeStoreKernel:
 def addressable(t: torch.Tensor) -> torch.Tensor:
     """What a kernel given ``t`` as a pointer (and its row stride) can address: ``t``'s
     allocation from ``t``'s offset on, rows of ``t``'s width. The kernels above take the
-    block table and the compressed slot mapping so: they index them by request and by
-    token (grid over ``num_actual`` tokens), never by the view's row count, which V2
+    block table, the compressed slot mapping and (``compress_norm_rope_store``) the token
+    to request map so: they index them by request and by token (grid over ``num_actual``
+    tokens, the padded slot mapping's length), never by the view's row count, which V2
     sizes by the unpadded batch under PIECEWISE (a capture's dummy batch and a smaller
     real one read the same rows of the builder's persistent buffer). The view is taken
     outside any dispatch mode: it is the launch's argument, not an op of the step."""

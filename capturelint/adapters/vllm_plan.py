@@ -181,11 +181,11 @@ RUNNER_IMPL_ENV = "CAPTURELINT_VLLM_RUNNER_IMPL"
 def real_runner(runner: Runner, mode: CUDAGraphMode) -> bool:
     """Whether vLLM's own model runner drives this configuration
     (``vllm_real_runner``: PIECEWISE graphs, V1 and V2) rather than ``vllm_runners``' reproduction of
-    its capture conditions: the internal switch ``CAPTURELINT_VLLM_RUNNER_IMPL``,
-    ``real`` or ``shim`` (the default)."""
+    its capture conditions (FULL graphs, and PIECEWISE with ``shim``): the internal switch
+    ``CAPTURELINT_VLLM_RUNNER_IMPL``, ``real`` (the default) or ``shim``."""
     from capturelint.adapters import vllm_real_runner
 
-    impl = os.environ.get(RUNNER_IMPL_ENV, "shim")
+    impl = os.environ.get(RUNNER_IMPL_ENV, "real")
     if impl not in ("real", "shim"):
         raise CapturelintError(f"{RUNNER_IMPL_ENV}={impl!r} is not a runner implementation; use real or shim")
     return impl == "real" and vllm_real_runner.supports(runner, mode)
@@ -197,7 +197,7 @@ def configuration(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Confi
     from capturelint.adapters.vllm_runners import Runner, compare, region_of
     from capturelint.adapters.vllm_spec import RUNNERS
 
-    if real_runner(runner, mode):
+    if not plan.spec and real_runner(runner, mode):
         from capturelint.adapters.vllm_real_runner import RealRunner as Runner
     spec = _spec(plan, runner, mode)
     loop = RUNNERS[plan.spec] if plan.spec else Runner  # the step loop: decode steps, or verify and draft steps
@@ -221,7 +221,8 @@ def check_one(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode, shadow: bool
     from capturelint.adapters.vllm import cpu_shim
     from capturelint.adapters.vllm_real_runner import runner_context
 
-    with cpu_shim(), runner_context(runner) if real_runner(runner, mode) else contextlib.nullcontext():
+    real = not plan.spec and real_runner(runner, mode)  # the speculative loops are vllm_spec's
+    with cpu_shim(), runner_context(runner) if real else contextlib.nullcontext():
         try:
             return check_configuration(configuration(plan, runner, mode), plan.codes, shadow=shadow, static=static)
         except (CapturelintError, AttributeError) as e:

@@ -6,18 +6,25 @@ code that makes them: a real ``GPUModelRunner`` of Model Runner V1
 through its ``__init__`` on the emulated CUDA device, with the tiny model of
 ``vllm_runners.build_model`` as its model. It captures with its own ``capture_model``
 and runs each step with its own ``execute_model`` and ``sample_tokens`` over hand-built
-``SchedulerOutput`` objects (what vLLM's scheduler hands a runner: every request one
-token per step, prompt tokens first as chunked prefill, then its greedy token).
+``SchedulerOutput`` objects: what vLLM's scheduler hands a runner for ``vllm_runners``'
+serving workload (``schedule``: ``batch_sizes`` cycled over ``steps``). A request that
+joins is a new request with its prompt whole (``num_scheduled_tokens`` its length), the
+running ones decode one token (cached requests, their greedy token the runner's own
+sample), and one that leaves is finished (``finished_req_ids``). vLLM's runner pads each
+step to the capture sizes (``capture_sizes``) and dispatches it, with its own decode and
+prefill split (its prefill path: ``flash_mla_sparse_fwd``, ``dequantize_and_gather_k_cache``
+and ``combine_topk_swa_indices`` as ``cpu_shim`` binds them).
 
 **Layer kinds.** All three (``vllm_layers``: ratio 1, ratio 4 with compressor and
-indexer, ratio 128) run with vLLM's own KV cache plan and metadata builders. The
-requests arrive with ``num_computed_tokens = start`` (126), as after a prefix-cache hit
-of the context, and ``vllm_layers``' stand-in prefill has written that context into the
-caches vLLM allocated, at the blocks each request owns (``_prefill``); the steps from
-there cross the ratio-4 and ratio-128 compressions (127) and the indexer's switch to
-its real top-k (131). The step's tokens and positions are those of ``vllm_runners``,
-whose hand-built metadata gives the same logits (tried: equal to the bit, 6 steps, V1
-and V2).
+indexer, ratio 128) run with vLLM's own KV cache plan and metadata builders. The long
+requests (``vllm_runners.schedule``'s ``long_context``) arrive with
+``num_computed_tokens = 125``, as after a prefix-cache hit of their context, and
+``vllm_layers``' stand-in prefill has written that context into the caches vLLM
+allocated, at the blocks each request owns (``_prefill``); their prompts cross the
+ratio-4 and ratio-128 compressions (127) and their decodes the indexer's switch to its
+real top-k (131). Tokens, prompts and stand-in are those of ``vllm_runners``, whose
+hand-built metadata gives the same logits on the rows vLLM samples from (tried: equal to
+the bit, the default workload, V1 and V2).
 
 **vLLM's code, run as it is** (line numbers of vLLM 0.33.0). V1:
 
@@ -101,10 +108,10 @@ V2 (``v1/worker/gpu/``):
   CPU torch has no events; the emulated CUDA event is used;
   ``torch.accelerator.get_memory_info`` (``capture_model`` :6477): answers 0;
 - configuration a CPU platform resets: the ``VllmConfig`` is built on ``CpuPlatform``,
-  which turns CUDA graphs off; the runner's graph mode, capture size (the batch) and one
+  which turns CUDA graphs off; the runner's graph mode, capture sizes and one
   warmup (``config/vllm.py:2011``) are set on it, as a CUDA platform would, and the
   model configuration is ``vllm_runners``' namespace with the fields the runner reads;
-- the prefill: the context before ``start`` is ``vllm_layers``' stand-in, for its cost:
+- the prefill of a long request's context (before 125) is ``vllm_layers``' stand-in, for its cost:
   vLLM's own chunked prefill of it does run here eagerly (tried, V1 and V2, chunks of
   30 tokens, with ``common/ops/cache_utils.py``'s ``dequantize_and_gather_k_cache`` and
   ``combine_topk_swa_indices`` interpreted and ``nvidia/flashmla.py``'s
@@ -114,7 +121,9 @@ V2 (``v1/worker/gpu/``):
   ``fp8_fp4_mqa_logits``, ``top_k_per_row_prefill``), but takes about 35 s a run, where
   a whole check takes 3-6 s; the block size, 256, is what a CUDA platform takes from
   the DeepSeek V4 backend (CpuPlatform leaves 16); the scheduler's KV cache manager:
-  the blocks are handed out here, each request its own in every group;
+  the blocks are handed out here, each request its own in every group; V2's
+  ``profile_run`` (the worker's memory profiling) runs before its capture, as in an
+  engine: it sizes the workspace the capture locks and a later prefill needs;
 - the model's kernels: the compressed layers' compressor, indexer and attention kernels
   are ``vllm_kernels_compressed``' references, as under ``vllm_runners``;
 - the model's vLLM interface: the tiny model answers ``forward(input_ids, positions,
@@ -133,6 +142,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 import types
@@ -166,15 +176,10 @@ RUNNERS = {RunnerName.V1: "vllm.v1.worker.gpu_model_runner", RunnerName.V2: "vll
 
 
 # The RunSpec fields this runner honours; a field added to RunSpec (a new workload) is
-# refused until the scheduler outputs here express it (``_unhonoured``). Its workload is
-# its own: ``spec.batch`` requests, each arriving with ``START`` tokens computed (the
-# stand-in prefill), then a ``PROMPT``-token prompt fed one token per step, then greedy
-# tokens: uniform one-token decode steps. The shim's serving workload (``capture_sizes``,
-# ``batch_sizes``: prefill, mixed and padded steps) is not expressed as scheduler outputs
-# yet, so it is refused when set away from its default.
-HONOURED = frozenset({"runner", "mode", "eager_region", "layers", "steps", "batch", "seed"})
-PROMPT = 3
-START = 126  # past the ratio-4 and ratio-128 compressions at 127 and the indexer's top-k at 131
+# refused until the scheduler outputs here express it (``_unhonoured``). The workload is
+# ``vllm_runners``' serving workload (``capture_sizes``, ``batch_sizes``, ``steps``);
+# ``batch`` is the speculative-decoding loops' (``vllm_spec``), which this runner does not run.
+HONOURED = frozenset({"runner", "mode", "eager_region", "layers", "steps", "seed", "capture_sizes", "batch_sizes"})
 
 
 def _unhonoured(spec: shim.RunSpec) -> list[str]:
@@ -220,10 +225,10 @@ def _configure(vc: Any, spec: shim.RunSpec, graphs: bool) -> None:
     cc = vc.compilation_config
     cc.mode = CompilationMode.NONE
     cc.cudagraph_mode = VllmMode[spec.mode.value] if graphs else VllmMode.NONE
-    cc.cudagraph_capture_sizes = [spec.batch] if graphs else []
-    cc.max_cudagraph_capture_size = spec.batch if graphs else 0
+    cc.cudagraph_capture_sizes = sorted(spec.capture_sizes) if graphs else []
+    cc.max_cudagraph_capture_size = max(spec.capture_sizes) if graphs else 0
     cc.cudagraph_num_of_warmups = 1
-    vc.scheduler_config.max_num_seqs = spec.batch
+    vc.load_config.use_tqdm_on_load = False  # V1's capture progress bar (capturelint's stderr is its own)
 
 
 class _VllmModel:
@@ -284,10 +289,12 @@ def runner_context(runner: RunnerName) -> Iterator[None]:
         patches.set(sparse_mla, "_BUILD_C128A_TOPK_METADATA_KERNEL", sparse_mla.BuildC128ATopkMetadataKernel())
         patches.set(compressor_utils, "_COMPRESSED_SLOT_MAPPING_KERNEL", compressor_utils.CompressedSlotMappingKernel())
         if runner is RunnerName.V2:
-            from vllm.v1.worker.gpu import buffer_utils, model_runner
+            from vllm.v1.worker.gpu import buffer_utils, cudagraph_utils, model_runner
 
             patches.set(model_runner, "DeviceMemoryProfiler", _NoMemoryProfiler)
             patches.set(buffer_utils, "get_accelerator_view_from_cpu_tensor", _uva_view)
+            # V2's capture progress bar, which no setting turns off (capturelint's stderr is its own)
+            patches.set(cudagraph_utils, "tqdm", functools.partial(cudagraph_utils.tqdm, disable=True))
         with _env("VLLM_USE_BREAKABLE_CUDAGRAPH", "1"), interpret_modules(INTERPRETED[runner]):
             yield
     finally:
@@ -343,6 +350,12 @@ class RealRunner:
                                    "CAPTURELINT_VLLM_RUNNER_IMPL=shim")
         GPUModelRunner = importlib.import_module(RUNNERS[spec.runner]).GPUModelRunner
         self.spec = spec
+        self.steps = shim.workload(spec)
+        self.requests = 1 + max(s.req for step in self.steps for s in step)
+        self.starts: dict[int, int] = {}  # each request's position when it joins
+        for step in self.steps:
+            for s in step:
+                self.starts.setdefault(s.req, s.start)
         self.model, self.vc = shim.build_model(spec)
         self.model.__class__ = type("TinyDeepseekV4ForVllm", (_VllmModel, type(self.model)), {})
         self.model.logits_seen = []
@@ -352,9 +365,7 @@ class RealRunner:
             self.runner.load_model(model=self.model)
             self.runner.initialize_kv_cache(self._kv_cache_config())
         self._prefill()
-        self.ids = [f"req{i}" for i in range(spec.batch)]
-        gen = torch.Generator().manual_seed(spec.seed + 1)  # the prompts of vllm_runners.Runner
-        self.prompts = torch.randint(0, shim.VOCAB, (PROMPT, spec.batch), generator=gen)
+        self.prompts = shim.prompts(self.steps, spec.seed)  # vllm_runners.Runner's
         self.captured = False
 
     def _kv_cache_config(self) -> Any:
@@ -370,13 +381,14 @@ class RealRunner:
         resolve_kv_cache_layout(self.vc, [layouts], list(specs.values()))
         groups = get_global_kv_cache_groups(self.vc, [specs])
         max_len = self.vc.model_config.max_model_len
-        if START + self.spec.steps > max_len:
-            raise CapturelintError(f"--steps {self.spec.steps} from position {START} passes max_model_len {max_len}")
+        end = max(s.start + s.query_len for step in self.steps for s in step)
+        if end > max_len:
+            raise CapturelintError(f"--steps {self.spec.steps} reach position {end}, past max_model_len {max_len}")
         # What the scheduler's KV cache manager would hand out: every request its own
         # blocks for its full length in every group, disjoint (the groups share one block
         # pool, and a tensor is shared by layers of different groups), block 0 the null block.
-        self.block_ids: list[list[list[int]]] = [[] for _ in range(self.spec.batch)]
-        self.tables: dict[str, torch.Tensor] = {}  # layer name -> [batch, blocks]
+        self.block_ids: list[list[list[int]]] = [[] for _ in range(self.requests)]
+        self.tables: dict[str, torch.Tensor] = {}  # layer name -> [requests, blocks]
         first = 1
         for group in groups:
             per_request = math.ceil(max_len / group.kv_cache_spec.block_size)
@@ -390,10 +402,10 @@ class RealRunner:
         return get_kv_cache_configs(self.vc, [specs], [memory], groups)[0]
 
     def _prefill(self) -> None:
-        """``vllm_layers``' stand-in prefill of the positions before ``START``, into the
-        caches vLLM allocated and bound, at the blocks each request owns: what a prefix
-        cache hit of the whole context would leave there (the requests arrive with
-        ``num_computed_tokens = start``)."""
+        """``vllm_layers``' stand-in prefill of each request's positions before it joins
+        (a long request's context), into the caches vLLM allocated and bound, at the
+        blocks each request owns: what a prefix cache hit of that context would leave
+        there (the requests arrive with ``num_computed_tokens = start``)."""
         swa = []
         for layer in self.model.layers:
             cache = layer.attn.swa_cache_layer
@@ -416,9 +428,10 @@ class RealRunner:
                 raise CapturelintError(f"vLLM's KV cache plan put the {name} caches of {self.spec.layers} layers in "
                                        "several groups; the stand-in prefill takes one block table for them: check "
                                        "fewer --layers")
-        caches = vllm_layers.LayerCaches.bound(self.model, self.spec.batch, compressed[0] if compressed else None,
+        caches = vllm_layers.LayerCaches.bound(self.model, self.requests, compressed[0] if compressed else None,
                                                {ratio: tables[0] for ratio, tables in states.items()})
-        caches.prefill([START] * self.spec.batch, swa, shim.SWA_BLOCK, shim.WINDOW, self.spec.seed)
+        caches.prefill([self.starts[r] for r in range(self.requests)], swa, shim.SWA_BLOCK, shim.WINDOW,
+                       self.spec.seed)
 
     def capture(self) -> None:
         """vLLM's ``capture_model``: the dispatcher's capture descriptors, each warmed up
@@ -429,46 +442,70 @@ class RealRunner:
             return
         self.captured = True
         with set_current_vllm_config(self.vc):
+            if self.spec.runner is RunnerName.V2:
+                # the worker's memory profiling before the capture (gpu_worker.py
+                # determine_available_memory): its forward of max_num_batched_tokens without
+                # metadata sizes the workspace the capture locks, which a later prefill
+                # needs (flashmla.py _forward_prefill). V2's capture builds metadata for
+                # its dummy batches, so it sizes nothing; V1's capture warms up without
+                # metadata and sizes it itself, and V1's profile_run also runs a dummy
+                # sampler that samples randomly (_C.fused_gumbel_argmax, no reference here)
+                self.runner.profile_run()
             self.runner.capture_model()
 
     def _scheduled(self, step: int) -> Any:
-        """The scheduler's output for ``step``: one token of every request."""
+        """The scheduler's output for ``step`` of the workload: the requests that join,
+        their prompt whole (``num_computed_tokens`` their start: 0, or a long request's
+        context, ``_prefill``); the running ones, one token each; those that left, finished."""
         from vllm.sampling_params import SamplingParams
         from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 
-        n = self.spec.batch
-        start = START
-        new, cached = [], CachedRequestData.make_empty()
-        if step == 0:
-            # the context before start is computed (_prefill); then the prompt's tokens
-            new = [NewRequestData(req_id=rid, prompt_token_ids=[0] * start + self.prompts[:, i].tolist(), mm_features=[],
-                                  sampling_params=SamplingParams(temperature=0.0, max_tokens=self.spec.steps),
-                                  pooling_params=None, block_ids=tuple(self.block_ids[i]),
-                                  num_computed_tokens=start, lora_request=None,
-                                  prefill_token_ids=[0] * start + self.prompts[:, i].tolist())  # V2 reads these
-                   for i, rid in enumerate(self.ids)]
-        else:
-            outputs = max(0, step - PROMPT + 1)
-            cached = CachedRequestData(req_ids=list(self.ids), resumed_req_ids=set(), new_token_ids=[],
-                                       all_token_ids={}, new_block_ids=[None] * n, num_computed_tokens=[start + step] * n,
-                                       num_output_tokens=[outputs] * n)
-        return SchedulerOutput(scheduled_new_reqs=new, scheduled_cached_reqs=cached,
-                               num_scheduled_tokens={rid: 1 for rid in self.ids}, total_num_scheduled_tokens=n,
-                               scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={}, finished_req_ids=set(),
-                               free_encoder_mm_hashes=[])
+        scheduled = self.steps[step]
+        before = {s.req: s for s in self.steps[step - 1]} if step else {}
+        ran = {r: sum(r in {s.req for s in st} for st in self.steps[:step]) for r in before}  # steps run so far
+        new, decoding = [s for s in scheduled if s.req not in before], [s for s in scheduled if s.req in before]
+        new_reqs = []
+        for s in new:
+            tokens = [0] * s.start + self.prompts[s.req].tolist()
+            new_reqs.append(NewRequestData(
+                req_id=_rid(s.req), prompt_token_ids=tokens, mm_features=[],
+                sampling_params=SamplingParams(temperature=0.0, max_tokens=self.spec.steps), pooling_params=None,
+                block_ids=tuple(self.block_ids[s.req]), num_computed_tokens=s.start, lora_request=None,
+                prefill_token_ids=tokens))  # V2 reads these
+        cached = CachedRequestData(req_ids=[_rid(s.req) for s in decoding], resumed_req_ids=set(), new_token_ids=[],
+                                   all_token_ids={}, new_block_ids=[None] * len(decoding),
+                                   num_computed_tokens=[s.start for s in decoding],
+                                   num_output_tokens=[ran[s.req] for s in decoding])
+        finished = {_rid(r) for r in before} - {_rid(s.req) for s in scheduled}
+        return SchedulerOutput(scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached,
+                               num_scheduled_tokens={_rid(s.req): s.query_len for s in scheduled},
+                               total_num_scheduled_tokens=sum(s.query_len for s in scheduled),
+                               scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
+                               finished_req_ids=finished, free_encoder_mm_hashes=[])
 
     def generate(self) -> torch.Tensor:
-        """Capture, then ``steps`` steps of ``execute_model`` + ``sample_tokens``; the
-        logits of every step."""
+        """Capture, then the workload's steps, each ``execute_model`` + ``sample_tokens``;
+        the logits of each request's last token of every step (what vLLM samples from),
+        concatenated, in the workload's order (decodes, then the requests that join)."""
         from vllm.config import set_current_vllm_config
+
+        from capturelint.adapters.vllm import real_rows
 
         self.capture()
         self.model.logits_seen.clear()
+        rows = []
         with set_current_vllm_config(self.vc):
-            for step in range(self.spec.steps):
-                if self.runner.execute_model(self._scheduled(step)) is None:
-                    self.runner.sample_tokens(None)
-        return torch.stack(self.model.logits_seen)
+            for step, scheduled in enumerate(self.steps):
+                # a padded batch's padded rows are compared with nothing (vLLM discards them)
+                with real_rows(sum(s.query_len for s in scheduled)):
+                    output = self.runner.execute_model(self._scheduled(step))
+                if output is None:
+                    output = self.runner.sample_tokens(None)
+                if hasattr(output, "get_output"):
+                    output = output.get_output()
+                logits = self.model.logits_seen[-1]
+                rows.append(logits[[output.req_id_to_index[_rid(s.req)] for s in scheduled]])
+        return torch.cat(rows)
 
     def roots(self) -> dict[str, Any]:
         """The model, the runner's persistent input buffers, the KV caches."""
@@ -494,6 +531,10 @@ class RealRunner:
                 caches.append((f"kv_cache.layers.{i}.indexer_compressor_state",
                                attn.indexer.compressor.state_cache.kv_cache))
         return {"model": self.model, "runner": buffers, "caches": caches}
+
+
+def _rid(req: int) -> str:
+    return f"req{req}"
 
 
 __all__ = ["INTERPRETED", "RealRunner", "runner_context", "supports"]

@@ -388,6 +388,20 @@ def schedule(batch_sizes: tuple[int, ...], steps: int, long_context: int | None 
     return out
 
 
+def workload(spec: RunSpec) -> list[tuple[Scheduled, ...]]:
+    """``spec``'s steps: with compressed layers, long requests join near their
+    boundaries (``vllm_layers.START_POSITION``; module docstring)."""
+    compressed = any(r > 1 for r in vllm_layers.layer_ratios(spec.layers))
+    return schedule(spec.batch_sizes, spec.steps, vllm_layers.START_POSITION if compressed else None)
+
+
+def prompts(steps: list[tuple[Scheduled, ...]], seed: int) -> dict[int, torch.Tensor]:
+    """Each request's prompt (request ``r``: ``PROMPT_LENS[r % 2]`` random tokens)."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    return {r: torch.randint(0, VOCAB, (PROMPT_LENS[r % len(PROMPT_LENS)],), generator=gen)
+            for r in sorted({s.req for step in steps for s in step})}
+
+
 @dataclasses.dataclass(frozen=True)
 class Batch:
     """A batch as the runner lays it out in its persistent buffers.
@@ -539,9 +553,7 @@ class Runner:
         from vllm.config import CUDAGraphMode as VllmMode
 
         self.spec = spec
-        # with compressed layers, long requests join near their boundaries (module docstring)
-        compressed = any(r > 1 for r in vllm_layers.layer_ratios(spec.layers))
-        self.steps = schedule(spec.batch_sizes, spec.steps, vllm_layers.START_POSITION if compressed else None)
+        self.steps = workload(spec)
         self.model, self.vc = build_model(spec)
         self.buffers = Buffers()
         self.caches = self._bind_caches()
@@ -551,9 +563,7 @@ class Runner:
         # non-NONE mode (cudagraph_utils.py:570). FULL: see the module docstring.
         runtime_mode = VllmMode.PIECEWISE if spec.runner is RunnerName.V1 and self.mode is VllmMode.PIECEWISE else None
         self.wrapper = BreakableCUDAGraphWrapper(self.model, self.vc, runtime_mode=runtime_mode)
-        self.gen = torch.Generator().manual_seed(spec.seed + 1)
-        self.prompts = {r: torch.randint(0, VOCAB, (PROMPT_LENS[r % len(PROMPT_LENS)],), generator=self.gen)
-                        for r in sorted({s.req for step in self.steps for s in step})}
+        self.prompts = prompts(self.steps, spec.seed)
 
     def _dispatcher(self) -> Any:
         """vLLM's ``CudagraphDispatcher`` over the spec's capture sizes, with its keys
@@ -796,4 +806,4 @@ def compare(graphs: torch.Tensor, eager: torch.Tensor) -> tuple[float, float]:
 
 
 __all__ = ["Batch", "Buffers", "RunSpec", "Runner", "Scheduled", "TinyDeepseekV4", "build_attention", "build_model",
-           "compare", "force_region", "hf_config", "region_of", "schedule", "uniform_decode", "vllm_config"]
+           "compare", "force_region", "hf_config", "prompts", "region_of", "schedule", "uniform_decode", "vllm_config", "workload"]

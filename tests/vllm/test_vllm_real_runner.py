@@ -4,8 +4,11 @@ The capture decisions are made by vLLM's runners: the tests count the calls of V
 ``_dummy_run``, its dispatcher and ``execute_model``, and of V2's
 ``prepare_inputs_to_capture`` and ``prepare_attn``, and check that the real path gives
 the verdicts of the shim (``vllm_runners``). The three layer kinds (ratios 1, 4, 128)
-run with vLLM's own KV cache plan and metadata builders (``builds`` counts them); four
-decode steps from position 126 (after the stand-in prefill) cross the compressions at 127.
+run with vLLM's own KV cache plan and metadata builders (``builds`` counts them) over
+the shim's serving workload (``vllm_runners.schedule``, its defaults): requests joining
+with their prompt whole (a long one at position 125, after the stand-in prefill, across
+the compressions at 127), mixed prefill and decode steps, a batch of 3 padded to the
+capture size 4, requests leaving.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from capturelint.cli import main
 from vllm_required import require_vllm
 
 ATTENTION = "vllm/models/deepseek_v4/attention.py"
-SMALL = ("--mode", "PIECEWISE", "--layers", "3", "--steps", "4")
+# the default workload (capture sizes 2 and 4, batch sizes 1, 2, 3, 3, 2, ...), five of its steps
+SMALL = ("--mode", "PIECEWISE", "--layers", "3", "--steps", "5")
 V1 = ("--runner", "v1")
 
 
@@ -39,14 +43,15 @@ def calls(monkeypatch):
                                   kwargs.get("is_graph_capturing", False)))
         return dummy_run(self, num_tokens, *args, **kwargs)
 
-    def spy_dispatch(self, *args, **kwargs):
-        mode, descriptor = dispatch(self, *args, **kwargs)
-        seen["dispatch"].append((mode.name, descriptor.num_tokens))
+    def spy_dispatch(self, num_tokens, *args, **kwargs):
+        mode, descriptor = dispatch(self, num_tokens, *args, **kwargs)
+        seen["dispatch"].append((num_tokens, mode.name, descriptor.num_tokens))
         return mode, descriptor
 
-    def spy_execute(self, scheduler_output, *args, **kwargs):
-        seen["execute_model"].append(scheduler_output.total_num_scheduled_tokens)
-        return execute(self, scheduler_output, *args, **kwargs)
+    def spy_execute(self, so, *args, **kwargs):
+        seen["execute_model"].append((so.total_num_scheduled_tokens, [r.req_id for r in so.scheduled_new_reqs],
+                                      list(so.scheduled_cached_reqs.req_ids), sorted(so.finished_req_ids)))
+        return execute(self, so, *args, **kwargs)
 
     monkeypatch.setattr(GPUModelRunner, "_dummy_run", spy_dummy_run)
     monkeypatch.setattr(CudagraphDispatcher, "dispatch", spy_dispatch)
@@ -84,9 +89,15 @@ STEP_BUILDERS = [("DeepseekV32IndexerMetadataBuilder", ("model.layers.1.attn.ind
                  ("CompressorMetadataBuilder", ("model.layers.2.attn.compressor.state_cache",))]
 
 
+# the longest sequence of each step of the default workload: request 0 (prompt of 2 from
+# 0), request 1 (long: prompt of 3 from 125, over 127), request 2 (prompt of 2 from 0)
+WORKLOAD_SEQ_LENS = [2, 128, 129, 130, 131]
+
+
 def step_builds(seq_len: int) -> list[tuple]:
     """What ``builds`` sees for one batch of ``max_seq_len`` ``seq_len``: the C128
-    compressor's boundary when its window closes (position 127)."""
+    compressor's boundary when its window closes (position 127, in the long request's
+    prompt)."""
     return [(*b, seq_len, (seq_len % 128 == 0) if b[0] == "CompressorMetadataBuilder" and "layers.2" in b[1][0]
              else None) for b in STEP_BUILDERS]
 
@@ -115,16 +126,24 @@ def test_v1_narrow_region_fails_where_vllms_runner_captured_without_metadata(tmp
     lost = ("capturelint_vllm.save_partial_states.default", "capturelint_vllm.compress_norm_rope_store.default")
     assert [all(op in f["message"] for op in lost) for f in cl101] == [False, True, True]
     # vLLM's builders made the compressed layers' metadata at every step (none at the
-    # PIECEWISE capture), the eager twin's and the graph run's: positions 126..129
-    assert builds == [b for _ in range(2) for seq_len in range(127, 131) for b in step_builds(seq_len)]
-    # vLLM's capture loop made the decision: one warmup (mode NONE) and one capturing
-    # _dummy_run of the batch, PIECEWISE, neither forcing attention metadata
+    # PIECEWISE capture), the eager twin's and the graph run's
+    assert builds == [b for _ in range(2) for seq_len in WORKLOAD_SEQ_LENS for b in step_builds(seq_len)]
+    # vLLM's capture loop made the decision: per capture size, largest first, one warmup
+    # (mode NONE) and one capturing _dummy_run, PIECEWISE, neither forcing attention metadata
     from vllm.config import CUDAGraphMode
 
-    assert calls["dummy_run"] == [(2, CUDAGraphMode.NONE, False, False), (2, CUDAGraphMode.PIECEWISE, False, True)]
-    # the eager twin's steps and the graph run's steps went through execute_model
-    assert calls["execute_model"] == [2] * 8
-    assert ("PIECEWISE", 2) in calls["dispatch"]
+    assert calls["dummy_run"] == [(n, mode, False, capturing) for n in (4, 2)
+                                  for mode, capturing in ((CUDAGraphMode.NONE, False), (CUDAGraphMode.PIECEWISE, True))]
+    # the scheduler outputs of the workload, the graph run's then the eager twin's: a
+    # prefill-only step, two mixed prefill-decode steps, decodes, requests leaving
+    steps = [(2, ["req0"], [], []), (4, ["req1"], ["req0"], []), (4, ["req2"], ["req0", "req1"], []),
+             (3, [], ["req0", "req1", "req2"], []), (2, [], ["req1", "req2"], ["req0"])]
+    assert calls["execute_model"] == steps * 2
+    # vLLM's runner padded the step of 3 tokens to the capture size 4 and replayed that
+    # graph; the eager twin's steps dispatched to no graph
+    assert calls["dispatch"][4:9] == [(2, "PIECEWISE", 2), (4, "PIECEWISE", 4), (4, "PIECEWISE", 4),
+                                      (3, "PIECEWISE", 4), (2, "PIECEWISE", 2)]
+    assert calls["dispatch"][9:] == [(n, "NONE", n) for n in (2, 4, 4, 3, 2)]
 
 
 def test_v1_with_vllms_own_region_is_clean_as_in_the_shim(tmp_path, monkeypatch, calls):
@@ -136,10 +155,9 @@ def test_v1_with_vllms_own_region_is_clean_as_in_the_shim(tmp_path, monkeypatch,
     assert (real_code, shim_code) == (0, 0)
     assert real["findings"] == shim["findings"] == []
     assert {c["eager_region"] for c in real["configurations"]} == {"wide"}
-    # each runs its own workload (the shim's serving workload; here uniform decode steps
-    # from 126), so their numbers differ; each replay equals its eager twin
+    # the same workload; each replay equals its eager twin
     [num] = real["numerical"]
-    assert num["replay_steps"] == 4 and num["max_step_error"] == 0.0 and num["token_agreement"] == 1.0
+    assert num["replay_steps"] == 5 and num["max_step_error"] == 0.0 and num["token_agreement"] == 1.0
 
 
 def test_v2_builds_metadata_for_its_capture_and_the_narrow_region_holds(tmp_path, monkeypatch, builds):
@@ -164,15 +182,17 @@ def test_v2_builds_metadata_for_its_capture_and_the_narrow_region_holds(tmp_path
     monkeypatch.setattr(DefaultModelState, "prepare_attn", spy_prepare_attn)
     v2 = ("--runner", "v2", "--eager-region", "narrow")
     real_code, real = check(tmp_path, monkeypatch, "real", *v2)
-    assert seen["prepare_inputs_to_capture"] == [False, False]  # the warmup's and the capture's forward, not FULL
+    # each capture size's warmup and capture forward, not FULL
+    assert seen["prepare_inputs_to_capture"] == [False] * 4
     assert seen["prepare_attn"] and not any(seen["prepare_attn"])  # PIECEWISE: for_capture=False
-    # the warmup's and the capture's dummy batch (sequence length 1), then the steps
-    assert builds == step_builds(1) * 2 + [b for seq_len in range(127, 131) for b in step_builds(seq_len)] * 2
+    # each capture size's warmup and capture dummy batch (4 and 2 requests of one token),
+    # then the steps of the graph run and of the eager twin
+    assert builds == (step_builds(1) * 4 + [b for seq_len in WORKLOAD_SEQ_LENS for b in step_builds(seq_len)] * 2)
     shim_code, shim = check(tmp_path, monkeypatch, "shim", *v2)
     assert (real_code, shim_code) == (0, 0)
     assert real["findings"] == shim["findings"] == []
     [num] = real["numerical"]
-    assert num["replay_steps"] == 4 and num["max_step_error"] == 0.0 and num["token_agreement"] == 1.0
+    assert num["replay_steps"] == 5 and num["max_step_error"] == 0.0 and num["token_agreement"] == 1.0
 
 
 def test_an_unknown_runner_implementation_is_one_line(tmp_path, monkeypatch, capsys):
@@ -204,23 +224,28 @@ def test_vllms_triton_slot_mapping_kernel_runs_in_the_interpreter():
     assert block_table.ComputeSlotMappingKernel.kernel is placeholder
 
 
-def test_vllms_two_runners_compute_the_same_logits_with_their_own_builders():
-    """Eager, six steps from position 126 (both compressions at 127 and 131, the
-    indexer's real top-k at 131): Model Runner V1 and V2, each with its own input
-    preparation, KV cache plan and metadata builders, over the stand-in prefill at the
-    blocks each owns, compute the same logits to the bit."""
+def test_vllms_two_runners_compute_the_shims_logits_with_their_own_builders():
+    """Eager, the default workload (prefills, a long request's prefill across the
+    compressions at 127, mixed and decode steps): Model Runner V1 and V2, each with its
+    own input preparation, KV cache plan and metadata builders, over the stand-in prefill
+    at the blocks each owns, compute the shim's logits to the bit, on the rows vLLM
+    samples from (each request's last token of each step)."""
     require_vllm()
     from capturelint.adapters.vllm import cpu_shim
     from capturelint.adapters.vllm_real_runner import RealRunner, runner_context
-    from capturelint.adapters.vllm_runners import RunSpec
+    from capturelint.adapters.vllm_runners import RunSpec, Runner
     from capturelint.options import Runner as RunnerName
 
     logits = []
     with cpu_shim():
         for runner in (RunnerName.V1, RunnerName.V2):
-            spec = RunSpec(runner=runner, layers=3, steps=6)
+            spec = RunSpec(runner=runner, layers=3)
             with runner_context(spec.runner):
                 logits.append(RealRunner(spec, graphs=False).generate())
+        shim = Runner(RunSpec(layers=3), graphs=False)
+        every_token = shim.generate()
+    ends = torch.cumsum(torch.tensor([s.query_len for step in shim.steps for s in step]), 0) - 1
     v1, v2 = logits
-    assert v1.shape == v2.shape == (6, 2, 96) and bool(v1.isfinite().all())
+    assert v1.shape == v2.shape == (12, 96) and bool(v1.isfinite().all())
     assert torch.equal(v1, v2)
+    assert torch.equal(v1, every_token[ends])
