@@ -39,7 +39,9 @@ TARGET = "models/deepseek_v4/attention.py"
 DRIVER = """
 import json, sys
 from capturelint.cli import main
-status = main(["check", "--engine", "vllm", "--steps", "4", "--jobs", "2", "--format", "json", "-o", sys.argv[1]])
+status = main(["check", "--engine", "vllm", "--steps", "4", "--jobs", "1", "--format", "json", "-o", sys.argv[1]])
+import contextlib
+from capturelint.adapters import vllm_plan, vllm_real_runner
 from capturelint.adapters.vllm import cpu_shim
 from capturelint.adapters.vllm_runners import RunSpec, Runner, compare
 from capturelint.options import CUDAGraphMode, Runner as RunnerName
@@ -48,7 +50,14 @@ with cpu_shim():
     for runner in RunnerName:
         for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
             spec = RunSpec(runner=runner, mode=mode, steps=4)
-            out[f"{runner}/{mode}"] = compare(Runner(spec).generate(), Runner(spec, graphs=False).generate())
+            # the runner implementation the check used for this configuration (vLLM's own for PIECEWISE)
+            real = vllm_plan.real_runner(runner, mode)
+            loop = vllm_real_runner.RealRunner if real else Runner
+            with vllm_real_runner.runner_context(runner) if real else contextlib.nullcontext():
+                graphs = loop(spec).generate()
+            with vllm_real_runner.runner_context(runner) if real else contextlib.nullcontext():
+                eager = loop(spec, graphs=False).generate()
+            out[f"{runner}/{mode}"] = compare(graphs, eager)
 json.dump({"status": status, "untraced": out}, sys.stdout)
 """
 
