@@ -146,20 +146,6 @@ def test_v1_narrow_region_fails_where_vllms_runner_captured_without_metadata(tmp
     assert calls["dispatch"][9:] == [(n, "NONE", n) for n in (2, 4, 4, 3, 2)]
 
 
-def test_v1_with_vllms_own_region_is_clean_as_in_the_shim(tmp_path, monkeypatch, calls):
-    real_code, real = check(tmp_path, monkeypatch, "real", *V1)
-    assert calls["dummy_run"], "vLLM's runner did not capture"
-    calls["dummy_run"].clear()
-    shim_code, shim = check(tmp_path, monkeypatch, "shim", *V1)
-    assert calls["dummy_run"] == []  # the shim reproduces the capture; vLLM's runner is not involved
-    assert (real_code, shim_code) == (0, 0)
-    assert real["findings"] == shim["findings"] == []
-    assert {c["eager_region"] for c in real["configurations"]} == {"wide"}
-    # the same workload; each replay equals its eager twin
-    [num] = real["numerical"]
-    assert num["replay_steps"] == 5 and num["max_step_error"] == 0.0 and num["token_agreement"] == 1.0
-
-
 def test_v2_builds_metadata_for_its_capture_and_the_narrow_region_holds(tmp_path, monkeypatch, builds):
     """V2's own capture (``cudagraph_utils.py``) prepares attention metadata for a
     PIECEWISE capture (``prepare_inputs_to_capture``, ``prepare_attn(for_capture=False)``),
