@@ -241,6 +241,12 @@ def _sentence(text: str, upper: bool = True) -> str:
     return text if text.endswith((".", "!", "?")) else text + "."
 
 
+def where(f: Finding) -> str:
+    """``path:line`` of a finding: its capture-side frame, else its step-side one, or
+    ``<no source line>`` (the numerical oracle's CL901)."""
+    return _where(f.capture_frame or f.shadow_frame) or "<no source line>"
+
+
 @dataclasses.dataclass(frozen=True)
 class FindingGroup:
     """The findings of one problem (``cause_key``), in ``Finding.sort_key`` order;
@@ -265,7 +271,7 @@ class FindingGroup:
     @property
     def where(self) -> str:
         """``path:line``, or ``<no source line>`` (the numerical oracle's CL901)."""
-        return _where(self.frame) or "<no source line>"
+        return where(self.first)
 
     @property
     def parts(self) -> MessageParts:

@@ -136,10 +136,7 @@ class _OpMode(TorchDispatchMode):
         return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if op_info(func).decomposes:  # under inference mode: trace what it decomposes into (runtime.schema)
-            with self:
-                return func.decompose(*args, **(kwargs or {}))
-        return self.tracer._dispatch(func, args, kwargs or {})
+        return self.tracer._dispatch(func, args, kwargs or {}, self)
 
 
 class _ShadowBreak:
@@ -356,8 +353,11 @@ class Tracer(rt.CaptureObserver):
         return self._scope_stack[-1] if self._scope_stack else ""
 
     # -------------------------------------------------------------- op records
-    def _dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
+    def _dispatch(self, func: Any, args: tuple, kwargs: dict, mode: TorchDispatchMode) -> Any:
         info = op_info(func)
+        if info.decomposes:  # under inference mode: trace what it decomposes into (runtime.schema)
+            with mode:
+                return func.decompose(*args, **kwargs)
         stream = self.stream
         if stream is None:
             if self._overwritten and info.replay is not ReplayKind.SKIP and not info.transparent:

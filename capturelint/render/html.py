@@ -38,7 +38,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from capturelint import __version__
-from capturelint.findings import Finding, FindingGroup, group_findings, group_id
+from capturelint.findings import Finding, FindingGroup, group_findings, group_id, where
 from capturelint.inputs import InputProblem, read_text
 from capturelint.runtime.protocol import Frame, SegmentKind
 
@@ -203,12 +203,6 @@ def _fmt(x: float | None, spec: str, absent: str = "") -> str:
 
 
 # -------------------------------------------------------------------- findings
-
-
-def where(f: Finding) -> str:
-    """``path:line`` of a finding: its capture frame, else its step frame."""
-    frame = f.capture_frame or f.shadow_frame
-    return f"{frame.file}:{frame.line}" if frame is not None else "<no source line>"
 
 
 def _findings_section(findings: list[Finding], ids: dict[int, str], sources: _Sources, empty: str = "No findings.") -> str:
