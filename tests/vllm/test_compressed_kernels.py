@@ -1,5 +1,5 @@
 """The CPU references for what DeepSeek V4's compressed layers call
-(``capturelint.adapters.vllm_kernels_compressed``).
+(``capturelint.adapters.vllm.kernels.compressed``).
 
 Where vLLM 0.33.0's wheel has a torch implementation of the same semantics the
 reference is checked against it: the paged MQA logits against
@@ -25,8 +25,8 @@ from vllm_required import require_vllm  # tests/vllm/vllm_required.py
 
 vllm = require_vllm()
 
-from capturelint.adapters import vllm_kernels as K
-from capturelint.adapters import vllm_kernels_compressed as C
+from capturelint.adapters.vllm.kernels import reference as K
+from capturelint.adapters.vllm.kernels import compressed as C
 
 C.register()
 ops = torch.ops.capturelint_vllm

@@ -41,9 +41,10 @@ import json, sys
 from capturelint.cli import main
 status = main(["check", "--engine", "vllm", "--steps", "4", "--jobs", "1", "--format", "json", "-o", sys.argv[1]])
 import contextlib
-from capturelint.adapters import vllm_plan, vllm_real_runner
-from capturelint.adapters.vllm import cpu_shim
-from capturelint.adapters.vllm_runners import RunSpec, Runner, compare
+from capturelint.adapters.vllm import plan as vllm_plan
+from capturelint.adapters.vllm.runners import real as vllm_real_runner
+from capturelint.adapters.vllm.install import cpu_shim
+from capturelint.adapters.vllm.runners.reproduced import RunSpec, Runner, compare
 from capturelint.options import CUDAGraphMode, Runner as RunnerName
 out = {}
 with cpu_shim():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from capturelint.adapters import vllm_kernels as K
+from capturelint.adapters.vllm.kernels import reference as K
 from vllm_required import require_vllm  # tests/vllm/vllm_required.py
 
 BS = 4  # tokens per cache block
@@ -115,7 +115,7 @@ def test_vllms_prefill_wrappers_with_the_references_give_windowed_attention() ->
     called as ``_forward_prefill`` calls them for two prefill requests, give each query
     softmax attention over the dequantized rows of its window."""
     require_vllm()
-    from capturelint.adapters.vllm import cpu_shim
+    from capturelint.adapters.vllm.install import cpu_shim
 
     window, heads, scale = 3, 2, 0.05
     cache = filled_cache(4, seed=2)

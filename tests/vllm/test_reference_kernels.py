@@ -18,7 +18,7 @@ import sys
 import pytest
 import torch
 
-from capturelint.adapters import vllm_kernels as K
+from capturelint.adapters.vllm.kernels import reference as K
 from vllm_required import require_vllm  # tests/vllm/vllm_required.py
 
 EPS = 1e-6

@@ -1,5 +1,5 @@
 """Contract tests: every piece of vLLM's model runners (and of its metadata builders and
-Triton kernels) that ``capturelint/adapters/vllm_runners.py`` and ``vllm_kernels.py``
+Triton kernels) that ``capturelint/adapters/vllm/runners/reproduced.py`` and ``vllm_kernels.py``
 stand in for, read from the installed vLLM's source.
 
 Each row of ``CONTRACT`` names a vLLM function (file under the ``vllm`` package and
@@ -21,10 +21,10 @@ from typing import NamedTuple
 
 import pytest
 
-RUNNERS = "capturelint/adapters/vllm_runners.py"
-KERNELS = "capturelint/adapters/vllm_kernels.py"
-LAYERS = "capturelint/adapters/vllm_layers.py"
-COMPRESSED = "capturelint/adapters/vllm_kernels_compressed.py"
+RUNNERS = "capturelint/adapters/vllm/runners/reproduced.py"
+KERNELS = "capturelint/adapters/vllm/kernels/reference.py"
+LAYERS = "capturelint/adapters/vllm/layers.py"
+COMPRESSED = "capturelint/adapters/vllm/kernels/compressed.py"
 
 
 class Contract(NamedTuple):

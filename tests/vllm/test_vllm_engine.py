@@ -222,8 +222,8 @@ def test_compressor_and_indexer_layers_build_through_vllms_init():
     import torch
     from vllm.config import set_current_vllm_config
 
-    from capturelint.adapters.vllm import cpu_shim
-    from capturelint.adapters.vllm_runners import (
+    from capturelint.adapters.vllm.install import cpu_shim
+    from capturelint.adapters.vllm.runners.reproduced import (
         _ensure_distributed,
         build_attention,
         vllm_config,
@@ -319,8 +319,8 @@ def _spy_runs(runner, mode, region, graphs=True):
     from vllm.models.deepseek_v4 import attention
     from vllm.models.deepseek_v4.compressor import DeepseekCompressor
 
-    from capturelint.adapters.vllm import cpu_shim
-    from capturelint.adapters.vllm_runners import Runner, RunSpec
+    from capturelint.adapters.vllm.install import cpu_shim
+    from capturelint.adapters.vllm.runners.reproduced import Runner, RunSpec
 
     calls = []
     with cpu_shim(), pytest.MonkeyPatch.context() as mp:

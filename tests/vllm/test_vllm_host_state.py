@@ -31,8 +31,8 @@ class Counted:
 
 def test_a_counter_in_vllms_eager_break_advances_once_per_step_under_the_tracer(tmp_path, monkeypatch, capsys):
     require_vllm()
-    from capturelint.adapters.vllm import cpu_shim
-    from capturelint.adapters.vllm_runners import RunSpec, Runner
+    from capturelint.adapters.vllm.install import cpu_shim
+    from capturelint.adapters.vllm.runners.reproduced import RunSpec, Runner
     from capturelint.runtime.forward_context import CUDAGraphMode
 
     with cpu_shim():  # FlashMLA's interface imports its extension, which the shim stands in for

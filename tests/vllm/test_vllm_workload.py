@@ -12,7 +12,7 @@ from vllm_required import require_vllm  # tests/vllm/vllm_required.py
 
 
 def test_the_default_schedule_has_prefill_mixed_padded_and_full_steps():
-    from capturelint.adapters.vllm_runners import DEFAULT_BATCH_SIZES, schedule
+    from capturelint.adapters.vllm.runners.reproduced import DEFAULT_BATCH_SIZES, schedule
 
     steps = schedule(DEFAULT_BATCH_SIZES, 6)
     as_tuples = [[(s.req, s.start, s.query_len) for s in step] for step in steps]
@@ -31,7 +31,7 @@ def test_the_default_schedule_has_prefill_mixed_padded_and_full_steps():
 
 
 def test_with_compressed_layers_long_requests_join_at_the_boundaries():
-    from capturelint.adapters.vllm_runners import DEFAULT_BATCH_SIZES, schedule
+    from capturelint.adapters.vllm.runners.reproduced import DEFAULT_BATCH_SIZES, schedule
 
     steps = schedule(DEFAULT_BATCH_SIZES, 6, long_context=125)
     positions = [[(s.req, s.start, s.query_len) for s in step] for step in steps]
@@ -48,7 +48,7 @@ def test_with_compressed_layers_long_requests_join_at_the_boundaries():
 
 
 def _runner(runner, mode):
-    from capturelint.adapters.vllm_runners import RunSpec, Runner
+    from capturelint.adapters.vllm.runners.reproduced import RunSpec, Runner
     from capturelint.options import CUDAGraphMode, Runner as RunnerName
 
     return Runner(RunSpec(runner=RunnerName(runner), mode=CUDAGraphMode[mode], layers=1))
@@ -67,7 +67,7 @@ def test_each_runner_dispatches_and_pads_as_vllm(runner, mode, dispatched, slots
     require_vllm()
     import torch
 
-    from capturelint.adapters.vllm import cpu_shim
+    from capturelint.adapters.vllm.install import cpu_shim
 
     with cpu_shim():
         run = _runner(runner, mode)
@@ -94,8 +94,8 @@ def test_the_compressed_layers_metadata_follows_the_runners_padding(runner, mode
     require_vllm()
     import torch
 
-    from capturelint.adapters.vllm import cpu_shim
-    from capturelint.adapters.vllm_runners import RunSpec, Runner
+    from capturelint.adapters.vllm.install import cpu_shim
+    from capturelint.adapters.vllm.runners.reproduced import RunSpec, Runner
     from capturelint.options import CUDAGraphMode, Runner as RunnerName
 
     with cpu_shim():
@@ -191,8 +191,8 @@ def test_the_prefills_run_every_layer_kinds_prefill_path(monkeypatch):
     from vllm import _custom_ops
     from vllm.models.deepseek_v4.nvidia import flashmla
 
-    from capturelint.adapters.vllm import cpu_shim
-    from capturelint.adapters.vllm_runners import RunSpec, Runner
+    from capturelint.adapters.vllm.install import cpu_shim
+    from capturelint.adapters.vllm.runners.reproduced import RunSpec, Runner
     from capturelint.options import CUDAGraphMode
 
     prefills, gathers = [], []

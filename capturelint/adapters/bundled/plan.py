@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-from capturelint.adapters.bundled_invariants import default_invariants
+from capturelint.adapters.bundled.invariants import default_invariants
 from capturelint.adapters.common import (
     CheckPlan,
     forward_context_probe,

@@ -38,14 +38,14 @@ bundled engine's.
   GPU capture semantics, streams, events: ``capturelint.runtime.emulated``);
 - the platform's graph pool (``CpuPlatform`` has no ``graph_pool_handle``);
 - kernels, by CPU references written from their semantics
-  (``capturelint.adapters.vllm_kernels``): the ``_C`` ops the attention calls
+  (``capturelint.adapters.vllm.kernels.reference``): the ``_C`` ops the attention calls
   (``fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert`` and its bf16 variant,
   ``weak_ref_tensor``), FlashMLA's ``_flashmla_C.sparse_decode_fwd`` and
   ``sparse_prefill_fwd``, and the Triton kernels ``fused_q_kv_rmsnorm``,
   ``fused_inv_rope_fp8_quant`` and, for prefills, the kernel objects behind
   ``dequantize_and_gather_k_cache`` and ``combine_topk_swa_indices`` (vLLM disables
   Triton without a GPU driver), whose module-level names are rebound for the run; for the
-  compressed layers (``capturelint.adapters.vllm_kernels_compressed``) the compressor's
+  compressed layers (``capturelint.adapters.vllm.kernels.compressed``) the compressor's
   ``save_partial_states`` and compress/norm/RoPE/store kernels (Triton, CuTe DSL), the
   indexer's q quantization, DeepGEMM's paged MQA logits, ``_C.top_k_per_row_decode``,
   the short-context fill, the global top-k slots, the indexer's prefill
@@ -180,7 +180,7 @@ def cpu_shim() -> Iterator[Any]:
     reference kernels, and rebinds the names of the Triton kernels and GPU-only helpers
     the attention module imported (see the module docstring); all of it is undone on
     exit. Yields the imported ``vllm`` package."""
-    from capturelint.adapters import vllm_kernels as kernels
+    from capturelint.adapters.vllm.kernels import reference as kernels
     from capturelint.runtime.emulated import emulate_cuda, graph_pool_handle
 
     vllm = require_vllm()
@@ -236,9 +236,9 @@ def _install(patches: _Patches, graph_pool_handle: Callable[[], Any], kernels: A
     patches.set(cache_utils.DequantizeAndGatherKCacheKernel, "__call__", kernels.DequantizeAndGatherKCache.__call__)
     patches.set(cache_utils.CombineTopkSwaIndicesKernel, "__call__", kernels.CombineTopkSwaIndices.__call__)
     patches.set(flashmla, "compute_fp8_einsum_recipe", _sm90_einsum_recipe)
-    from capturelint.adapters import vllm_kernels_compressed
+    from capturelint.adapters.vllm.kernels import compressed
 
-    vllm_kernels_compressed.install(patches)  # the compressed layers' kernels
+    compressed.install(patches)  # the compressed layers' kernels
 
 
 def _no_accelerator(*args: Any, **kwargs: Any) -> None:

@@ -61,7 +61,7 @@ select = [
 
 def default_invariants() -> tuple[Invariant, ...]:
     """vLLM's invariants, with source ``default``."""
-    return shipped_defaults(DEFAULTS_TOML, "capturelint/adapters/vllm_invariants.py")
+    return shipped_defaults(DEFAULTS_TOML, "capturelint/adapters/vllm/invariants.py")
 
 
 __all__ = ["DEFAULTS_TOML", "default_invariants"]

@@ -160,7 +160,7 @@ class LayerCaches:
         """Random, well-formed cache entries for each request's positions before its
         first step (request ``r``: before ``starts[r]``): ``swa`` lists each
         sliding-window cache (2-D byte view) with its block table (a row per request)."""
-        from capturelint.adapters.vllm_kernels import _write_fp8_ds_mla
+        from capturelint.adapters.vllm.kernels.reference import _write_fp8_ds_mla
 
         gen = torch.Generator().manual_seed(seed + 7)
 

@@ -36,7 +36,7 @@ import re
 from typing import TYPE_CHECKING, Any, Callable
 
 from capturelint.adapters.common import CheckPlan, layer_scope_group, region_map_of, resolve_plan, run_plan, slots
-from capturelint.adapters.vllm_invariants import default_invariants
+from capturelint.adapters.vllm.invariants import default_invariants
 from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
 from capturelint.harness import TwinResult
@@ -100,7 +100,7 @@ def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
         return (f"--engine vllm checks the PIECEWISE and FULL graphs; mode {mode} is a dispatch policy over them, use "
                 "--mode PIECEWISE,FULL")
 
-    from capturelint.adapters.vllm_runners import MAX_REQS, MAX_TOKENS
+    from capturelint.adapters.vllm.runners.reproduced import MAX_REQS, MAX_TOKENS
 
     if options.spec:
         for option, given in (("--capture-sizes", options.capture_sizes), ("--batch-sizes", options.batch_sizes)):
@@ -148,7 +148,7 @@ def forward_context_probe() -> ContextSnapshot:
 
 
 def _spec(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Any:
-    from capturelint.adapters.vllm_runners import RunSpec
+    from capturelint.adapters.vllm.runners.reproduced import RunSpec
 
     workload = {name: value for name, value in (("capture_sizes", plan.capture_sizes), ("batch_sizes", plan.batch_sizes))
                 if value is not None}
@@ -164,7 +164,7 @@ _MISSING_OP = re.compile(r"'_OpNamespace' '(\w+)' object has no attribute '(\w+)
 def missing_op(e: BaseException) -> CapturelintError | None:
     """The one-line error for a ``torch.ops`` kernel vLLM called that does not exist
     here, found in ``e`` or its causes; None when ``e`` is something else."""
-    from capturelint.adapters.vllm_kernels import missing_kernel_error
+    from capturelint.adapters.vllm.kernels.reference import missing_kernel_error
 
     while e is not None:
         m = _MISSING_OP.search(str(e)) if isinstance(e, AttributeError) else None
@@ -183,22 +183,22 @@ def real_runner(runner: Runner, mode: CUDAGraphMode) -> bool:
     (``vllm_real_runner``: PIECEWISE graphs, V1 and V2) rather than ``vllm_runners``' reproduction of
     its capture conditions (FULL graphs, and PIECEWISE with ``shim``): the internal switch
     ``CAPTURELINT_VLLM_RUNNER_IMPL``, ``real`` (the default) or ``shim``."""
-    from capturelint.adapters import vllm_real_runner
+    from capturelint.adapters.vllm.runners import real
 
     impl = os.environ.get(RUNNER_IMPL_ENV, "real")
     if impl not in ("real", "shim"):
         raise CapturelintError(f"{RUNNER_IMPL_ENV}={impl!r} is not a runner implementation; use real or shim")
-    return impl == "real" and vllm_real_runner.supports(runner, mode)
+    return impl == "real" and real.supports(runner, mode)
 
 
 def configuration(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Configuration:
     """Build the tiny model for one runner and mode (inside ``cpu_shim``, and for vLLM's
     own runner inside ``vllm_real_runner.runner_context``)."""
-    from capturelint.adapters.vllm_runners import Runner, compare, region_of
-    from capturelint.adapters.vllm_spec import RUNNERS
+    from capturelint.adapters.vllm.runners.reproduced import Runner, compare, region_of
+    from capturelint.adapters.vllm.runners.spec import RUNNERS
 
     if not plan.spec and real_runner(runner, mode):
-        from capturelint.adapters.vllm_real_runner import RealRunner as Runner
+        from capturelint.adapters.vllm.runners.real import RealRunner as Runner
     spec = _spec(plan, runner, mode)
     loop = RUNNERS[plan.spec] if plan.spec else Runner  # the step loop: decode steps, or verify and draft steps
     engine = loop(spec)
@@ -218,8 +218,8 @@ def check_one(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode, shadow: bool
     """Build and check one configuration under ``cpu_shim``; a ``torch.ops`` kernel vLLM
     calls without a reference here (while building, running or in the eager twin) is the
     one-line error that names it."""
-    from capturelint.adapters.vllm import cpu_shim
-    from capturelint.adapters.vllm_real_runner import runner_context
+    from capturelint.adapters.vllm.install import cpu_shim
+    from capturelint.adapters.vllm.runners.real import runner_context
 
     real = not plan.spec and real_runner(runner, mode)  # the speculative loops are vllm_spec's
     with cpu_shim(), runner_context(runner) if real else contextlib.nullcontext():
@@ -236,7 +236,7 @@ def run_check(plan: CheckPlan, progress: Callable[[str], None] | None = None, sh
               static: bool = False, keep_captures: bool = False) -> Report:
     """Run the plan's configurations, each under ``cpu_shim`` (``plan.jobs`` at once: vLLM
     is imported before the workers are forked, and each worker builds its own model)."""
-    from capturelint.adapters.vllm import require_vllm
+    from capturelint.adapters.vllm.install import require_vllm
 
     require_vllm()
     return run_plan(plan, check_one, progress, shadow, static, keep_captures, title="vLLM · ")
@@ -252,7 +252,7 @@ def suggest_slots(plan: CheckPlan) -> list[Slot]:
     so ``_prepare_and_attn_fn`` binds the functions made breaks at that moment; breaks
     are made with vLLM's own ``eager_break_during_capture``, the decorator its runtime
     knows (whose replays discard return values)."""
-    from capturelint.adapters.vllm import require_vllm
+    from capturelint.adapters.vllm.install import require_vllm
     from capturelint.suggest import BreakDecorator
 
     require_vllm()  # for the CPU target, before anything of vLLM is imported

@@ -121,7 +121,7 @@ from typing import Any
 
 import torch
 
-from capturelint.adapters.vllm_kernels import (
+from capturelint.adapters.vllm.kernels.reference import (
     FP8_MAX,
     NOPE_DIM,
     NUM_QUANT_BLOCKS,

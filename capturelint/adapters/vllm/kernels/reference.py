@@ -1183,5 +1183,5 @@ def missing_kernel_error(name: str) -> str:
     return (
         f"vLLM calls {namespace or '_C'}.{op}, which capturelint has no CPU reference for; "
         f"references exist for {', '.join(REFERENCE_KERNELS)} "
-        "(capturelint/adapters/vllm_kernels.py)"
+        "(capturelint/adapters/vllm/kernels/reference.py)"
     )

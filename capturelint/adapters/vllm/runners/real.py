@@ -150,8 +150,8 @@ from typing import Any, Iterator
 
 import torch
 
-from capturelint.adapters import vllm_layers
-from capturelint.adapters import vllm_runners as shim
+from capturelint.adapters.vllm import layers as vllm_layers
+from capturelint.adapters.vllm.runners import reproduced as shim
 from capturelint.errors import CapturelintError
 from capturelint.options import CUDAGraphMode
 from capturelint.options import Runner as RunnerName
@@ -270,8 +270,8 @@ def runner_context(runner: RunnerName) -> Iterator[None]:
     from vllm.v1.sample.sampler import Sampler
     from vllm.v1.worker import gpu_model_runner, workspace
 
-    from capturelint.adapters.vllm import _Patches
-    from capturelint.adapters.vllm_triton import interpret_modules
+    from capturelint.adapters.vllm.install import _Patches
+    from capturelint.adapters.vllm.kernels.interpreter import interpret_modules
 
     patches = _Patches()
     # capture_model leaves process-wide state behind: capturing disabled (monitor.py:98)
@@ -489,7 +489,7 @@ class RealRunner:
         concatenated, in the workload's order (decodes, then the requests that join)."""
         from vllm.config import set_current_vllm_config
 
-        from capturelint.adapters.vllm import real_rows
+        from capturelint.adapters.vllm.install import real_rows
 
         self.capture()
         self.model.logits_seen.clear()

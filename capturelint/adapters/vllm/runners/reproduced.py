@@ -93,7 +93,7 @@ from torch import nn
 
 from capturelint.options import CUDAGraphMode, EagerRegion
 from capturelint.options import Runner as RunnerName  # this module's Runner is the step loop
-from capturelint.adapters import vllm_layers
+from capturelint.adapters.vllm import layers as vllm_layers
 from capturelint.runtime import frames
 
 frames.register_runtime_file(__file__)
@@ -738,7 +738,7 @@ class Runner:
         from vllm.config import set_current_vllm_config
         from vllm.forward_context import set_forward_context
 
-        from capturelint.adapters.vllm import real_rows
+        from capturelint.adapters.vllm.install import real_rows
 
         n = batch.num_tokens_padded
         with set_current_vllm_config(self.vc), set_forward_context(attn_metadata, self.vc, num_tokens=n,

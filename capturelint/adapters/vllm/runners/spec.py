@@ -70,7 +70,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from capturelint.adapters.vllm_runners import (
+from capturelint.adapters.vllm.runners.reproduced import (
     HIDDEN,
     PAD_SLOT_ID,
     SWA_BLOCK,
