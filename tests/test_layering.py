@@ -34,7 +34,9 @@ other adapter's modules (``adapters.common`` is what they share, ``adapters.regi
 may import every adapter), only the bundled adapter imports the engine and only the vLLM
 adapter imports vllm; the API, commands and the CLI import no engine and no runtime, and of the
 adapters only the registry; no import cycle. Nothing outside ``adapters/registry.py``
-compares an engine's name (``test_nothing_outside_the_registry_switches_on_the_engine``).
+compares an engine's name (``test_nothing_outside_the_registry_switches_on_the_engine``),
+and no module takes another's private name (``from X import _name``, ``X._name``:
+``test_no_module_takes_another_ones_private_names``).
 
 Every ``import`` and ``from ... import`` of the package counts, at module level or in a
 function (a lazy import is still a dependency), and so does one under ``if
@@ -347,6 +349,46 @@ def new_engine_switches(package: Path = PACKAGE) -> list[tuple[str, str]]:
     return sorted(new.elements())
 
 
+# ---------------------------------------------------------- private names stay home
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_imports(package: Path = PACKAGE) -> list[tuple[str, str]]:
+    """A module's private names (``_name``) are its own: no module of the package takes
+    one from another, by ``from X import _name`` or as ``X._name`` of a module it
+    imported; a name two modules share is public (or lives in one module). As
+    (importing module, ``X._name``)."""
+    modules = {module_name(p, package): p for p in package.rglob("*.py")}
+    found = []
+    for name, path in sorted(modules.items()):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        package_name = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        bound: dict[str, str] = {}  # local name -> the package module it is
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    kept = package_name.split(".")[: len(package_name.split(".")) - node.level + 1]
+                    base = ".".join(kept + ([base] if base else []))
+                if base.split(".")[0] != ROOT:
+                    continue
+                for alias in node.names:
+                    if _private(alias.name):
+                        found.append((name, f"{base}.{alias.name}"))
+                    if f"{base}.{alias.name}" in modules:
+                        bound[alias.asname or alias.name] = f"{base}.{alias.name}"
+            elif isinstance(node, ast.Import):
+                bound.update((a.asname, a.name) for a in node.names if a.asname and a.name.split(".")[0] == ROOT)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound
+                    and _private(node.attr) and bound[node.value.id] != name):
+                found.append((name, f"{bound[node.value.id]}.{node.attr}"))
+    return sorted(set(found))
+
+
 # ------------------------------------------------------------ the real package
 
 
@@ -428,6 +470,10 @@ def test_every_record_type_is_documented_where_defined():
         doc = t.__dict__.get("__doc__") or ""
         generated = doc.startswith(t.__name__ + "(") or (issubclass(t, enum.Enum) and doc == enum.Enum.__doc__)
         assert doc and not generated, f"records.{t.__name__} has no docstring of its own"
+
+
+def test_no_module_takes_another_ones_private_names():
+    assert private_imports() == []
 
 
 @pytest.mark.parametrize("needle, home", [
@@ -563,6 +609,25 @@ def test_the_doors_let_through_what_the_picture_allows(tmp_path):
 ])
 def test_a_scratch_engine_switch_is_found(tmp_path, where, line, switch):
     assert new_engine_switches(scratch(tmp_path, {where: line})) == [(where, switch)]
+
+
+@pytest.mark.parametrize("where, line, breach", [
+    ("adapters/vllm/runners/spec.py", "from capturelint.adapters.vllm.model import _LAYER_NAMES",
+     ("capturelint.adapters.vllm.runners.spec", "capturelint.adapters.vllm.model._LAYER_NAMES")),
+    ("commands/check.py", "from .common import _hidden", ("capturelint.commands.check", "capturelint.commands.common._hidden")),
+    ("adapters/vllm/runners/real.py", "from capturelint.adapters.vllm import install as i\nx = i._shim_lock",
+     ("capturelint.adapters.vllm.runners.real", "capturelint.adapters.vllm.install._shim_lock")),
+])
+def test_a_scratch_private_import_is_found(tmp_path, where, line, breach):
+    assert private_imports(scratch(tmp_path, {where: line})) == [breach]
+
+
+def test_a_modules_own_private_names_and_dunders_are_no_breach(tmp_path):
+    package = scratch(tmp_path, {
+        "adapters/vllm/model.py": "from capturelint.adapters.vllm import model as me\nx = me._distributed_ready",
+        "adapters/vllm/plan.py": "from capturelint import __name__ as pkg_name\nimport torch._dynamo",
+    })
+    assert private_imports(package) == []
 
 
 def test_the_registry_and_an_adapter_naming_itself_are_no_switch(tmp_path):

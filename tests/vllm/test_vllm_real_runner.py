@@ -218,17 +218,18 @@ def test_vllms_two_runners_compute_the_shims_logits_with_their_own_builders():
     samples from (each request's last token of each step)."""
     require_vllm()
     from capturelint.adapters.vllm.install import cpu_shim
-    from capturelint.adapters.vllm.runners.real import RealRunner, runner_context
-    from capturelint.adapters.vllm.runners.reproduced import RunSpec, Runner
-    from capturelint.options import Runner as RunnerName
+    from capturelint.adapters.vllm.runners.real import VllmRunnerLoop, runner_context
+    from capturelint.adapters.vllm.runners.reproduced import ReproducedLoop
+    from capturelint.adapters.vllm.workload import RunSpec
+    from capturelint.options import Runner
 
     logits = []
     with cpu_shim():
-        for runner in (RunnerName.V1, RunnerName.V2):
+        for runner in (Runner.V1, Runner.V2):
             spec = RunSpec(runner=runner, layers=3)
             with runner_context(spec.runner):
-                logits.append(RealRunner(spec, graphs=False).generate())
-        shim = Runner(RunSpec(layers=3), graphs=False)
+                logits.append(VllmRunnerLoop(spec, graphs=False).generate())
+        shim = ReproducedLoop(RunSpec(layers=3), graphs=False)
         every_token = shim.generate()
     ends = torch.cumsum(torch.tensor([s.query_len for step in shim.steps for s in step]), 0) - 1
     v1, v2 = logits

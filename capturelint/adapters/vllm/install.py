@@ -56,12 +56,13 @@ bundled engine's.
   dispatches to ``forward_cuda``;
 - ``compute_fp8_einsum_recipe`` (asserts a CUDA device; answers SM90's recipe), the
   linear layers' CPU GEMM choice (``F.linear``, vLLM's own fallback), and the attention
-  metadata, which the runner shims build themselves (``vllm_runners``) into
+  metadata, which the runner shims build themselves (``reproduced``) into
   persistent buffers instead of running vLLM's Triton metadata builders.
 
-The bridge (``observe_vllm_runtime``) keeps vLLM's runtime and only wraps its methods
-to announce graphs, segments and breaks through ``capturelint.runtime.protocol``, and
-to offer the tracer a shadow of each replay step. Nothing here edits vLLM's files.
+The bridge (``bridge.RuntimeBridge``, installed by ``cpu_shim``) keeps vLLM's runtime
+and only wraps its methods to announce graphs, segments and breaks through
+``capturelint.runtime.protocol``, and to offer the tracer a shadow of each replay step.
+Nothing here edits vLLM's files.
 
 **Versions.** Only the vLLM versions in ``SUPPORTED_VERSIONS`` are run; any other is a
 one-line error naming them, as is a missing vLLM (with the install command) and a
@@ -72,7 +73,6 @@ needs support).
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib
 import logging
 import os
@@ -82,7 +82,6 @@ from typing import Any, Callable, Iterator
 
 from capturelint.errors import CapturelintError
 from capturelint.runtime import frames, protocol
-from capturelint.runtime.protocol import BreakCall, BreakOutputs, GraphInfo, Phase, SegmentInfo, SegmentKind
 
 SUPPORTED_VERSIONS = ("0.33.0",)
 INSTALL_COMMAND = ("pip install -c constraints.txt -r requirements/vllm-deps.txt && "
@@ -148,7 +147,7 @@ def _quiet_vllm_logging() -> None:
 # ------------------------------------------------------------------ the CPU shim
 
 
-class _Patches:
+class Patches:
     """Attribute patches, undone in reverse order."""
 
     def __init__(self) -> None:
@@ -180,18 +179,19 @@ def cpu_shim() -> Iterator[Any]:
     reference kernels, and rebinds the names of the Triton kernels and GPU-only helpers
     the attention module imported (see the module docstring); all of it is undone on
     exit. Yields the imported ``vllm`` package."""
-    from capturelint.adapters.vllm.kernels import reference as kernels
+    from capturelint.adapters.vllm.bridge import RuntimeBridge
+    from capturelint.adapters.vllm.kernels import flashmla, reference
     from capturelint.runtime.emulated import emulate_cuda, graph_pool_handle
 
     vllm = require_vllm()
     _hide_plumbing()
     with _shim_lock, emulate_cuda(force=True):
-        kernels.install_flashmla_stub()
-        kernels.register_reference_kernels()
-        patches = _Patches()
+        flashmla.install_flashmla_stub()
+        reference.register_reference_kernels()
+        patches = Patches()
         try:
-            _install(patches, graph_pool_handle, kernels)
-            with observe_vllm_runtime():
+            _install(patches, graph_pool_handle)
+            with RuntimeBridge().installed():
                 yield vllm
         finally:
             patches.undo()
@@ -209,8 +209,10 @@ def _hide_plumbing() -> None:
         frames.register_runtime_file(module.__file__)
 
 
-def _install(patches: _Patches, graph_pool_handle: Callable[[], Any], kernels: Any) -> None:
+def _install(patches: Patches, graph_pool_handle: Callable[[], Any]) -> None:
     import torch
+
+    from capturelint.adapters.vllm.kernels import triton_ops
     from vllm.platforms import current_platform
 
     # The caching allocator's entry points; a CPU has no accelerator to ask.
@@ -226,15 +228,15 @@ def _install(patches: _Patches, graph_pool_handle: Callable[[], Any], kernels: A
     import vllm.models.deepseek_v4.nvidia.ops.o_proj as o_proj
     from vllm.third_party.flashmla import flash_mla_interface
 
-    patches.set(attention, "fused_q_kv_rmsnorm", kernels.fused_q_kv_rmsnorm)
-    patches.set(o_proj, "fused_inv_rope_fp8_quant", kernels.fused_inv_rope_fp8_quant)
+    patches.set(attention, "fused_q_kv_rmsnorm", triton_ops.fused_q_kv_rmsnorm)
+    patches.set(o_proj, "fused_inv_rope_fp8_quant", triton_ops.fused_inv_rope_fp8_quant)
     patches.set(flashmla, "flash_mla_with_kvcache", flash_mla_interface.flash_mla_with_kvcache)
     patches.set(flashmla, "flash_mla_sparse_fwd", flash_mla_interface.flash_mla_sparse_fwd)
     # The prefill path's Triton kernels: their launchers (the objects keep their warmup
     # registration); vLLM's Python wrappers around them run as they are.
     patches.set(cache_utils, "has_cutedsl", lambda: False)  # CuTe DSL kernels need CUDA
-    patches.set(cache_utils.DequantizeAndGatherKCacheKernel, "__call__", kernels.DequantizeAndGatherKCache.__call__)
-    patches.set(cache_utils.CombineTopkSwaIndicesKernel, "__call__", kernels.CombineTopkSwaIndices.__call__)
+    patches.set(cache_utils.DequantizeAndGatherKCacheKernel, "__call__", triton_ops.DequantizeAndGatherKCache.__call__)
+    patches.set(cache_utils.CombineTopkSwaIndicesKernel, "__call__", triton_ops.CombineTopkSwaIndices.__call__)
     patches.set(flashmla, "compute_fp8_einsum_recipe", _sm90_einsum_recipe)
     from capturelint.adapters.vllm.kernels import compressed
 
@@ -251,226 +253,4 @@ def _sm90_einsum_recipe(block_size: int = 128) -> tuple[tuple[int, int, int], bo
     return (1, 128, 128), False
 
 
-# ------------------------------------------------------------- the runtime bridge
-
-_bridge = threading.local()
-_graph_ids = iter(range(1 << 50, 1 << 62))
-
-
-def _break_target(fn: Callable[[], Any]) -> tuple[str, tuple, dict, tuple[str, ...]]:
-    """What vLLM's ``eager_break_during_capture`` wrapped in its replay lambda: the
-    function, and the (weak-referenced) arguments it will be called with."""
-    code = getattr(fn, "__code__", None)
-    cells = dict(zip(code.co_freevars, (c.cell_contents for c in fn.__closure__ or ()))) if code is not None else {}
-    target = cells.get("fn")
-    args = tuple(cells.get("weak_args", ()))
-    kwargs = dict(cells.get("weak_kwargs", {}))
-    if target is None:
-        return getattr(fn, "__qualname__", "eager"), (), {}, ()
-    from capturelint.runtime.breakable import _params
-
-    return target.__qualname__, args, kwargs, _params(target)
-
-
-def _forward_mode() -> tuple[str, Any]:
-    """The runtime mode and batch descriptor of vLLM's forward context."""
-    from vllm.forward_context import get_forward_context, is_forward_context_available
-
-    if not is_forward_context_available():
-        return "NONE", None
-    ctx = get_forward_context()
-    return str(ctx.cudagraph_runtime_mode.name), ctx.batch_descriptor
-
-
-def _run_break(name: str, args: tuple, kwargs: dict, params: tuple[str, ...], frame: Any, phase: Phase, inline: bool,
-               fn: Callable[[], Any]) -> Any:
-    """Run an eager break outside the (would-be) stream capture, announced."""
-    call = BreakCall(name, args, kwargs, phase, inline, 0, params, frame)
-    protocol.announce("on_break_enter", call)
-    with protocol.suspended_capture():
-        result = protocol.run_or_reuse(call, lambda *a, **k: fn(), args, kwargs) if phase is Phase.REPLAY else fn()
-    protocol.announce("on_break_exit", call, result)
-    return result
-
-
-@contextlib.contextmanager
-def observe_vllm_runtime() -> Iterator[None]:
-    """Wrap vLLM's breakable runtime so that it announces what it does.
-
-    vLLM's own methods still do all the work; the wrappers only announce graphs,
-    segments and breaks (``capturelint.runtime.protocol``), make each segment's
-    emulated primitive an owned segment, and hand the tracer a shadow of each replay
-    step: the wrapper's runnable, run eagerly with vLLM's ``eager_break_during_capture``
-    seeing a stand-in capture whose ``add_eager`` runs the break inline and announces it.
-    On replay, vLLM's recorded break call reuses the shadow's call of it
-    (``protocol.run_or_reuse``), so each break's Python runs once per step. A wrapper
-    an adapter named (``_capturelint_name``: ``target``, ``mtp draft``) starts the label
-    of the graphs it captures.
-    """
-    from vllm.compilation import breakable_cudagraph as bc
-
-    from capturelint.runtime.emulated import owned_by
-
-    frames.register_runtime_file(bc.__file__)
-    Capture, Wrapper = bc.BreakableCUDAGraphCapture, bc.BreakableCUDAGraphWrapper
-    original = {name: getattr(Capture, name) for name in ("__enter__", "_begin_segment", "_end_segment", "add_eager", "current")}
-    original_capture, original_replay = Wrapper._capture, Wrapper._replay
-
-    def enter(self: Any) -> Any:
-        mode, descriptor = _forward_mode()
-        label = f"{mode}:{getattr(descriptor, 'num_tokens', '?')} tokens"
-        owner = getattr(_bridge, "owner", None)  # the capturing wrapper's name, where an adapter gave one
-        label = f"{owner} {label}" if owner else label
-        self._capturelint_info = GraphInfo(next(_graph_ids), label, mode, mode != "FULL", BreakOutputs.DISCARD)
-        self._capturelint_index = 0
-        _bridge.phase = Phase.CAPTURE
-        protocol.announce("on_graph_begin", self._capturelint_info, Phase.CAPTURE)
-        return original["__enter__"](self)
-
-    def begin_segment(self: Any) -> None:
-        info = getattr(self, "_capturelint_info", None)
-        if info is None:
-            return original["_begin_segment"](self)
-        index = self._capturelint_index
-        protocol.announce("on_segment_begin", SegmentInfo(info.id, index, SegmentKind.CAPTURED, None, Phase.CAPTURE))
-        with owned_by(info, index):
-            original["_begin_segment"](self)
-
-    def end_segment(self: Any) -> None:
-        info = getattr(self, "_capturelint_info", None)
-        was = self._capturing
-        original["_end_segment"](self)
-        if info is not None and was:
-            index = self._capturelint_index
-            self._capturelint_index += 1
-            protocol.announce("on_segment_end", SegmentInfo(info.id, index, SegmentKind.CAPTURED, None, Phase.CAPTURE))
-
-    def add_eager(self: Any, fn: Callable[[], Any]) -> Any:
-        info = getattr(self, "_capturelint_info", None)
-        if info is None:
-            return original["add_eager"](self, fn)
-        name, args, kwargs, params = _break_target(fn)
-        frame = frames.user_frame(2)
-
-        def run() -> Any:  # what vLLM records and replays for the break
-            phase = getattr(_bridge, "phase", Phase.EAGER)
-            if phase is not Phase.CAPTURE:
-                return _run_break(name, args, kwargs, params, frame, phase, False, fn)
-            segment = SegmentInfo(info.id, self._capturelint_index, SegmentKind.EAGER, name, phase)
-            protocol.announce("on_segment_begin", segment)
-            result = _run_break(name, args, kwargs, params, frame, phase, False, fn)
-            protocol.announce("on_segment_end", segment)
-            self._capturelint_index += 1
-            return result
-
-        return original["add_eager"](self, run)
-
-    def current(cls: Any) -> Any:
-        shadow = getattr(_bridge, "shadow", None)
-        return shadow if shadow is not None else original["current"].__func__(cls)
-
-    def capture(self: Any, entry: Any, args: tuple, kwargs: dict) -> Any:
-        _bridge.owner = getattr(self, "_capturelint_name", None)
-        try:
-            output = original_capture(self, entry, args, kwargs)
-        finally:
-            _bridge.phase = Phase.EAGER
-            _bridge.owner = None
-        info = getattr(entry.capture, "_capturelint_info", None)
-        if info is not None:
-            entry._capturelint_info = info
-            protocol.announce("on_graph_end", info, Phase.CAPTURE, output)
-        return output
-
-    def replay(self: Any, entry: Any, args: tuple, kwargs: dict) -> Any:
-        info = getattr(entry, "_capturelint_info", None)
-        if info is None:
-            return original_replay(self, entry, args, kwargs)
-        if protocol.has_observers():
-            protocol.announce("before_replay", info, functools.partial(_shadow, info, self.runnable, args, kwargs))
-        protocol.announce("on_graph_begin", info, Phase.REPLAY)
-        _bridge.phase = Phase.REPLAY
-        try:
-            output = original_replay(self, entry, args, kwargs)
-        finally:
-            _bridge.phase = Phase.EAGER
-        protocol.announce("on_graph_end", info, Phase.REPLAY, _real_rows(output))
-        return output
-
-    Capture.__enter__ = enter
-    Capture._begin_segment = begin_segment
-    Capture._end_segment = end_segment
-    Capture.add_eager = add_eager
-    Capture.current = classmethod(current)
-    Wrapper._capture = capture
-    Wrapper._replay = replay
-    try:
-        yield
-    finally:
-        for name, value in original.items():
-            setattr(Capture, name, value)
-        Wrapper._capture, Wrapper._replay = original_capture, original_replay
-
-
-class _ShadowCapture:
-    """What vLLM's ``eager_break_during_capture`` sees during a shadow step: an active
-    capture whose ``add_eager`` runs the break at once, outside the (would-be) stream
-    capture, announced as the eager segment it is on replay. Nested breaks run inline,
-    as in vLLM (``_capturing`` is False while a break runs)."""
-
-    def __init__(self, info: GraphInfo):
-        self.info = info
-        self._capturing = True
-
-    def add_eager(self, fn: Callable[[], Any]) -> Any:
-        name, args, kwargs, params = _break_target(fn)
-        self._capturing = False
-        try:
-            return _run_break(name, args, kwargs, params, frames.user_frame(2), Phase.EAGER, True, fn)
-        finally:
-            self._capturing = True
-
-
-def _shadow(info: GraphInfo, runnable: Callable, args: tuple, kwargs: dict) -> Any:
-    """Run one replay step eagerly: ``is_current_stream_capturing()`` answers True in
-    captured code (as it did at capture), False in eager breaks; in a FULL graph the
-    breaks pass through (vLLM's FULL-mode bypass), as they did at capture."""
-    previous = getattr(_bridge, "shadow", None)
-    _bridge.shadow = _ShadowCapture(info) if info.breaks_eager else None
-    try:
-        with protocol.capturing_as_on_gpu(True):
-            return _real_rows(runnable(*args, **kwargs))
-    finally:
-        _bridge.shadow = previous
-
-
-@contextlib.contextmanager
-def real_rows(n: int) -> Iterator[None]:
-    """The step in the block has ``n`` real tokens: the first ``n`` rows of the model's
-    output. A batch padded to its capture size computes its padded rows from whatever
-    the padding leaves (rows of ``torch.empty`` the attention does not write), and the
-    runner discards them (vLLM keeps ``[:num_tokens]``); so a replay is compared with
-    its shadow on the real rows only."""
-    previous = getattr(_bridge, "rows", None)
-    _bridge.rows = n
-    try:
-        yield
-    finally:
-        _bridge.rows = previous
-
-
-def _real_rows(output: Any) -> Any:
-    """``output[:n]`` for ``real_rows(n)``, taken outside any dispatch mode: the view is
-    the comparison's, not an op of the step the tracer records."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    n = getattr(_bridge, "rows", None)
-    if n is None or not hasattr(output, "shape"):
-        return output
-    with _disable_current_modes():
-        return output[:n]
-
-
-__all__ = [
-    "INSTALL_COMMAND", "SUPPORTED_VERSIONS", "cpu_shim", "observe_vllm_runtime", "real_rows", "require_vllm",
-]
+__all__ = ["INSTALL_COMMAND", "Patches", "SUPPORTED_VERSIONS", "cpu_shim", "require_vllm"]
