@@ -9,7 +9,7 @@ Measures, in one run, medians of --repeat whole processes each:
   full steps over two capture sizes), the two acceptance commands `--runner v1
   --eager-region narrow` and `--runner v2 --eager-region narrow`, `--spec mtp`; PIECEWISE
   runs vLLM's own model runners (the default), and once more on capturelint's
-  reproduction of their capture conditions (`CAPTURELINT_VLLM_RUNNER_IMPL=shim`);
+  reproduction of their capture conditions (`--vllm-runner-impl reproduced`);
 - an untraced run of one configuration (v1 PIECEWISE at the defaults: build, capture, the
   six steps, no tracer, no twin; the second in the process, after the lazy imports and
   first-call costs that a check pays once) as the unit the ratios are expressed in, so they survive
@@ -45,16 +45,15 @@ with cpu_shim():
 COMMANDS = {
     "check --engine vllm (4 configurations)": ["check", "--engine", "vllm", "--format", "json"],
     "check --engine vllm --jobs 1": ["check", "--engine", "vllm", "--jobs", "1", "--format", "json"],
-    "check --engine vllm, PIECEWISE on the reproduction (CAPTURELINT_VLLM_RUNNER_IMPL=shim)": [
-        "check", "--engine", "vllm", "--format", "json"],
+    "check --engine vllm, PIECEWISE on the reproduction (--vllm-runner-impl reproduced)": [
+        "check", "--engine", "vllm", "--vllm-runner-impl", "reproduced", "--format", "json"],
     "check --engine vllm --runner v1 --eager-region narrow": ["check", "--engine", "vllm", "--runner", "v1",
                                                               "--eager-region", "narrow", "--format", "json"],
     "check --engine vllm --runner v2 --eager-region narrow": ["check", "--engine", "vllm", "--runner", "v2",
                                                               "--eager-region", "narrow", "--format", "json"],
     "check --engine vllm --spec mtp": ["check", "--engine", "vllm", "--spec", "mtp", "--format", "json"],
 }
-ENV = {"check --engine vllm, PIECEWISE on the reproduction (CAPTURELINT_VLLM_RUNNER_IMPL=shim)":
-       {"CAPTURELINT_VLLM_RUNNER_IMPL": "shim"}}
+ENV: dict[str, dict[str, str]] = {}  # environment of a command, by name
 
 
 def wall(argv: list[str], env: dict[str, str] | None = None) -> float:

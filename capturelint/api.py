@@ -11,10 +11,15 @@ notebook or a test suite gets the same verdicts as ``capturelint check``::
     ['CL101', 'CL201']
     >>> api.check(runner="v2", modes="PIECEWISE", layers=1, steps=6).assert_clean()  # passes
 
-Options are spelled as on the command line (``runner="v1"`` or ``"all"``, ``modes=
-"PIECEWISE,FULL"`` or ``("PIECEWISE", "FULL")``, ``eager_region="narrow"``) or given as
-the parsed values (``capturelint.options``). Bad input raises
-``capturelint.errors.CapturelintError`` with the one-line message the CLI prints.
+Options are the command line's, by their Python names (``eager_region`` for
+``--eager-region``; ``modes`` is read as ``mode``), spelled as on the command line
+(``runner="v1"`` or ``"all"``, ``mode="PIECEWISE,FULL"`` or ``("PIECEWISE", "FULL")``,
+``eager_region="narrow"``) or given as the parsed values (``capturelint.options``); an
+engine family's own options too (``capture_sizes=[2, 4]`` for ``--engine vllm``). Each is
+parsed by the function the command line and the settings use
+(``capturelint.options.parse_option``). Bad input (an unknown keyword, a value of the
+wrong type or out of range) raises ``capturelint.errors.CapturelintError`` with one line
+naming the keyword as given here.
 Warnings go to stderr, as the CLI says them. Nothing here imports torch until a function
 runs an engine.
 """
@@ -24,23 +29,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from capturelint import __version__
 from capturelint.adapters import registry
 from capturelint.errors import CapturelintError
-from capturelint.options import (
-    ENGINE_OPTIONS,
-    CUDAGraphMode,
-    EngineOptions,
-    parse_break_outputs,
-    parse_modes,
-    parse_region,
-    parse_runners,
-)
+from capturelint.common_options import BY_NAME
+from capturelint.options import CUDAGraphMode, EngineOptions, OptionProblem, OptionSpec, Surface, parse_option
 from capturelint.output import stderr_console
-from capturelint.settings import Settings, load_settings
+from capturelint.settings import Settings
 
 if TYPE_CHECKING:
     from capturelint.adapters.registry import CheckPlan
@@ -100,44 +97,39 @@ class ProgressReporter:
 
 # --------------------------------------------------------------------- options
 
-_DEFAULTS = {"engine": None, "runner": None, "modes": (), "eager_region": None, "fresh_metadata": False, "layers": None,
-             "steps": None, "seed": None, "kernels": None, "break_outputs": None, "platform": "cuda", "reuse": True,
-             "spec": None}
-_FLAG = {"modes": "--mode", "reuse": "--no-reuse"}
+def engine_options(**options: Any) -> EngineOptions:
+    """The ``EngineOptions`` of the keyword arguments, spelled or parsed (module
+    docstring); an option given a value other than its default is "given" (an engine
+    that does not read it says so). ``capturelint.adapters.registry.engine_options``."""
+    return registry.engine_options(Surface.API, "engine_options()", **options)
 
 
-def _codes(value: str | Iterable[str]) -> tuple[str, ...]:
-    parts = value.split(",") if isinstance(value, str) else value
-    return tuple(p.strip() for p in parts if p.strip())
+def _checked(caller: str, **values: Any) -> dict[str, Any]:
+    """``values`` (keywords of ``caller`` that are no engine's) parsed by their specs;
+    ``None`` stays ``None``."""
+    return {name: None if value is None else parse_option(BY_NAME[name], value, Surface.API)
+            for name, value in values.items()}
 
 
-def engine_options(*, engine: str | None = None, target: str | None = None, runner: Any = None, modes: Any = (),
-                   eager_region: Any = None, fresh_metadata: bool = False, layers: int | None = None,
-                   steps: int | None = None, seed: int | None = None, kernels: str | None = None,
-                   break_outputs: Any = None, platform: str = "cuda", select: str | Iterable[str] = (),
-                   ignore: str | Iterable[str] = (), invariants: str | None = None, jobs: int | None = None,
-                   reuse: bool = True, spec: str | None = None) -> EngineOptions:
-    """The ``EngineOptions`` of the keyword arguments, spelled or parsed; an option given
-    a value other than its default is "given" (an adapter that does not read it says so)."""
-    if isinstance(modes, str):
-        modes = _codes(modes)
-    values = dict(engine=engine, runner=runner, modes=tuple(modes), eager_region=eager_region,
-                  fresh_metadata=fresh_metadata, layers=layers, steps=steps, seed=seed, kernels=kernels,
-                  break_outputs=break_outputs, platform=platform, reuse=reuse, spec=spec)
-    given = tuple(f for f in ENGINE_OPTIONS
-                  for name, v in values.items()
-                  if v != _DEFAULTS[name] and f == _FLAG.get(name, "--" + name.replace("_", "-")))
-    return EngineOptions(
-        engine=engine, target=target,
-        runners=(parse_runners(runner) if isinstance(runner, str)
-                 else tuple(r for each in runner or () for r in parse_runners(str(each)))),
-        modes=parse_modes(str(m) for m in modes),
-        eager_region=None if eager_region is None else parse_region(eager_region),
-        fresh_metadata=fresh_metadata, layers=layers, steps=steps, seed=seed, kernels=kernels,
-        break_outputs=None if break_outputs is None else parse_break_outputs(break_outputs),
-        platform=platform, select=_codes(select), ignore=_codes(ignore), invariants_file=invariants, jobs=jobs,
-        reuse=reuse, spec=spec, given=given,
-    )
+def _max_candidates(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000:
+        raise OptionProblem("must be an integer from 1 to 1000", "12")
+    return value
+
+
+CHECK_OWN = {"config": None, "static": False, "strict": False, "require_oracle": False, "baseline": None,
+             "max_eager_growth": None, "shard": None}  # check's own keywords, and their defaults
+
+
+def check_options(caller: str, **options: Any) -> tuple[dict[str, Any], EngineOptions]:
+    """``check``'s keywords, parsed: its own (``CHECK_OWN``) and the engine options; an
+    unknown keyword or a bad value is a one-line ``CapturelintError`` naming it as
+    ``caller`` takes it (the pytest plugin checks its markers with this)."""
+    own = _checked(caller, **{k: options.pop(k, default) for k, default in CHECK_OWN.items()})
+    return own, registry.engine_options(Surface.API, caller, tuple(CHECK_OWN), **options)
+
+
+MAX_CANDIDATES = OptionSpec("max_candidates", _max_candidates, "Try at most N regions.", "", key=None)
 
 
 def plan_for(settings: Settings, options: EngineOptions) -> CheckPlan:
@@ -162,8 +154,9 @@ def check(*, config: str | None = None, static: bool = False, strict: bool = Fal
     findings when it ``failed``.
 
     ``options`` are the engine options of ``engine_options`` (``engine``, ``target``,
-    ``runner``, ``modes``, ``eager_region``, ``layers``, ``steps``, ``seed``, ``select``,
-    ``ignore``, ``invariants``, ``jobs``, ...); ``config`` is the pyproject.toml to read
+    ``runner``, ``mode``, ``eager_region``, ``layers``, ``steps``, ``seed``, ``select``,
+    ``ignore``, ``invariants``, ``jobs``, ``reuse``, and the engine families' own:
+    ``capture_sizes``, ``kernels``, ...); ``config`` is the pyproject.toml to read
     ``[tool.capturelint]`` from (default: the nearest one)::
 
         report = check(runner="v1", eager_region="narrow", modes="PIECEWISE", layers=1, steps=6)
@@ -172,9 +165,12 @@ def check(*, config: str | None = None, static: bool = False, strict: bool = Fal
         check(target="tests/my_engine.py:targets").assert_clean()
         check(runner="all", baseline="regions.json", max_eager_growth=5).assert_clean()
     """
-    settings = load_settings(config)
-    return check_with(settings, engine_options(**options), static=static, strict=strict, require_oracle=require_oracle,
-                      baseline=baseline, max_eager_growth=max_eager_growth, shard=shard)
+    own, parsed = check_options("check()", config=config, static=static, strict=strict, require_oracle=require_oracle,
+                                baseline=baseline, max_eager_growth=max_eager_growth, shard=shard, **options)
+    settings = registry.load_settings(own["config"])
+    return check_with(settings, parsed, static=own["static"], strict=own["strict"],
+                      require_oracle=own["require_oracle"], baseline=own["baseline"],
+                      max_eager_growth=own["max_eager_growth"], shard=own["shard"])
 
 
 def check_with(settings: Settings, options: EngineOptions, *, static: bool = False, strict: bool = False,
@@ -284,7 +280,10 @@ def show(*, config: str | None = None, no_check: bool = False, **options: Any) -
         report = show(runner="v1", modes="PIECEWISE", layers=1, steps=6)
         print([g.label for c in report.configs for g in c.graphs])
     """
-    return show_with(load_settings(config), engine_options(**options), no_check=no_check)
+    own = _checked("show", config=config)
+    no_check = parse_option(dataclasses.replace(BY_NAME["static"], name="no_check"), no_check, Surface.API)
+    parsed = registry.engine_options(Surface.API, "show()", ("config", "no_check"), **options)
+    return show_with(registry.load_settings(own["config"]), parsed, no_check=no_check)
 
 
 def show_with(settings: Settings, options: EngineOptions, *, no_check: bool = False) -> Report:
@@ -303,7 +302,10 @@ def suggest(*, config: str | None = None, max_candidates: int = 12,  # captureli
         report = suggest(runner="v1", eager_region="narrow", modes="PIECEWISE", layers=1, steps=6)
         best = report.suggestions[0]
     """
-    return suggest_with(load_settings(config), engine_options(**options), max_candidates=max_candidates)
+    own = _checked("suggest", config=config)
+    max_candidates = parse_option(MAX_CANDIDATES, max_candidates, Surface.API)
+    parsed = registry.engine_options(Surface.API, "suggest()", ("config", "max_candidates"), **options)
+    return suggest_with(registry.load_settings(own["config"]), parsed, max_candidates=max_candidates)
 
 
 def suggest_with(settings: Settings, options: EngineOptions, *, max_candidates: int = 12) -> SuggestReport:
@@ -321,4 +323,4 @@ def suggest_with(settings: Settings, options: EngineOptions, *, max_candidates: 
         return find(slots, max_candidates, progress.with_total)
 
 
-__all__ = ["check", "check_with", "engine_options", "show", "show_with", "suggest", "suggest_with"]
+__all__ = ["check", "check_options", "check_with", "engine_options", "show", "show_with", "suggest", "suggest_with"]

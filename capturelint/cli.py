@@ -22,7 +22,8 @@ Commands never import this module; ``EXIT_*`` live in ``capturelint.errors``.
 
 **Nothing heavy is imported to answer** ``--version``, ``-h`` or ``rules``: commands are
 loaded when used (``capturelint.commands.COMMANDS``), and torch's thread count
-(``CAPTURELINT_THREADS``, default 1) is set just before a command that runs torch. A
+(``CAPTURELINT_THREADS``, default 1) is set just before a command first runs an engine,
+after its options and settings are read (a typo there is reported before torch loads). A
 bad ``CAPTURELINT_THREADS`` is an error on every command.
 """
 
@@ -61,7 +62,8 @@ class _LazyGroup(click.Group):
             return None
         command = getattr(importlib.import_module(entry.module), entry.attribute)
         if entry.torch:
-            _threads_before(command)
+            # commands reach engines through the adapter registry; the engine's own CLI runs it directly
+            _threads_before(command, at_once=not entry.module.startswith("capturelint.commands."))
         _with_debug(command)
         return command
 
@@ -135,20 +137,32 @@ def threads_from_env() -> int:
     return value
 
 
-def _threads_before(command: click.Command) -> None:
-    """Set torch's threads when ``command`` runs (after its arguments parsed), once."""
+def _threads_before(command: click.Command, at_once: bool = False) -> None:
+    """Set torch's threads when ``command`` first runs an engine, once: after its options
+    and settings are read (the adapter registry's ``before_engines_run``), so that a typo
+    there is reported before torch loads; ``at_once``: when it starts (the engine's own
+    CLI, which runs no adapter)."""
     if getattr(command, "_capturelint_threads", False):
         return
     invoke = command.invoke
 
     def invoke_with_threads(ctx: click.Context) -> Any:
-        import torch
+        if at_once:
+            _set_threads()
+        else:
+            from capturelint.adapters import registry
 
-        torch.set_num_threads(threads_from_env())
+            registry.before_engines_run(_set_threads)
         return invoke(ctx)
 
     command.invoke = invoke_with_threads  # type: ignore[method-assign]
     command._capturelint_threads = True  # type: ignore[attr-defined]
+
+
+def _set_threads() -> None:
+    import torch
+
+    torch.set_num_threads(threads_from_env())
 
 
 # ----------------------------------------------------------------------- main

@@ -77,10 +77,17 @@ class Capturelint:
 @pytest.fixture
 def capturelint(request: pytest.FixtureRequest) -> Capturelint:
     """capturelint's check, show and suggest; see ``capturelint.pytest_plugin``."""
+    from capturelint import api
+    from capturelint.errors import CapturelintError
+
     defaults: dict[str, Any] = {}
     for marker in reversed(list(request.node.iter_markers("capturelint"))):  # the closest marker last: it wins
         if marker.args:
             raise pytest.UsageError("@pytest.mark.capturelint takes keyword options only, e.g. "
                                     "@pytest.mark.capturelint(runner='all')")
+        try:  # parsed as check() parses its keywords: an unknown one or a bad value is named here
+            api.check_options("@pytest.mark.capturelint(...)", **marker.kwargs)
+        except CapturelintError as e:
+            raise pytest.UsageError(str(e)) from None
         defaults.update(marker.kwargs)
     return Capturelint(defaults, request.config.getoption("capturelint_baseline"))

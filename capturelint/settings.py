@@ -7,8 +7,8 @@ with a ``[tool.capturelint]`` table wins; one without the table is passed over. 
 found means every setting is unset. Printed form::
 
     [tool.capturelint]
-    runners = ["v1", "v2"]
-    modes = ["PIECEWISE", "FULL_DECODE_ONLY"]
+    runner = ["v1", "v2"]                    # or "all"; runners, the key of earlier versions, is read too
+    mode = ["PIECEWISE", "FULL_DECODE_ONLY"]  # modes is read too
     eager-region = "narrow"
     select = ["CL1"]                          # codes or code prefixes
     ignore = ["CL105"]
@@ -21,19 +21,28 @@ found means every setting is unset. Printed form::
     break-outputs = "copy"                   # copy or discard (vLLM 0.33.0)
     format = "sarif"
     require-oracle = true                    # check: replay not compared with eager is an error
+    capture-sizes = [2, 4]                   # an engine family's own option (--engine vllm's)
 
     [tool.capturelint.invariants.moe-captured]   # declared region invariants (capturelint.invariants)
     require = "captured"
     scope = "model.layers.*.ffn*"
 
+**Keys.** A key is an option's flag without its dashes (``capturelint.common_options``,
+and each engine family's own, which the adapter registry passes in: ``specs``); one
+value is parsed by the same function on the command line, here and in the Python API
+(``capturelint.options.parse_option``). An engine family's keys are read whichever
+engine runs (one table serves every engine of a project): the family's own adapter
+uses them, the others leave them.
+
 **Precedence.** Command-line flags over settings over built-in defaults, one value at a
 time: ``merge(cli_value, setting_value, default)``.
 
 **Errors.** An unknown key, a value of the wrong type or outside its choices or bounds
-(``capturelint.limits``), an empty list, a rule code that matches no rule, a file that
-is not UTF-8 and malformed TOML are configuration errors: ``CapturelintError`` with one
-line naming the file, the key and what to write instead. (``ignore = []`` is allowed: it
-says that nothing is ignored.) Files are read by ``capturelint.inputs``: a settings file
+(``capturelint.limits``), an empty list, a rule code that matches no rule, a key given
+twice by its two names (``runner`` and ``runners``), a file that is not UTF-8 and
+malformed TOML are configuration errors: ``CapturelintError`` with one line naming the
+file, the key and what to write instead. (``ignore = []`` is allowed: it says that
+nothing is ignored.) Files are read by ``capturelint.inputs``: a settings file
 that is not a regular file, is larger than 4 MiB or nests deeper than 64 levels is
 refused the same way.
 """
@@ -42,35 +51,28 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import enum
 import os
-import re
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Sequence
 
+from capturelint.common_options import ENGINE, SHARED
 from capturelint.errors import CapturelintError
 from capturelint.inputs import InputProblem, load_toml
-from capturelint.limits import count_problem, jobs_problem, seed_problem
-from capturelint.options import BreakOutputs, CUDAGraphMode, EagerRegion, Runner
+from capturelint.options import CUDAGraphMode, EagerRegion, OptionSpec, Runner, Surface, parse_option
+from capturelint.options import toml_kind as _kind
 
 PYPROJECT = "pyproject.toml"
-KERNELS = ("torch", "triton")
-FORMATS = ("rich", "json", "sarif", "github", "html")  # check's --format (capturelint.reporters.formats("check"))
-ENGINE_KEYS = ("engine", "runners", "modes", "eager-region", "layers", "steps", "seed", "kernels", "break-outputs")
-"""The keys that configure capturelint's engines (an engine of ``--target`` says its own)."""
-RULE_CODE = re.compile(r"^CL\d{1,3}$")  # a code (CL101) or a code prefix (CL1)
-
-T = TypeVar("T")
-E = TypeVar("E", bound=enum.Enum)
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """The settings of one project; ``None`` for every key the file does not set.
 
-    Lists become tuples; runners, modes, the eager region and the break-output policy
-    are parsed into their values (``capturelint.options``); ``baseline`` is resolved
-    against the directory of ``source``; ``source`` is the file read, or ``None``.
+    Values are parsed (``capturelint.options``: lists become tuples, runners, modes and
+    the eager region their values); ``baseline`` is resolved against the directory of
+    ``source``; ``source`` is the file read, or ``None``. ``family`` holds the engine
+    families' own settings by option name (``(("kernels", "triton"),)``), ``engine_keys``
+    the keys that configure an engine, as the file spells them, in its order.
     """
 
     runners: tuple[Runner, ...] | None = None
@@ -83,14 +85,18 @@ class Settings:
     layers: int | None = None
     steps: int | None = None
     seed: int | None = None
-    kernels: str | None = None
-    break_outputs: BreakOutputs | None = None
     format: str | None = None
     engine: str | None = None
     jobs: int | None = None
     require_oracle: bool | None = None
     invariants: tuple[Any, ...] | None = None  # capturelint.invariants.Invariant, in file order
+    family: tuple[tuple[str, Any], ...] = ()
+    engine_keys: tuple[str, ...] = ()
     source: Path | None = None
+
+    def value(self, name: str) -> Any:
+        """The engine family's setting ``name`` (its option's name), or ``None``."""
+        return dict(self.family).get(name)
 
 
 def merge(cli_value: Any, setting_value: Any, default: Any) -> Any:
@@ -105,10 +111,13 @@ def merge(cli_value: Any, setting_value: Any, default: Any) -> Any:
     return default
 
 
-def load_settings(config: str | os.PathLike[str] | None = None, start: str | os.PathLike[str] | None = None) -> Settings:
+def load_settings(config: str | os.PathLike[str] | None = None, start: str | os.PathLike[str] | None = None,
+                  specs: Sequence[OptionSpec] = ()) -> Settings:
     """Settings from ``config`` if given (it must exist and have the table), else from
     the nearest ``pyproject.toml`` with a ``[tool.capturelint]`` table above ``start``
-    (default: the current directory), else empty ``Settings()``."""
+    (default: the current directory), else empty ``Settings()``. ``specs``: the engine
+    families' options, whose keys are read too (``capturelint.adapters.registry.
+    load_settings`` passes them all)."""
     if config is not None:
         path = Path(config)
         if not path.exists():
@@ -120,12 +129,12 @@ def load_settings(config: str | os.PathLike[str] | None = None, start: str | os.
             raise CapturelintError(
                 f"{shown(path)}: no [tool.capturelint] table; add one or pass --config another file"
             )
-        return _settings(path, table)
+        return _settings(path, table, specs)
     found = find_config(Path.cwd() if start is None else Path(start))
     if found is None:
         return Settings()
     path, table = found
-    return _settings(path, table)
+    return _settings(path, table, specs)
 
 
 def find_config(start: Path) -> tuple[Path, dict[str, Any]] | None:
@@ -146,11 +155,11 @@ def find_config(start: Path) -> tuple[Path, dict[str, Any]] | None:
         directory = directory.parent
 
 
-def read_settings(path: str | os.PathLike[str]) -> Settings:
+def read_settings(path: str | os.PathLike[str], specs: Sequence[OptionSpec] = ()) -> Settings:
     """Settings of one file; a file without the table gives ``Settings(source=path)``."""
     path = Path(path)
     table = _table(path, _read_toml(path))
-    return _settings(path, table or {})
+    return _settings(path, table or {}, specs)
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -195,208 +204,43 @@ def _table(path: Path, document: dict[str, Any]) -> dict[str, Any] | None:
     return table
 
 
-def _kind(value: Any) -> str:
-    if isinstance(value, bool):
-        return f"a boolean ({str(value).lower()})"
-    if isinstance(value, str):
-        return f"a string ({value!r})"
-    if isinstance(value, (int, float)):
-        return f"a number ({value})"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a table"
-    return type(value).__name__
+_FIELDS = {"runner": "runners", "mode": "modes", "invariant_table": "invariants"}  # option name -> Settings field
+_SETTINGS_FIELDS = {f.name for f in dataclasses.fields(Settings)}
 
 
-class _Reader:
-    def __init__(self, path: Path, table: dict[str, Any]):
-        self.file = path
-        self.table = table
-
-    def fail(self, key: str, what: str, value: Any, example: str) -> CapturelintError:
-        return CapturelintError(
-            f"{shown(self.file)}: [tool.capturelint] {key} must be {what}, got {_kind(value)}; "
-            f"write for example {key} = {example}"
-        )
-
-    def choice(self, key: str, choices: tuple[str, ...], normalise: Callable[[str], str] = str) -> str | None:
-        value = self.table.get(key)
-        if value is None:
-            return None
-        what = "one of " + ", ".join(f'"{c}"' for c in choices)
-        if not isinstance(value, str) or normalise(value) not in choices:
-            raise self.fail(key, what, value, f'"{choices[0]}"')
-        return normalise(value)
-
-    def value(self, key: str, kind: type[E], normalise: Callable[[str], str] = str.lower) -> E | None:
-        """One value of ``kind`` (an enum of ``capturelint.options``), by its spelling."""
-        text = self.choice(key, tuple(m.value for m in kind), normalise)  # type: ignore[attr-defined]
-        return None if text is None else kind(text)
-
-    def values(self, key: str, kind: type[E], normalise: Callable[[str], str] = str.lower) -> tuple[E, ...] | None:
-        texts = self.choices(key, tuple(m.value for m in kind), normalise)  # type: ignore[attr-defined]
-        return None if texts is None else tuple(kind(t) for t in texts)
-
-    def name(self, key: str) -> str | None:
-        """A name another part checks (``engine``: the adapter registry knows the engines)."""
-        value = self.table.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, str) or not value.strip():
-            raise self.fail(key, "a name (a non-empty string)", value, '"bundled"')
-        return value.strip().lower()
-
-    def empty(self, key: str, what: str) -> CapturelintError:
-        return CapturelintError(
-            f"{shown(self.file)}: [tool.capturelint] {key} is an empty list; list at least one {what}, "
-            f"or remove the key for the default"
-        )
-
-    def choices(self, key: str, choices: tuple[str, ...], normalise: Callable[[str], str] = str) -> tuple[str, ...] | None:
-        value = self.table.get(key)
-        if value is None:
-            return None
-        what = "a list of " + ", ".join(f'"{c}"' for c in choices)
-        example = f'["{choices[0]}"]'
-        if not isinstance(value, list):
-            raise self.fail(key, what, value, example)
-        if not value:
-            raise self.empty(key, key.rstrip("s"))
-        for item in value:
-            if not isinstance(item, str):
-                raise self.fail(key, what, value, example)
-            if normalise(item) not in choices:
-                raise CapturelintError(
-                    f"{shown(self.file)}: [tool.capturelint] {key} has unknown entry {item!r}; "
-                    f"use {', '.join(choices)}"
-                )
-        return tuple(normalise(item) for item in value)
-
-    def codes(self, key: str, allow_empty: bool = False) -> tuple[str, ...] | None:
-        from capturelint.rules import BY_CODE  # the registry reads without torch
-
-        value = self.table.get(key)
-        if value is None:
-            return None
-        example = '["CL101"]'
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise self.fail(key, "a list of rule codes", value, example)
-        if not value and not allow_empty:
-            raise self.empty(key, "rule code")
-        for item in value:
-            if not RULE_CODE.match(item.upper()):
-                raise CapturelintError(
-                    f"{shown(self.file)}: [tool.capturelint] {key} has {item!r}, not a rule code; "
-                    f'use codes like "CL101" or prefixes like "CL1" (capturelint rules lists them)'
-                )
-            if not any(code.startswith(item.upper()) for code in BY_CODE):
-                raise CapturelintError(
-                    f"{shown(self.file)}: [tool.capturelint] {key} has {item!r}, which matches no rule code; "
-                    f"use one of {', '.join(BY_CODE)} or a prefix of them (capturelint rules lists them)"
-                )
-        return tuple(item.upper() for item in value)
-
-    def flag(self, key: str) -> bool | None:
-        value = self.table.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, bool):
-            raise self.fail(key, "true or false", value, "true")
-        return value
-
-    def _checked(self, key: str, problem_of: Callable[[object], str | None], example: str) -> int | None:
-        """An integer setting checked by ``problem_of`` (``capturelint.limits``)."""
-        value = self.table.get(key)
-        if value is None:
-            return None
-        problem = problem_of(value)
-        if problem is not None:
-            raise self.fail(key, problem.removeprefix("must be "), value, example)
-        return value
-
-    def count(self, key: str) -> int | None:
-        return self._checked(key, lambda v: count_problem(key, v), "4")
-
-    def jobs(self, key: str) -> int | None:
-        return self._checked(key, jobs_problem, "2")
-
-    def seed(self, key: str) -> int | None:
-        return self._checked(key, seed_problem, "0")
-
-    def percent(self, key: str) -> float | None:
-        value = self.table.get(key)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
-            raise self.fail(key, "a percentage (a number >= 0)", value, "10")
-        return float(value)
-
-    def path(self, key: str) -> Path | None:
-        value = self.table.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, str) or not value:
-            raise self.fail(key, "a path (a non-empty string)", value, '"capturelint-baseline.json"')
-        return (self.file.resolve().parent / value).resolve()
-
-
-_KEYS = (
-    "runners",
-    "modes",
-    "eager-region",
-    "select",
-    "ignore",
-    "baseline",
-    "max-eager-growth",
-    "layers",
-    "steps",
-    "seed",
-    "kernels",
-    "break-outputs",
-    "format",
-    "engine",
-    "jobs",
-    "require-oracle",
-    "invariants",
-)
-
-
-def _invariants(path: Path, table: dict[str, Any]) -> tuple[Any, ...] | None:
-    from capturelint.invariants import parse_invariants  # parses without torch
-
-    if "invariants" not in table:
-        return None
-    return parse_invariants(shown(path), "tool.capturelint.invariants", table["invariants"], f"settings ({shown(path)})")
-
-
-def _settings(path: Path, table: dict[str, Any]) -> Settings:
-    for key in table:
-        if key not in _KEYS:
-            close = difflib.get_close_matches(key, _KEYS, n=1)
+def _settings(path: Path, table: dict[str, Any], specs: Sequence[OptionSpec] = ()) -> Settings:
+    """The table's settings: each key's spec (shared or an engine family's), its value
+    parsed by the one builder (``capturelint.options.parse_option``)."""
+    where = shown(path)
+    known = [s for s in (*SHARED, *specs) if s.key is not None]
+    by_key = {key: spec for spec in known for key in (spec.key, *spec.aliases)}
+    engine_names = {s.name for s in ENGINE} | {s.name for s in specs}
+    values: dict[str, Any] = {}
+    written: dict[str, str] = {}  # option name -> its key, as written
+    for key, value in table.items():
+        spec = by_key.get(key)
+        if spec is None:
+            keys = sorted({s.key for s in known if s.key})
+            close = difflib.get_close_matches(key, sorted(by_key), n=1)
             hint = f"did you mean '{close[0]}'? " if close else ""
-            raise CapturelintError(
-                f"{shown(path)}: [tool.capturelint] unknown key '{key}'; {hint}"
-                f"known keys: {', '.join(sorted(_KEYS))}"
-            )
-    r = _Reader(path, table)
-    return Settings(
-        runners=r.values("runners", Runner),
-        modes=r.values("modes", CUDAGraphMode, str.upper),
-        eager_region=r.value("eager-region", EagerRegion),
-        select=r.codes("select"),
-        ignore=r.codes("ignore", allow_empty=True),
-        baseline=r.path("baseline"),
-        max_eager_growth=r.percent("max-eager-growth"),
-        layers=r.count("layers"),
-        steps=r.count("steps"),
-        seed=r.seed("seed"),
-        kernels=r.choice("kernels", KERNELS, str.lower),
-        break_outputs=r.value("break-outputs", BreakOutputs),
-        format=r.choice("format", FORMATS, str.lower),
-        engine=r.name("engine"),
-        jobs=r.jobs("jobs"),
-        require_oracle=r.flag("require-oracle"),
-        invariants=_invariants(path, table),
-        source=path.resolve(),
-    )
+            raise CapturelintError(f"{where}: [tool.capturelint] unknown key '{key}'; {hint}known keys: {', '.join(keys)}")
+        if spec.name in written:
+            raise CapturelintError(f"{where}: [tool.capturelint] {written[spec.name]} and {key} are one setting; keep "
+                                   f"{spec.key}")
+        written[spec.name] = key
+        values[spec.name] = parse_option(dataclasses.replace(spec, key=key), value, Surface.SETTINGS, where)
+    if "baseline" in values:
+        values["baseline"] = (path.resolve().parent / values["baseline"]).resolve()
+    if "invariant_table" in values:
+        from capturelint.invariants import parse_invariants  # parses without torch
+
+        values["invariant_table"] = parse_invariants(where, "tool.capturelint.invariants", values["invariant_table"],
+                                                     f"settings ({where})")
+    fields = {_FIELDS.get(name, name): value for name, value in values.items()}
+    family = tuple((name, value) for name, value in values.items() if _FIELDS.get(name, name) not in _SETTINGS_FIELDS)
+    return Settings(**{k: v for k, v in fields.items() if k in _SETTINGS_FIELDS}, family=family,
+                    engine_keys=tuple(key for name, key in written.items() if name in engine_names),
+                    source=path.resolve())
+
+
+__all__ = ["PYPROJECT", "Settings", "find_config", "load_settings", "merge", "read_settings", "shown"]

@@ -137,8 +137,11 @@ class EngineParams:
 
     @classmethod
     def of(cls, plan: Any) -> "EngineParams":
-        return cls(plan.layers, plan.steps, plan.seed, plan.kernels, plan.fresh_metadata, plan.break_outputs,
-                   plan.engine, plan.capture_sizes, plan.batch_sizes)
+        """The plan's values: the shared ones, and what its engine family's knobs record
+        (``knobs.recorded()``: the fields above they set; the others keep their defaults)."""
+        recorded = plan.knobs.recorded() if plan.knobs is not None else {}
+        base = dict(kernels="torch", fresh_metadata=False, break_outputs=BreakOutputs.COPY)
+        return cls(plan.layers, plan.steps, plan.seed, name=plan.engine, **{**base, **recorded})
 
     def described(self) -> dict[str, Any]:
         """Every value as the file says it: the break-output policy as

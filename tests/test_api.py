@@ -78,7 +78,7 @@ def test_a_target():
         (dict(modes="SIDEWAYS"), "SIDEWAYS"),
         (dict(modes="NONE"), "mode NONE captures no CUDA graph"),
         (dict(static=True, require_oracle=True), "drop one of them"),
-        (dict(target="tests/toy_engine.py:fixed_targets", layers=1), "--layers"),
+        (dict(target="tests/toy_engine.py:fixed_targets", layers=1), "drop layers"),  # named as the API spells it
         (dict(target="tests/missing.py:targets"), "no file tests/missing.py"),
         (dict(max_eager_growth=5), "no baseline is given"),
         (dict(baseline="no/such/regions.json"), "no/such/regions.json"),
@@ -91,7 +91,7 @@ def test_bad_options_raise_capturelint_error(options, needle):
 
 
 def test_suggest_checks_its_options_before_running():
-    with pytest.raises(CapturelintError, match="--max-candidates must be from 1 to 1000, got 0"):
+    with pytest.raises(CapturelintError, match="^max_candidates must be an integer from 1 to 1000, got 0$"):
         api.suggest(runner="v1", max_candidates=0)
 
 
@@ -114,3 +114,31 @@ def test_suggest_default_is_the_searchs():
 
     assert inspect.signature(api.suggest).parameters["max_candidates"].default == suggest.DEFAULT_MAX_CANDIDATES
     assert inspect.signature(api.suggest_with).parameters["max_candidates"].default == suggest.DEFAULT_MAX_CANDIDATES
+
+
+@pytest.mark.parametrize("call, options, message", [
+    ("check", dict(runner=1), "runner must be v1, v2 or all or a list of them, got 1"),
+    ("check", dict(modes=5), "modes must be a CUDA-graph mode ("),
+    ("check", dict(select=5), "select must be a list of rule codes, got 5"),
+    ("check", dict(select=[]), "select is an empty list; list at least one rule code"),
+    ("check", dict(config=123), "config must be a path (a non-empty string), got 123"),
+    ("check", dict(invariants=5), "invariants must be a path (a non-empty string), got 5"),
+    ("check", dict(max_eager_growth="x"), "max_eager_growth must be a percentage (a number >= 0), got 'x'"),
+    ("check", dict(jobs="2"), "jobs must be an integer from 1 to 256, got '2'"),
+    ("check", dict(capture_sizes="2,x", engine="vllm"), "capture_sizes takes positive integers separated by commas"),
+    ("check", dict(bogus=1), "check() has no option 'bogus'; its options are baseline, batch_sizes,"),
+    ("check", dict(mode="FULL", modes="FULL"), "check() got mode twice (also as modes); give it once"),
+    ("check", dict(engine="vllm", kernels="triton"), "kernels configures engine='bundled', and engine='vllm' does not "
+                                                      "read it, so it would be ignored; drop kernels"),
+    ("show", dict(runner=object()), "runner must be v1, v2 or all or a list of them"),
+    ("show", dict(no_check="yes"), "no_check must be true or false, got 'yes'"),
+    ("suggest", dict(max_candidates="x"), "max_candidates must be an integer from 1 to 1000, got 'x'"),
+    ("suggest", dict(bogus=1), "suggest() has no option 'bogus'"),
+])
+def test_the_api_names_a_bad_option_as_it_spells_it(call, options, message):
+    # CapturelintError, never TypeError; the keyword as given here, not the flag
+    with pytest.raises(CapturelintError) as info:
+        getattr(api, call)(**options)
+    text = str(info.value)
+    assert message in text and "\n" not in text and "--" not in text
+

@@ -54,7 +54,7 @@ def test_v1_narrow_rich_report_shows_the_finding_and_a_summary(capsys):
     assert out.splitlines()[0].startswith("replay DIFFERS from eager execution in v1/PIECEWISE (token agreement ")
     lines = out.rstrip().splitlines()
     assert lines[-2].startswith("8 findings (CL101 x4, CL201 x4) in 1 configuration")
-    assert lines[-1].startswith("hint: run `capturelint suggest --runner v1 --eager-region narrow --mode PIECEWISE`")
+    assert lines[-1].startswith("hint: run `capturelint suggest --runner v1 --mode PIECEWISE --eager-region narrow`")
     # --verbose: the evidence, every finding with its segment, both sides' source lines and the graphs' segments
     code, out, _ = run(capsys, "--runner", "v1", "--eager-region", "narrow", "--mode", "PIECEWISE", "--verbose")
     assert code == 1
@@ -66,7 +66,7 @@ def test_v1_narrow_rich_report_shows_the_finding_and_a_summary(capsys):
     lines = out.rstrip().splitlines()
     assert lines[-2].startswith("8 findings (CL101 x4, CL201 x4) in 1 configuration")
     # a failing report ends with the command that finds the fix, with the same options
-    assert lines[-1].startswith("hint: run `capturelint suggest --runner v1 --eager-region narrow --mode PIECEWISE`")
+    assert lines[-1].startswith("hint: run `capturelint suggest --runner v1 --mode PIECEWISE --eager-region narrow`")
 
 
 @pytest.mark.parametrize("args", [["--runner", "v1"], ["--runner", "v2", "--eager-region", "narrow"]])
@@ -113,8 +113,8 @@ def test_select_ignore_and_exit_zero(capsys):
         (["--mode", ""], "Invalid value for '--mode': '' names nothing"),
         (["--select", ""], "Invalid value for '--select': '' names nothing"),
         (["--mode", "NONE"], "mode NONE captures no CUDA graph, so there is no replay to compare"),
-        (["--max-eager-growth", "nan"], "--max-eager-growth must be a percentage >= 0, got nan"),
-        (["--select", "CL999"], "--select 'CL999' matches no rule code"),
+        (["--max-eager-growth", "nan"], "--max-eager-growth must be a percentage (a number >= 0), got nan"),
+        (["--select", "CL999"], "--select has 'CL999', which matches no rule code"),
         (["--eager-region", "medium"], "unknown eager region 'medium'"),
         (["--format", "xml"], "Invalid value for '--format'"),
     ],

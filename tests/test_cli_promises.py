@@ -405,7 +405,7 @@ def test_12_a_configuration_that_replays_nothing_is_an_error(capsys):
 def test_13_a_budget_that_is_not_a_percentage_is_refused(capsys, tmp_path, no_engine, budget):
     code, _, err = run(capsys, "check", "--baseline", str(tmp_path / "b.json"), "--max-eager-growth", budget)
     assert code == 2
-    one_error_line(err, "--max-eager-growth must be a percentage >= 0")
+    one_error_line(err, "--max-eager-growth must be a percentage (a number >= 0)")
 
 
 # ------------------------------------------------------------------ 14: -o -
@@ -570,8 +570,8 @@ def test_21_the_help_lists_the_modes_a_check_runs():
     from capturelint.cli import cli
     from capturelint.options import CAPTURE_MODES
 
-    mode = next(p for p in cli.get_command(None, "check").params if p.name == "modes")  # type: ignore[union-attr]
-    assert ", ".join(map(str, CAPTURE_MODES)) + "; default: all of them" in mode.help
+    mode = next(p for p in cli.get_command(None, "check").params if p.name == "mode")  # type: ignore[union-attr]
+    assert "(default: bundled: " + ", ".join(map(str, CAPTURE_MODES)) + "; vllm: PIECEWISE,FULL)" in mode.help
 
 
 def test_21_the_help_lists_each_command_with_its_own_summary():
@@ -638,11 +638,11 @@ def test_minor_eager_break_names_are_whole_on_80_columns(capsys, memo_runs, monk
     from rich.console import Console
 
     from capturelint.adapters.registry import make_plan, run_check
-    from capturelint.options import EngineOptions
+    from capturelint.adapters.registry import engine_options
     from capturelint.render.report import render_rich
     from capturelint.settings import Settings
 
-    plan = make_plan(Settings(), EngineOptions.of(runner="v1", modes=("PIECEWISE",), eager_region="wide", layers=2, steps=6))
+    plan = make_plan(Settings(), engine_options(runner="v1", modes=("PIECEWISE",), eager_region="wide", layers=2, steps=6))
     console = Console(width=80, record=True, file=io.StringIO())
     render_rich(run_check(plan), console, verbose=True)  # the evidence: every graph's segments
     text = console.export_text()

@@ -21,7 +21,9 @@ from hypothesis import strategies as st
 from capturelint.cli import main
 from capturelint.findings import Numerical
 from capturelint.report import Checked, ConfigReport, Report
-from capturelint.settings import _KEYS
+from capturelint.adapters.registry import option_specs
+
+KEYS = sorted({key for spec in option_specs() for key in (spec.key, *spec.aliases) if key})
 from capturelint.snapshot import ConfigMap, EngineParams, RegionMap
 
 # ------------------------------------------------------------------ strategies
@@ -108,7 +110,7 @@ def settings_files(draw) -> bytes | None:
         return b"[tool.capturelint]\nsteps = 4 # \xff\n"
     if kind == "broken":
         return b"[tool.capturelint]\nrunners = = 1\n"
-    keys = draw(st.lists(st.sampled_from(list(_KEYS) + ["runner", "unknown-key"]), max_size=4, unique=True))
+    keys = draw(st.lists(st.sampled_from(KEYS + ["unknown-key"]), max_size=4, unique=True))
     lines = [f"{key} = {draw(TOML_VALUES)}" for key in keys]
     return ("[tool.capturelint]\n" + "\n".join(lines) + "\n").encode()
 
@@ -126,7 +128,7 @@ def _fake_report(plan, progress=None, shadow=True, static=False, keep_captures=F
 
 
 def _fake_regions(plan, progress=None) -> RegionMap:
-    engine = EngineParams(plan.layers, plan.steps, plan.seed, plan.kernels, plan.fresh_metadata, plan.break_outputs)
+    engine = EngineParams.of(plan)
     return RegionMap(engine, tuple(ConfigMap(str(r), str(m), str(plan.eager_region), ()) for r, m in plan.configurations))
 
 

@@ -384,7 +384,8 @@ def test_minor_engine_options_given_with_target_are_errors(tmp_path, capsys, mon
     (tmp_path / "t.py").write_text("import pathlib\npathlib.Path('imported').write_text('yes')\ndef targets():\n    pass\n")
     code, _, err = run(capsys, command, "--target", "t.py:targets", *option)
     assert code == 2
-    one_error_line(err, f"{option[0]} configures capturelint's engines, and --target checks yours", f"drop {option[0]}")
+    one_error_line(err, f"{option[0]} configures ", "and --target does not read it, so it would be ignored",
+                   f"drop {option[0]}")
     assert not (tmp_path / "imported").exists()
 
 
@@ -396,7 +397,7 @@ def test_minor_engine_settings_with_target_are_named_in_a_warning(tmp_path, caps
     code, _, err = run(capsys, "check", "--target", "t.py:targets")
     assert code == 2
     warning, error = err.splitlines()
-    assert warning == ("capturelint: warning: pyproject.toml: [tool.capturelint] runners, layers configure "
+    assert warning == ("capturelint: warning: pyproject.toml: [tool.capturelint] layers, runners configure "
                        "capturelint's engines and do not apply to --target (its Target objects say their runner, mode "
                        "and workload)")
     assert "stop here" in error

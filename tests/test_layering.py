@@ -18,7 +18,7 @@ in no room fails until it is placed:
 - **reporters**: ``reporters``, ``formats/``, ``render/``;
 - the check pipeline, lowest first: **tracer** (``tracer``, ``objects``), **analyzer**,
   **rules** (``rules/``, ``invariants``), **check** (``harness``, ``pipeline``,
-  ``settings``, ``suggest``, ``baseline``, ``merge``);
+  ``settings``, ``common_options``, ``suggest``, ``baseline``, ``merge``);
 - **adapters** (``adapters/``, and ``target``, the public face of the target adapter);
 - **api** (``api``, ``pytest_plugin``): the Python API the commands are a layer over, and
   the pytest plugin over it;
@@ -83,7 +83,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "analyzer": ("capturelint.analyzer",),
     "rules": ("capturelint.rules", "capturelint.invariants"),
     "check": ("capturelint.harness", "capturelint.pipeline", "capturelint.settings", "capturelint.suggest",
-              "capturelint.baseline", "capturelint.merge"),
+              "capturelint.baseline", "capturelint.merge", "capturelint.common_options"),
     "adapters": ("capturelint.adapters", "capturelint.target"),
     "api": ("capturelint.api", "capturelint.pytest_plugin"),
     "commands": ("capturelint.commands",),

@@ -5,7 +5,7 @@ with the matrix in docs/engine.md."""
 import pytest
 
 from capturelint.adapters.registry import make_plan
-from capturelint.options import EngineOptions
+from capturelint.adapters.registry import engine_options
 from capturelint.settings import Settings
 
 WRONG, EQUAL = "wrong", "equal"
@@ -25,7 +25,7 @@ MATRIX = [
 
 @pytest.mark.parametrize("runner, mode, region, fresh, expected", MATRIX)
 def test_structural_and_numerical_verdicts_agree(cached_configurations, runner, mode, region, fresh, expected):
-    plan = make_plan(Settings(), EngineOptions.of(runner=runner, modes=(mode,), eager_region=region, fresh_metadata=fresh))
+    plan = make_plan(Settings(), engine_options(runner=runner, modes=(mode,), eager_region=region, fresh_metadata=fresh))
     cfg = cached_configurations(plan, *plan.configurations[0])
     n = cfg.numerical
     numerically_wrong = n.token_agreement < 1.0 or n.max_step_error > 1e-4

@@ -98,3 +98,21 @@ def test_a_bad_option_is_a_capturelint_error(pytester):
                 capturelint.check(runner="v9")
     """)
     result.assert_outcomes(passed=1)
+
+
+def test_a_markers_unknown_option_or_bad_value_is_named_before_anything_runs(pytester):
+    result = run(pytester, """
+        import pytest
+
+        @pytest.mark.capturelint(bogus=1)
+        def test_unknown(capturelint):
+            capturelint.check()
+
+        @pytest.mark.capturelint(layers="2")
+        def test_bad_value(capturelint):
+            capturelint.check()
+    """)
+    result.assert_outcomes(errors=2)
+    result.stdout.fnmatch_lines(["*UsageError: @pytest.mark.capturelint(...) has no option 'bogus'; its options are *",
+                                 "*UsageError: layers must be an integer from 1 to 256, got '2'*"])
+    assert "TypeError" not in result.stdout.str()

@@ -1,5 +1,6 @@
-"""The adapter registry: an engine family is one module plus one registry entry
-(``tests/toy_adapter.py``, checked through the CLI), and the registry's errors."""
+"""The adapter registry: an engine family is one package (``plan``, ``options``) plus one
+registry entry (``tests/plugins/toy/capturelint_toy``, checked through the CLI), and the
+registry's errors."""
 
 from __future__ import annotations
 
@@ -24,18 +25,22 @@ def run(capsys, *args):
     return code, out, err
 
 
-@pytest.fixture
-def toy():
-    import toy_adapter
+TOY = Path(__file__).resolve().parent / "plugins" / "toy"  # a plug-in's package (tests/test_plugins.py installs it)
 
-    registry.register("toy", toy_adapter)
+
+@pytest.fixture
+def toy(monkeypatch):
+    monkeypatch.syspath_prepend(str(TOY))
+    from capturelint_toy import options, plan
+
+    registry.register("toy", plan, options)
     try:
-        yield toy_adapter
+        yield plan
     finally:
         registry.unregister("toy")
 
 
-def test_a_toy_engine_is_one_module_and_one_entry(capsys, toy):
+def test_a_toy_engine_is_one_package_and_one_entry(capsys, toy):
     assert registry.names() == ("bundled", "vllm", "toy")
     code, out, err = run(capsys, "check", "--engine", "toy", "--format", "json")
     assert code == 1, err
@@ -48,6 +53,8 @@ def test_a_toy_engine_is_one_module_and_one_entry(capsys, toy):
     code, out, err = run(capsys, "check", "--engine", "toy", "--runner", "v2", "--steps", "3")
     assert code == 0, err
     assert "no findings in 2 configurations" in out
+    # its own option (--toy-fixed) reaches commands built after it registered: tests/test_plugins.py runs one
+    assert [s.flag for s in registry.family_options("toy").specs] == ["--toy-fixed"]
 
 
 def test_a_toy_engine_records_its_regions_under_its_name(capsys, toy, tmp_path):
@@ -60,8 +67,10 @@ def test_a_toy_engine_records_its_regions_under_its_name(capsys, toy, tmp_path):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--kernels", "triton"], "--kernels configures an engine knob the toy engine does not have, so --kernels would "
+    (["--kernels", "triton"], "--kernels configures --engine bundled, and --engine toy does not read it, so it would "
                               "be ignored; drop --kernels"),
+    (["--layers", "2"], "--layers configures capturelint's engines (--engine bundled, vllm), and --engine toy does not "
+                        "read it, so it would be ignored; drop --layers"),
     (["--mode", "FULL_DECODE_ONLY"], "the toy engine captures PIECEWISE or FULL graphs, not FULL_DECODE_ONLY"),
     (["--runner", "v3"], "unknown runner 'v3'; use v1, v2 or all"),
 ])
@@ -111,3 +120,37 @@ def test_the_registry_loads_adapters_when_asked():
     assert done.stdout.splitlines() == [
         "['capturelint.adapters', 'capturelint.adapters.common', 'capturelint.adapters.registry'] False",
         "False True"]
+
+
+def test_a_vllm_option_travels_as_a_value_from_its_spelling_to_the_step_loop(tmp_path):
+    # the walk of --vllm-runner-impl: its spec (adapters/vllm/options.py) parses the
+    # spelling once; the value rides EngineOptions.family into vLLM's knobs, which pick
+    # the step loop (adapters/vllm/plan.py step_loop)
+    from capturelint.adapters.vllm import plan as vllm_plan
+    from capturelint.adapters.vllm.options import RunnerImpl, SpecMethod
+    from capturelint.options import CUDAGraphMode, Runner
+    from capturelint.settings import Settings
+
+    def loop(mode: CUDAGraphMode, settings: Settings = Settings(), **options) -> str:
+        plan = registry.make_plan(settings, registry.engine_options(engine="vllm", **options))
+        return vllm_plan.step_loop(plan, Runner.V1, mode).__name__
+
+    options = registry.engine_options(engine="vllm", vllm_runner_impl="Reproduced")
+    assert options.family == (("vllm_runner_impl", RunnerImpl.REPRODUCED),) and options.given == ("engine", "vllm_runner_impl")
+    assert loop(CUDAGraphMode.PIECEWISE) == "VllmRunnerLoop"  # the default: vLLM's own runner where it can
+    assert loop(CUDAGraphMode.FULL) == "ReproducedLoop"  # vLLM's FULL graphs are bare: the reproduction
+    assert loop(CUDAGraphMode.PIECEWISE, vllm_runner_impl=RunnerImpl.REPRODUCED) == "ReproducedLoop"
+    assert loop(CUDAGraphMode.PIECEWISE, spec="mtp") == "MTPLoop"
+    (tmp_path / "pyproject.toml").write_text('[tool.capturelint]\nvllm-runner-impl = "reproduced"\nspec = "mtp"\n')
+    settings = registry.load_settings(str(tmp_path / "pyproject.toml"))
+    plan = registry.make_plan(settings, registry.engine_options(engine="vllm"))
+    assert (plan.knobs.vllm_runner_impl, plan.knobs.spec) == (RunnerImpl.REPRODUCED, SpecMethod.MTP)  # settings too
+
+
+def test_the_bundled_engines_defaults_in_help_are_its_own():
+    from capturelint.adapters.bundled import options
+    from capturelint.engine.config import EngineConfig
+
+    config = EngineConfig()
+    assert (options.DEFAULT_LAYERS, options.DEFAULT_STEPS) == (config.num_layers, config.steps)
+    assert registry.default_texts("layers") == "bundled: 4; vllm: 3"

@@ -24,11 +24,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 
 from capturelint.errors import CapturelintError
 from capturelint.limits import count_problem, seed_problem
-from capturelint.options import DEFAULT_ENGINE, BreakOutputs, CUDAGraphMode, EagerRegion, EngineOptions, Runner
+from capturelint.options import DEFAULT_ENGINE, CUDAGraphMode, EagerRegion, EngineOptions, Runner
 from capturelint.records import ContextSnapshot, ContextSummary
 from capturelint.runtime.forward_context import get_forward_context, has_forward_context
 from capturelint.settings import Settings, merge
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 _LAYER = re.compile(r"layers\.\d+")
 
+K = TypeVar("K")
 CheckOne = Callable[..., "ConfigReport"]  # (plan, runner, mode, shadow=, static=) -> its report
 
 
@@ -91,7 +92,8 @@ class CheckPlan:
     """Every configuration a command will run, fully resolved.
 
     ``engine`` names the adapter that runs it (``capturelint.adapters.registry``);
-    ``target`` is the ``--target SPEC`` its adapter loads. ``configured`` holds the
+    ``target`` is the ``--target SPEC`` its adapter loads; ``knobs`` the engine family's
+    own options (its frozen record, ``resolve_knobs``), which only its adapter reads. ``configured`` holds the
     configurations an adapter found itself (a target's), where ``runners`` x ``modes``
     do not say them; ``loaded`` is what its adapter built when it loaded the plan (a
     target's factory and targets) and ``warnings`` what the command says before it runs;
@@ -101,23 +103,17 @@ class CheckPlan:
     runners: tuple[Runner, ...] = ()
     modes: tuple[CUDAGraphMode, ...] = ()
     eager_region: EagerRegion = EagerRegion.PER_RUNNER
-    fresh_metadata: bool = False
     layers: int | None = None
     steps: int | None = None
     seed: int = 0
-    kernels: str = "torch"
-    platform: str = "cuda"
     codes: frozenset[str] = frozenset()
-    break_outputs: BreakOutputs = BreakOutputs.COPY
     engine: str = DEFAULT_ENGINE
     invariants: tuple[Any, ...] = ()  # declared invariants in force (capturelint.invariants.Invariant)
     shard: tuple[int, int] | None = None  # (K, N): run the K-th of N deterministic slices (1-based)
     jobs: int = 1  # configurations checked at once, in worker processes
     reuse: bool = True  # share identical work between configurations (the eager twins)
     target: str | None = None
-    spec: str | None = None  # speculative-decoding method (--spec), where the adapter checks one
-    capture_sizes: tuple[int, ...] | None = None  # --engine vllm's workload (None: its defaults)
-    batch_sizes: tuple[int, ...] | None = None
+    knobs: Any = None  # the engine family's own options, resolved: its frozen knobs record (resolve_knobs)
     configured: tuple[tuple[str, str], ...] | None = None  # (runner, mode) as the adapter names them
     warnings: tuple[str, ...] = dataclasses.field(default=(), compare=False)
     loaded: Any = dataclasses.field(default=None, compare=False, repr=False)
@@ -148,6 +144,14 @@ def check_counts(layers: int | None, steps: int | None, seed: int | None) -> Non
             raise CapturelintError(f"--{name} {problem}, got {value}")
     if seed is not None and (problem := seed_problem(seed)) is not None:
         raise CapturelintError(f"--seed {problem}, got {seed}")
+
+
+def resolve_knobs(knobs: type[K], settings: Settings, options: EngineOptions) -> K:
+    """The engine family's knobs record (a frozen dataclass whose fields are its options'
+    names): each field its option given (``options.family``) over its setting
+    (``settings.family``) over the record's default."""
+    values = {f.name: merge(options.value(f.name), settings.value(f.name), None) for f in dataclasses.fields(knobs)}
+    return knobs(**{name: value for name, value in values.items() if value is not None})
 
 
 def resolve_codes(options: EngineOptions, settings: Settings) -> frozenset[str]:
@@ -248,5 +252,5 @@ def slots(plan: CheckPlan, check: Callable[[CheckPlan, Runner, CUDAGraphMode], C
 
 __all__ = [
     "CheckPlan", "check_counts", "forward_context_probe", "layer_scope_group", "region_map_of",
-    "resolve_codes", "resolve_invariants", "resolve_plan", "run_plan", "runtime_break", "slots",
+    "resolve_codes", "resolve_invariants", "resolve_knobs", "resolve_plan", "run_plan", "runtime_break", "slots",
 ]

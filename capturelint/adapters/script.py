@@ -46,8 +46,6 @@ if TYPE_CHECKING:
 frames.register_runtime_file(__file__)  # findings point at the script's lines, not at its runner here
 
 NAME = "script"
-OPTIONS: frozenset[str] = frozenset()  # the script is its own workload
-OTHER_OPTIONS = "configures capturelint's engines, and capturelint run checks your script as it runs"
 UNIT = "script"
 RUNNER = "script"
 
@@ -160,5 +158,5 @@ def default_invariants() -> tuple[Any, ...]:
     return ()
 
 
-__all__ = ["NAME", "OPTIONS", "Script", "configuration", "default_invariants", "load", "make_plan", "record_regions",
+__all__ = ["NAME", "Script", "configuration", "default_invariants", "load", "make_plan", "record_regions",
            "run_check", "suggest_slots"]

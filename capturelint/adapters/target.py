@@ -59,7 +59,7 @@ from capturelint.report import Report
 from capturelint.runtime import frames
 from capturelint.runtime.emulated import emulate_cuda
 from capturelint.runtime.protocol import flatten_tensors
-from capturelint.settings import ENGINE_KEYS, Settings, shown
+from capturelint.settings import Settings, shown
 from capturelint.shard import select
 
 if TYPE_CHECKING:
@@ -69,9 +69,6 @@ if TYPE_CHECKING:
 frames.register_runtime_file(__file__)  # findings point at the target's code, not at its wrappers here
 
 NAME = "target"
-OPTIONS: frozenset[str] = frozenset()  # a target says its runner, mode and workload itself
-OTHER_OPTIONS = ("configures capturelint's engines, and --target checks yours (its Target objects say their runner, mode "
-                 "and workload)")
 UNIT = "target"
 
 
@@ -249,7 +246,7 @@ def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
     settings are project-wide (the same table serves ``check`` of capturelint's engines
     and ``--target``): a warning names them."""
     warnings: tuple[str, ...] = ()
-    keys = [key for key in ENGINE_KEYS if getattr(settings, key.replace("-", "_")) is not None]
+    keys = list(settings.engine_keys)
     if keys and settings.source is not None:
         warnings = (f"{shown(settings.source)}: [tool.capturelint] {', '.join(keys)} configure{'s' * (len(keys) == 1)} "
                     "capturelint's engines and do not apply to --target (its Target objects say their runner, mode and "
@@ -309,5 +306,5 @@ def default_invariants() -> tuple[Any, ...]:
     return ()
 
 
-__all__ = ["NAME", "OPTIONS", "Target", "default_invariants", "load", "load_targets", "make_plan", "record_regions",
+__all__ = ["NAME", "Target", "default_invariants", "load", "load_targets", "make_plan", "record_regions",
            "run_check", "run_targets", "suggest_slots", "target_factory"]

@@ -8,34 +8,27 @@ from typing import Any
 import click
 
 from capturelint import api
-from capturelint.commands.common import split_csv, command_options, engine_options, say, settings_for, spelled
+from capturelint.commands.common import (
+    GroupedCommand,
+    command_options,
+    engine_options,
+    given_flags,
+    say,
+    settings_for,
+    shared_options,
+)
 from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS
 from capturelint.output import check_output_path, is_stdout
-from capturelint.reporters import Options, emit, formats, reporter
+from capturelint.reporters import Options, emit, reporter
 from capturelint.rules import rule_infos
 
-FORMATS = formats("check")
 
-
-@click.command()
+@click.command(cls=GroupedCommand)
+@shared_options("target")
 @engine_options
-@click.option("--select", multiple=True, callback=split_csv, metavar="CODES", help="Only these rule codes (prefixes allowed, e.g. CL1).")
-@click.option("--ignore", multiple=True, callback=split_csv, metavar="CODES", help="Skip these rule codes.")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), help="Report format (default rich; settings: format).")
-@click.option("-o", "--output", metavar="FILE", help="Write the report to FILE (atomically, after the run) instead of stdout; - is stdout.")
-@click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
-@click.option("--baseline", metavar="FILE", help="Also report region changes against this snapshot (settings: baseline).")
-@click.option("--max-eager-growth", type=float, metavar="PCT", help="With --baseline: fail when eager ops per step grow by more than PCT percent (default 0).")
-@click.option("-v", "--verbose", is_flag=True, help="Rich report: the evidence (a panel per runner and mode with every graph's segments and every finding with its ops, source lines and replay steps) instead of one line per problem.")
-@click.option("--static", is_flag=True, help="Capture the graphs only (no replay shadow, no eager twin) and check the declared invariants and host syncs at capture: the fast pre-commit hook. Replay equivalence is NOT checked.")
-@click.option("--invariants", "invariants_file", metavar="FILE", help="Also hold the invariants of this TOML file ([invariants.ID] tables); they replace defaults and settings with the same id.")
-@click.option("--strict", is_flag=True, help="An invariant that selects no op is an error (exit 2), not a warning.")
-@click.option("--target", metavar="SPEC", help="Check your own engine instead of the bundled one: FILE.py:FUNCTION (the file is executed, as pytest imports test files) or MODULE:FUNCTION, returning capturelint.target.Target objects (engine options such as --runner or --layers do not apply: an error).")
-@click.option("--shard", "shard_text", metavar="K/N", help="Run shard K of N: every N-th configuration (or target) in report order, starting at the K-th; the N shards partition the check and capturelint merge joins their reports (JSON or SARIF) into the unsharded report.")
-@click.option("--require-oracle", is_flag=True, help="A configuration that replays graphs without comparing them with eager execution (a bare CUDA graph whose Target gives no eager twin) is an error (exit 2), for CI that wants numbers (settings: require-oracle).")
-def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, output: str | None, exit_zero: bool,
-          baseline: str | None, max_eager_growth: float | None, verbose: bool, static: bool, invariants_file: str | None,
-          strict: bool, target: str | None, shard_text: str | None, require_oracle: bool, **kw: Any) -> int:
+@shared_options("select", "ignore", "invariants", "static", "baseline", "max_eager_growth", "format", "output",
+                "verbose", "exit_zero", "strict", "require_oracle", "shard")
+def check(**kw: Any) -> int:
     """Check that CUDA-graph replay of the bundled engine computes what eager execution
     computes, under each runner and CUDA-graph mode.
 
@@ -51,49 +44,33 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
     2 usage, configuration or internal error, 130 interrupted.
     """
     settings = settings_for(kw)
-    fmt = fmt or settings.format or "rich"
+    fmt = kw["format"] or settings.format or "rich"
+    output = kw["output"]
     check_output_path(output)
     rep = reporter("check", fmt)
     rep.preflight()
-    report = api.check_with(settings, command_options(dict(kw, invariants_file=invariants_file), select, ignore, target),
-                            static=static, strict=strict, require_oracle=require_oracle, baseline=baseline,
-                            max_eager_growth=max_eager_growth, shard=shard_text, keep_captures=rep.captures)
+    report = api.check_with(settings, command_options(kw), static=bool(kw["static"]), strict=bool(kw["strict"]),
+                            require_oracle=bool(kw["require_oracle"]), baseline=kw["baseline"],
+                            max_eager_growth=kw["max_eager_growth"], shard=kw["shard"], keep_captures=rep.captures)
     fallback = api.fallback_uri(settings)
-    hint = suggest_hint(kw, select, ignore, target)
-    emit(rep, report, output, Options(verbose=verbose, fallback_uri=fallback, hint=hint, rules=rule_infos()))
+    hint = suggest_hint(kw)
+    emit(rep, report, output, Options(verbose=bool(kw["verbose"]), fallback_uri=fallback, hint=hint,
+                                      rules=rule_infos()))
     if not (rep.summary and is_stdout(output)):
         say(report.summary_line())
-    if exit_zero:
+    if kw["exit_zero"]:
         return EXIT_CLEAN
     return EXIT_FINDINGS if report.failed else EXIT_CLEAN
 
 
-def suggest_hint(kw: dict[str, Any], select: tuple[str, ...], ignore: tuple[str, ...], target: str | None) -> str:
+def suggest_hint(kw: dict[str, Any]) -> str:
     """``hint: capturelint suggest --runner v1 ...``: the check's own options, for the
     command that finds the eager region that fixes its findings."""
     import shlex
 
-    args: list[str] = []
-    if target is not None:
-        args += ["--target", target]
-    else:
-        for name in ("engine", "runner", "eager_region", "layers", "steps", "seed", "kernels", "break_outputs"):
-            if kw.get(name) is not None:
-                args += [f"--{name.replace('_', '-')}", spelled(kw[name])]
-        if kw.get("modes"):
-            args += ["--mode", spelled(kw["modes"])]
-        for name in ("capture_sizes", "batch_sizes"):
-            if kw.get(name):
-                args += [f"--{name.replace('_', '-')}", ",".join(map(str, kw[name]))]
-        if kw.get("fresh_metadata"):
-            args.append("--fresh-metadata")
-        if kw.get("platform") not in (None, "cuda"):
-            args += ["--platform", kw["platform"]]
-    if kw.get("config_path"):
-        args += ["--config", kw["config_path"]]
-    if select:
-        args += ["--select", ",".join(select)]
-    if ignore:
-        args += ["--ignore", ",".join(ignore)]
+    from capturelint.adapters import registry
+
+    names = ("target",) if kw.get("target") is not None else registry.engine_option_names()
+    args = given_flags(kw, (*names, "config", "select", "ignore"))
     command = " ".join(["capturelint", "suggest"] + [shlex.quote(a) for a in args])
     return f"hint: run `{command}` to find the smallest eager region that fixes these findings"

@@ -6,30 +6,22 @@ argument errors answer at once, and the engine loads only when a command runs it
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any, Callable
 
 import click
+
 from capturelint.adapters import registry
 from capturelint.api import ProgressReporter, plan_for, say, warn  # noqa: F401  (the commands' output)
-from capturelint.options import (
-    CAPTURE_MODES,
-    ENGINE_OPTIONS,
-    BreakOutputs,
-    CUDAGraphMode,
-    EagerRegion,
-    EngineOptions,
-    Runner,
-    parse_modes,
-    parse_region,
-    parse_runners,
-    parse_sizes,
-    runners_text,
-)
+from capturelint.common_options import BY_NAME, ENGINE, GROUPS, REPORT, SPEED, WHAT  # noqa: F401
+from capturelint.options import EngineOptions, Kind, OptionSpec, Surface, parse_option, spelled  # noqa: F401
 from capturelint.output import stderr_console, stdout_console  # noqa: F401  (the commands' consoles)
-from capturelint.settings import Settings, load_settings
+from capturelint.settings import Settings
 
 if TYPE_CHECKING:
     from capturelint.adapters.registry import CheckPlan
+
+OTHER = "Other options"  # the help section of a command's own options, --debug and --help
 
 
 def split_csv(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -44,45 +36,32 @@ def split_csv(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
     return tuple(out)
 
 
-# The engine options' values are parsed here, once (capturelint.options): the commands
-# and everything downstream hold Runner, CUDAGraphMode, EagerRegion and BreakOutputs.
+# ----------------------------------------------------------- options from specs
 
 
-def parsed_runners(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[Runner, ...] | None:
-    """``--runner v1|v2|all``: the runners (``all``: every one)."""
-    return None if value is None else parse_runners(value)
+class GroupedCommand(click.Command):
+    """A command whose ``--help`` lists its options by group, as ruff's does: what to
+    check, what to report, speed, each engine family's own options, then the rest."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        sections: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                sections.setdefault(getattr(param, "group", None) or OTHER, []).append(record)
+        order = [*GROUPS, *sorted(g for g in sections if g not in GROUPS and g != OTHER), OTHER]
+        for group in order:
+            if group in sections:
+                with formatter.section(group):
+                    formatter.write_dl(sections[group])
 
 
-def parsed_modes(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[CUDAGraphMode, ...]:
-    """``--mode``, repeatable and comma-separated: the modes."""
-    return parse_modes(split_csv(ctx, param, value))
+class SpecOption(click.Option):
+    """A click option built from an ``OptionSpec`` (``spec_option``), listed under its group."""
 
-
-def _sizes(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:
-    """``--capture-sizes`` / ``--batch-sizes``: comma-separated counts."""
-    return None if value is None else parse_sizes(max(param.opts, key=len), value)
-
-
-def parsed_region(ctx: click.Context, param: click.Parameter, value: str | None) -> EagerRegion | None:
-    return None if value is None else parse_region(value)
-
-
-def _break_outputs(ctx: click.Context, param: click.Parameter, value: str | None) -> BreakOutputs | None:
-    return None if value is None else BreakOutputs(value)  # one of the click choices
-
-
-RUNNER_METAVAR = "|".join([*map(str, Runner), "all"])
-REGION_METAVAR = "|".join(map(str, EagerRegion))
-
-
-def spelled(value: Any) -> str:
-    """A parsed option value as the command line spells it (hints, titles): ``all`` for
-    every runner, modes comma-separated."""
-    if isinstance(value, tuple) and value and all(isinstance(v, Runner) for v in value):
-        return runners_text(value)
-    if isinstance(value, tuple):
-        return ",".join(map(str, value))
-    return str(value)
+    def __init__(self, *args: Any, group: str | None = None, **kw: Any):
+        super().__init__(*args, **kw)
+        self.group = group
 
 
 class _Engines(click.Choice):
@@ -101,104 +80,131 @@ class _Engines(click.Choice):
         pass
 
 
+def _parsed(spec: OptionSpec) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """The click callback of ``spec``: its value parsed by the one builder
+    (``capturelint.options.parse_option``), ``None`` when not given."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is None or value == ():
+            return None
+        if spec.kind is Kind.SWITCH:
+            return value
+        if spec.kind is Kind.LIST:
+            value = split_csv(ctx, param, value)
+        return parse_option(spec, value, Surface.COMMAND_LINE)
+
+    return callback
+
+
+def spec_option(spec: OptionSpec, help: str | None = None, group: str | None = None) -> Callable[[Callable], Callable]:
+    """The click option of ``spec``: its flag (and short flag), its value parsed by the
+    one builder, listed in ``--help`` under its group with its default."""
+    decls = [spec.flag, *([spec.short] if spec.short else []), spec.name]
+    kw: dict[str, Any] = dict(cls=SpecOption, group=group or spec.group, help=help or spec.help_text,
+                              callback=_parsed(spec), default=None)
+    if spec.kind is Kind.SWITCH:
+        kw.update(is_flag=True, flag_value=spec.switched)
+    else:
+        kw.update(metavar=spec.metavar, multiple=spec.kind is Kind.LIST)
+        if spec.name == "engine":
+            kw["type"] = _Engines()
+        elif spec.choices:
+            kw["type"] = click.Choice(spec.choices, case_sensitive=False)
+        elif spec.number is not None:
+            kw["type"] = spec.number
+    return click.option(*decls, **kw)
+
+
+def spec_options(*specs: OptionSpec) -> Callable[[Callable], Callable]:
+    """The click options of ``specs``, in that order."""
+
+    def decorate(fn: Callable) -> Callable:
+        for spec in reversed(specs):
+            fn = spec_option(spec)(fn)
+        return fn
+
+    return decorate
+
+
+def shared_options(*names: str) -> Callable[[Callable], Callable]:
+    """The click options of the shared specs named (``capturelint.common_options``)."""
+    return spec_options(*(BY_NAME[n] for n in names))
+
+
+def engine_specs() -> tuple[OptionSpec, ...]:
+    """``--engine``, the shared engine options with each family's defaults in their help,
+    and every engine family's own options (``capturelint.adapters.registry``)."""
+    out = []
+    for spec in ENGINE:
+        said = registry.default_texts(spec.name)
+        out.append(spec if said is None else dataclasses.replace(spec, default_text=said))
+    return (*out, *registry.family_specs())
+
+
 def engine_options(fn: Callable) -> Callable:
-    """``--engine --jobs --no-reuse --runner --mode --eager-region --fresh-metadata
-    --layers --steps --seed --kernels --break-outputs --capture-sizes --batch-sizes
-    --platform --spec --config``: which engine
-    and which of its configurations to run."""
-    opts = [
-        click.option("--engine", type=_Engines(),
-                     help="Engine to check: the bundled DeepSeek V4 model of vLLM (default), or vLLM's own DeepSeek V4 "
-                          "attention as Python imports it (vLLM 0.33.0; settings: engine)."),
-        click.option("--jobs", "-j", type=int, metavar="N",
-                     help="Configurations checked at once, in worker processes (default: the usable cores; settings: "
-                          "jobs). The report is the same for every N."),
-        click.option("--no-reuse", "no_reuse", is_flag=True,
-                     help="Share no work between configurations (each runs its own eager twin); the report is the same."),
-        click.option("--runner", metavar=RUNNER_METAVAR, callback=parsed_runners,
-                     help="Model runner; default: the platform's default runner (settings: runners)."),
-        click.option("--mode", "modes", multiple=True, callback=parsed_modes, metavar="MODE",
-                     help=f"CUDA-graph mode, repeatable or comma-separated: {', '.join(map(str, CAPTURE_MODES))}; "
-                          "default: all of them."),
-        click.option("--eager-region", metavar=REGION_METAVAR, callback=parsed_region,
-                     help="Eager region of the attention; default per-runner."),
-        click.option("--fresh-metadata", is_flag=True, help="V1 metadata builders allocate new tensors every step."),
-        click.option("--layers", type=int, metavar="N", help="Decoder layers (default 4)."),
-        click.option("--steps", type=int, metavar="N", help="Engine steps of the workload, one forward each (default 24)."),
-        click.option("--seed", type=int, metavar="N", help="Seed of weights and workload (default 0)."),
-        click.option("--kernels", type=click.Choice(["torch", "triton"]), help="Kernel implementations (default torch)."),
-        click.option("--break-outputs", type=click.Choice([str(b) for b in BreakOutputs]), callback=_break_outputs,
-                     help="What the capture runtime does with eager-break return values on replay: copy them into "
-                          "static buffers (default) or discard them, as vLLM 0.33.0 does (settings: break-outputs)."),
-        click.option("--capture-sizes", metavar="N,N,...", callback=_sizes,
-                     help="--engine vllm: the CUDA-graph capture sizes (vLLM's cudagraph_capture_sizes); each step "
-                          "replays the smallest one >= its token count, padded (default 2,4)."),
-        click.option("--batch-sizes", metavar="N,N,...", callback=_sizes,
-                     help="--engine vllm: the requests running in each step, cycled over --steps; a growing batch "
-                          "prefills the joining requests (a mixed prefill-decode step), a shrinking one lets the oldest "
-                          "leave (default 1,2,3,3,2,1)."),
-        click.option("--platform", type=click.Choice(["cuda", "rocm", "cpu"]), default="cuda", show_default=True,
-                     help="Platform whose default runner applies."),
-        click.option("--spec", type=click.Choice(["mtp", "dspark"]),
-                     help="Speculative decoding (--engine vllm): also check the draft model's graphs and the verify "
-                          "step, under the runners that support the method (default: none)."),
-        click.option("--config", "config_path", type=click.Path(dir_okay=False), metavar="PYPROJECT",
-                     help="Read [tool.capturelint] from this file instead of the nearest pyproject.toml."),
-    ]
-    for opt in reversed(opts):
-        fn = opt(fn)
-    return fn
+    """Which engine and which of its configurations to run: ``--engine``, the shared
+    engine options, every engine family's own, ``--jobs`` and ``--config``."""
+    return spec_options(*engine_specs(), BY_NAME["jobs"], BY_NAME["config"])(fn)
 
 
-def resolve_plan(settings: Settings, kw: dict[str, Any], select: tuple[str, ...] = (), ignore: tuple[str, ...] = (),
-                 target: str | None = None) -> CheckPlan:
+def resolve_plan(settings: Settings, kw: dict[str, Any], also_given: tuple[str, ...] = ()) -> CheckPlan:
     """The plan of the command's options (``kw``: its parameters) over ``settings``,
     from the adapter registry (``capturelint.api.plan_for``: its warnings are said)."""
-    return plan_for(settings, command_options(kw, select, ignore, target))
+    return plan_for(settings, command_options(kw, also_given=also_given))
 
 
-def command_options(kw: dict[str, Any], select: tuple[str, ...] = (), ignore: tuple[str, ...] = (),
-                    target: str | None = None) -> EngineOptions:
-    """The ``EngineOptions`` of the command's parsed options (``kw``: its parameters)."""
+def command_options(kw: dict[str, Any], also_given: tuple[str, ...] = ()) -> EngineOptions:
+    """The ``EngineOptions`` of the command's parsed options (``kw``: its parameters);
+    ``also_given``: engine options the command set itself (``diff --against-*``)."""
+    family = {s.name for s in registry.family_specs()}
+    given = given_engine_options() + tuple(n for n in also_given if kw.get(n) is not None)
     return EngineOptions(
         engine=kw.get("engine"),
-        target=target,
+        target=kw.get("target"),
         runners=kw.get("runner") or (),
-        modes=kw.get("modes") or (),
+        modes=kw.get("mode") or (),
         eager_region=kw.get("eager_region"),
-        fresh_metadata=kw.get("fresh_metadata", False),
         layers=kw.get("layers"),
         steps=kw.get("steps"),
         seed=kw.get("seed"),
-        kernels=kw.get("kernels"),
-        break_outputs=kw.get("break_outputs"),
-        platform=kw.get("platform") or "cuda",
-        select=select,
-        ignore=ignore,
-        invariants_file=kw.get("invariants_file"),
+        select=kw.get("select") or (),
+        ignore=kw.get("ignore") or (),
+        invariants_file=kw.get("invariants"),
         jobs=kw.get("jobs"),
-        reuse=not kw.get("no_reuse", False),
-        spec=kw.get("spec"),
-        given=given_engine_options(),
-        capture_sizes=kw.get("capture_sizes") or (),
-        batch_sizes=kw.get("batch_sizes") or (),
+        reuse=kw.get("reuse") is not False,
+        family=tuple((name, value) for name, value in kw.items() if name in family and value is not None),
+        given=tuple(dict.fromkeys(given)),
     )
 
 
 def given_engine_options() -> tuple[str, ...]:
-    """The engine options (``ENGINE_OPTIONS``) given on the command line of the command
-    running now, in its order; defaults are not "given"."""
+    """The engine options (``registry.engine_option_names``) given on the command line of
+    the command running now, in its order; defaults are not "given"."""
     ctx = click.get_current_context(silent=True)
     if ctx is None:
         return ()
+    engine_options = set(registry.engine_option_names())
     given = []
     for param in ctx.command.params:
-        flag = max(param.opts, key=len)
         source = ctx.get_parameter_source(param.name) if param.name else None
-        if flag in ENGINE_OPTIONS and source not in (None, click.core.ParameterSource.DEFAULT):
-            given.append(flag)
+        if param.name in engine_options and source not in (None, click.core.ParameterSource.DEFAULT):
+            given.append(param.name)
     return tuple(given)
 
 
+def given_flags(kw: dict[str, Any], names: tuple[str, ...]) -> list[str]:
+    """The command line of the options ``names`` given in ``kw``, as typed (hints)."""
+    specs = {s.name: s for s in registry.option_specs()}
+    args: list[str] = []
+    for name in names:
+        value, spec = kw.get(name), specs[name]
+        if value is None or value == () or (spec.kind is Kind.SWITCH and value is spec.default):
+            continue
+        args += [spec.flag] if spec.kind is Kind.SWITCH else [spec.flag, spec.spelled(value)]
+    return args
+
+
 def settings_for(kw: dict[str, Any]) -> Settings:
-    return load_settings(kw.get("config_path"))
+    """``[tool.capturelint]`` of the command's ``--config`` (or the nearest), read with
+    every engine family's keys."""
+    return registry.load_settings(kw.get("config"))

@@ -9,23 +9,38 @@ from typing import Any
 import click
 
 from capturelint.adapters import registry
-from capturelint.commands.common import ProgressReporter, engine_options, resolve_plan, say, settings_for, stdout_console
+from capturelint.commands.common import (
+    OTHER,
+    REPORT,
+    GroupedCommand,
+    ProgressReporter,
+    SpecOption,
+    engine_options,
+    resolve_plan,
+    say,
+    settings_for,
+    spec_option,
+    stdout_console,
+)
+from capturelint.common_options import BY_NAME
 from capturelint.errors import EXIT_CLEAN, CapturelintError
 
 
-@click.command()
+@click.command(cls=GroupedCommand)
 @engine_options
-@click.option("--invariants", "invariants_file", metavar="FILE", help="Also hold the invariants of this TOML file ([invariants.ID] tables).")
-@click.option("--explain", "explain_id", metavar="ID", help="Show invariant ID's graph query and the ops it selects under each runner and mode (captures the graphs: a static check).")
-@click.option("--format", "fmt", type=click.Choice(["rich", "json"]), default="rich", show_default=True)
-def invariants(invariants_file: str | None, explain_id: str | None, fmt: str, **kw: Any) -> int:
+@spec_option(BY_NAME["invariants"], help="Also hold the invariants of this TOML file ([invariants.ID] tables).")
+@click.option("--explain", "explain_id", metavar="ID", cls=SpecOption, group=OTHER, help="Show invariant ID's graph "
+              "query and the ops it selects under each runner and mode (captures the graphs: a static check).")
+@click.option("--format", "fmt", type=click.Choice(["rich", "json"]), default="rich", show_default=True,
+              cls=SpecOption, group=REPORT)
+def invariants(explain_id: str | None, fmt: str, **kw: Any) -> int:
     """List the declared region invariants in force (bundled defaults, settings file,
     --invariants FILE) and where each comes from; --explain ID shows the graph query it
     runs and the ops it selects under each runner and mode.
 
     Exit status: 0 listed, 2 usage or configuration error (an unknown ID), 130 interrupted.
     """
-    plan = resolve_plan(settings_for(kw), dict(kw, invariants_file=invariants_file))
+    plan = resolve_plan(settings_for(kw), kw)
     if explain_id is None:
         rows = [_row(inv) for inv in plan.invariants]
         if fmt == "json":

@@ -6,6 +6,7 @@ adapt options to it."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import click
@@ -13,21 +14,23 @@ import click
 from capturelint import api
 from capturelint.adapters import registry
 from capturelint.commands.common import (
-    REGION_METAVAR,
-    RUNNER_METAVAR,
+    OTHER,
+    REPORT,
+    WHAT,
+    GroupedCommand,
     ProgressReporter,
+    SpecOption,
     command_options,
     engine_options,
-    parsed_modes,
-    parsed_region,
-    parsed_runners,
     resolve_plan,
     say,
     settings_for,
-    spelled,
+    shared_options,
+    spec_option,
 )
+from capturelint.common_options import BY_NAME
 from capturelint.errors import EXIT_CLEAN, CapturelintError
-from capturelint.options import CUDAGraphMode, EagerRegion, Runner
+from capturelint.options import Runner
 from capturelint.output import check_output_path, is_stdout
 from capturelint.reporters import Options, emit, formats, reporter
 
@@ -37,22 +40,24 @@ DIFF_FORMATS = formats("diff")
 
 # ------------------------------------------------------------------------- show
 
-@click.command()
+def _option(*decls: str, group: str = OTHER, **kw: Any) -> Any:
+    """A command's own option, listed in ``--help`` under ``group``."""
+    return click.option(*decls, cls=SpecOption, group=group, **kw)
+
+
+@click.command(cls=GroupedCommand)
+@shared_options("target")
 @engine_options
-@click.option("--format", "fmt", type=click.Choice(SHOW_FORMATS), default="rich", show_default=True,
-              help="rich: a tree per runner and mode; dot: Graphviz text; svg, png: drawn by Graphviz 'dot'; html: one "
-                   "self-contained page with the diagrams and findings.")
-@click.option("-o", "--output", metavar="FILE", help="Write to FILE instead of stdout (required for png).")
-@click.option("--ops", is_flag=True, help="Expand module scopes to their ops, with source lines.")
-@click.option("--all-graphs", is_flag=True, help="Show every captured graph, not one per runtime mode.")
-@click.option("--no-fold", is_flag=True, help="Draw every layer; by default consecutive layers of the same structure "
-              "(scopes, op counts, segments, findings) are drawn once, e.g. 'model.layers.0-3 (×4)'.")
-@click.option("--no-check", is_flag=True, help="Record the captures only: faster, but no findings are marked.")
-@click.option("--target", metavar="SPEC", help="Show your own engine instead of the bundled one, as for check: FILE.py:FUNCTION or "
-              "MODULE:FUNCTION returning capturelint.target.Target objects (engine options such as --runner or --layers do "
-              "not apply: an error).")
-def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_fold: bool, no_check: bool, target: str | None,
-         **kw: Any) -> int:
+@_option("--format", "fmt", type=click.Choice(SHOW_FORMATS), default="rich", show_default=True, group=REPORT,
+         help="rich: a tree per runner and mode; dot: Graphviz text; svg, png: drawn by Graphviz 'dot'; html: one "
+              "self-contained page with the diagrams and findings.")
+@_option("-o", "--output", metavar="FILE", group=REPORT, help="Write to FILE instead of stdout (required for png).")
+@_option("--ops", is_flag=True, group=REPORT, help="Expand module scopes to their ops, with source lines.")
+@_option("--all-graphs", is_flag=True, group=REPORT, help="Show every captured graph, not one per runtime mode.")
+@_option("--no-fold", is_flag=True, group=REPORT, help="Draw every layer; by default consecutive layers of the same "
+         "structure (scopes, op counts, segments, findings) are drawn once, e.g. 'model.layers.0-3 (×4)'.")
+@_option("--no-check", is_flag=True, group=WHAT, help="Record the captures only: faster, but no findings are marked.")
+def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_fold: bool, no_check: bool, **kw: Any) -> int:
     """Show the regions of each runner and mode: captured segments and eager breaks in
     execution order, layer by layer, the module scopes in each with their op counts,
     and the findings in red (code, op, source line) where they occur.
@@ -74,7 +79,7 @@ def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_fold: boo
     check_output_path(output)
     rep = reporter("show", fmt)
     rep.preflight()
-    report = api.show_with(settings_for(kw), command_options(kw, target=target), no_check=no_check)
+    report = api.show_with(settings_for(kw), command_options(kw), no_check=no_check)
     views = report_views(report, all_graphs, fold=not no_fold)
     options = Options(ops=ops)
     emit(rep, views, output, options)
@@ -87,20 +92,27 @@ def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_fold: boo
 
 # ------------------------------------------------------------------------- diff
 
-@click.command()
+AGAINST = {  # diff's --against-* options: a shared option's spec, for the other side
+    name: dataclasses.replace(BY_NAME[name], name=f"against_{name}", flag=f"--against-{BY_NAME[name].flag[2:]}",
+                              key=None, group=WHAT, default=None, default_text=None, help=text)
+    for name, text in (("runner", "Compare with this runner (other options equal)."),
+                       ("mode", "Compare with these CUDA-graph modes, paired in order with --mode."),
+                       ("eager_region", "Compare with this eager region."))
+}
+
+
+@click.command(cls=GroupedCommand)
 @click.argument("snapshots", nargs=-1, metavar="[OLD.json [NEW.json]]", type=click.Path(dir_okay=False))
 @engine_options
-@click.option("--against-runner", metavar=RUNNER_METAVAR, callback=parsed_runners,
-              help="Compare with this runner (other options equal).")
-@click.option("--against-mode", "against_modes", multiple=True, callback=parsed_modes, metavar="MODE",
-              help="Compare with these CUDA-graph modes, paired in order with --mode.")
-@click.option("--against-eager-region", metavar=REGION_METAVAR, callback=parsed_region,
-              help="Compare with this eager region.")
-@click.option("--against-fresh-metadata", is_flag=True, help="Compare with V1 metadata builders allocating per step.")
-@click.option("--format", "fmt", type=click.Choice(DIFF_FORMATS), default="rich", show_default=True)
-@click.option("-o", "--output", metavar="FILE", help="Write the report to FILE instead of stdout.")
-def diff(snapshots: tuple[str, ...], against_runner: tuple[Runner, ...] | None, against_modes: tuple[CUDAGraphMode, ...],
-         against_eager_region: EagerRegion | None, against_fresh_metadata: bool, fmt: str, output: str | None, **kw: Any) -> int:
+@spec_option(AGAINST["runner"])
+@spec_option(AGAINST["mode"])
+@spec_option(AGAINST["eager_region"])
+@_option("--against-fresh-metadata", is_flag=True, group=WHAT,
+         help="Compare with V1 metadata builders allocating per step (--engine bundled).")
+@_option("--format", "fmt", type=click.Choice(DIFF_FORMATS), default="rich", show_default=True, group=REPORT)
+@_option("-o", "--output", metavar="FILE", group=REPORT, help="Write the report to FILE instead of stdout.")
+def diff(snapshots: tuple[str, ...], against_runner: tuple[Runner, ...] | None, against_mode: Any,
+         against_eager_region: Any, against_fresh_metadata: bool, fmt: str, output: str | None, **kw: Any) -> int:
     """Compare two region recordings: ops that moved between captured and eager
     segments (by scope and op, with counts), segments added or removed, and the change
     in eager ops per step.
@@ -120,7 +132,7 @@ def diff(snapshots: tuple[str, ...], against_runner: tuple[Runner, ...] | None, 
 
     against = {
         "runner": against_runner,
-        "modes": against_modes,
+        "mode": against_mode,
         "eager_region": against_eager_region,
         "fresh_metadata": against_fresh_metadata or None,
     }
@@ -145,7 +157,7 @@ def diff(snapshots: tuple[str, ...], against_runner: tuple[Runner, ...] | None, 
             with ProgressReporter(len(left.configurations)) as progress:
                 result = diff_by_key(before, registry.record_regions(left, progress), snapshots[0], "the current engine")
         else:
-            right = resolve_plan(settings, {**kw, **against})
+            right = resolve_plan(settings, {**kw, **against}, also_given=tuple(against))
             with ProgressReporter(len(left.configurations) + len(right.configurations)) as progress:
                 if len(left.configurations) != len(right.configurations):
                     raise CapturelintError(
@@ -175,23 +187,19 @@ def _title(before: str, after: str) -> str:
 
 
 def _describe_side(kw: dict[str, Any]) -> str:
-    parts = []
-    for key, flag in (("runner", "--runner"), ("eager_region", "--eager-region")):
-        if kw.get(key):
-            parts.append(f"{flag} {spelled(kw[key])}")
-    if kw.get("modes"):
-        parts.append("--mode " + spelled(kw["modes"]))
-    if kw.get("fresh_metadata"):
-        parts.append("--fresh-metadata")
-    return " ".join(parts) or "defaults"
+    from capturelint.commands.common import given_flags
+
+    return " ".join(given_flags(kw, ("runner", "eager_region", "mode", "fresh_metadata"))) or "defaults"
 
 
 # --------------------------------------------------------------------- snapshot
 
-@click.command()
+@click.command(cls=GroupedCommand)
 @engine_options
-@click.option("-o", "--output", metavar="FILE", help="Write the snapshot to FILE (atomically, after the run; default: stdout).")
-@click.option("--update", metavar="FILE", help="Rewrite the snapshot FILE with the current recording, accepting every change, and say what changed (a file that is not a snapshot is refused).")
+@_option("-o", "--output", metavar="FILE", group=REPORT,
+         help="Write the snapshot to FILE (atomically, after the run; default: stdout).")
+@_option("--update", metavar="FILE", group=REPORT, help="Rewrite the snapshot FILE with the current recording, "
+         "accepting every change, and say what changed (a file that is not a snapshot is refused).")
 def snapshot(output: str | None, update: str | None, **kw: Any) -> int:
     """Record the region map of every runner and mode (default: runners v1 and v2, all
     four modes) as a stable, reviewable JSON file: per graph, its segments in order

@@ -4,35 +4,29 @@ captures and replays (the script adapter, ``capturelint.adapters.script``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from capturelint.adapters import registry
-from capturelint.commands.common import split_csv, say, settings_for, warn
+from capturelint.commands.common import GroupedCommand, say, settings_for, shared_options, spec_option, warn
+from capturelint.common_options import BY_NAME
 from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS, CapturelintError
 from capturelint.options import EngineOptions
 from capturelint.output import check_output_path, is_stdout
-from capturelint.reporters import Options, emit, formats, reporter
+from capturelint.reporters import Options, emit, reporter
 from capturelint.rules import rule_infos
 
-FORMATS = formats("check")
 
-
-@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--select", multiple=True, callback=split_csv, metavar="CODES", help="Only these rule codes (prefixes allowed, e.g. CL1).")
-@click.option("--ignore", multiple=True, callback=split_csv, metavar="CODES", help="Skip these rule codes.")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), help="Report format (default rich; settings: format).")
-@click.option("-o", "--output", metavar="FILE", help="Write the report to FILE (atomically, after the run) instead of stdout; - is stdout.")
-@click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
-@click.option("-v", "--verbose", is_flag=True, help="Rich report: the evidence (a panel per runner and mode with every graph's segments and every finding with its ops, source lines and replay steps) instead of one line per problem.")
-@click.option("--invariants", "invariants_file", metavar="FILE", help="Also hold the invariants of this TOML file ([invariants.ID] tables).")
-@click.option("--require-oracle", is_flag=True, help="Replay not compared with eager execution is an error (exit 2); a script's bare graphs have no eager twin, so this asks for shadowed steps (make_graphed_callables) only (settings: require-oracle).")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), metavar="PYPROJECT",
-              help="Read [tool.capturelint] from this file instead of the nearest pyproject.toml.")
+@click.command(cls=GroupedCommand, context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@shared_options("select", "ignore", "format", "output", "exit_zero", "verbose")
+@spec_option(BY_NAME["invariants"], help="Also hold the invariants of this TOML file ([invariants.ID] tables).")
+@spec_option(BY_NAME["require_oracle"], help="Replay not compared with eager execution is an error (exit 2); a "
+             "script's bare graphs have no eager twin, so this asks for shadowed steps (make_graphed_callables) only.")
+@shared_options("config")
 @click.argument("script", metavar="SCRIPT.py")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, output: str | None, exit_zero: bool,
-        verbose: bool, invariants_file: str | None, require_oracle: bool, config_path: str | None, script: str,
-        args: tuple[str, ...]) -> int:
+def run(script: str, args: tuple[str, ...], **kw: Any) -> int:
     """Run a Python script as written for a GPU (python SCRIPT.py ARGS...) under the
     emulated CUDA device, and check every CUDA graph it captures and replays.
 
@@ -44,13 +38,15 @@ def run(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, outpu
     Exit status: 0 clean, 1 findings, 2 usage or configuration error, an exception the
     script did not catch, or a script that captured no CUDA graph; 130 interrupted.
     """
-    settings = settings_for({"config_path": config_path})
-    fmt = fmt or settings.format or "rich"
+    settings = settings_for(kw)
+    fmt = kw["format"] or settings.format or "rich"
+    output, require_oracle = kw["output"], bool(kw["require_oracle"])
     check_output_path(output)
     rep = reporter("check", fmt)
     rep.preflight()
-    plan = registry.make_plan(settings, EngineOptions(script=(script, *args), select=select, ignore=ignore,
-                                                      invariants_file=invariants_file, jobs=1))
+    plan = registry.make_plan(settings, EngineOptions(script=(script, *args), select=kw["select"] or (),
+                                                      ignore=kw["ignore"] or (), invariants_file=kw["invariants"],
+                                                      jobs=1))
     for text in plan.warnings:
         warn(text)
     report = registry.run_check(registry.load(plan), keep_captures=rep.captures)
@@ -58,9 +54,9 @@ def run(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, outpu
     if missing is not None and (require_oracle or settings.require_oracle):
         raise CapturelintError(missing)
     fallback = str(settings.source.name) if settings.source else "pyproject.toml"
-    emit(rep, report, output, Options(verbose=verbose, fallback_uri=fallback, rules=rule_infos()))
+    emit(rep, report, output, Options(verbose=bool(kw["verbose"]), fallback_uri=fallback, rules=rule_infos()))
     if not (rep.summary and is_stdout(output)):
         say(report.summary_line() + "".join(f" ({c.note})" for c in report.configs if c.note))
-    if exit_zero:
+    if kw["exit_zero"]:
         return EXIT_CLEAN
     return EXIT_FINDINGS if report.failed else EXIT_CLEAN

@@ -7,7 +7,17 @@ from typing import Any
 import click
 
 from capturelint import api
-from capturelint.commands.common import split_csv, command_options, engine_options, say, settings_for
+from capturelint.commands.common import (
+    OTHER,
+    REPORT,
+    GroupedCommand,
+    SpecOption,
+    command_options,
+    engine_options,
+    say,
+    settings_for,
+    shared_options,
+)
 from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS
 from capturelint.output import check_output_path, is_stdout
 from capturelint.reporters import Options, emit, formats, reporter
@@ -16,19 +26,18 @@ FORMATS = formats("suggest")
 DEFAULT_MAX_CANDIDATES = 12  # capturelint.suggest.DEFAULT_MAX_CANDIDATES (a test keeps them equal)
 
 
-@click.command()
+@click.command(cls=GroupedCommand)
+@shared_options("target")
 @engine_options
-@click.option("--select", multiple=True, callback=split_csv, metavar="CODES", help="Only these rule codes (prefixes allowed, e.g. CL1).")
-@click.option("--ignore", multiple=True, callback=split_csv, metavar="CODES", help="Skip these rule codes.")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="rich", show_default=True,
-              help="rich, json, or patch: a unified diff (git apply) adding @eager_break_during_capture above each "
-                   "function of the best region.")
-@click.option("-o", "--output", metavar="FILE", help="Write the report to FILE (atomically, after the run) instead of stdout; - is stdout.")
+@shared_options("select", "ignore")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="rich", show_default=True, cls=SpecOption,
+              group=REPORT, help="rich, json, or patch: a unified diff (git apply) adding @eager_break_during_capture "
+                                 "above each function of the best region.")
+@shared_options("output")
 @click.option("--max-candidates", type=int, default=DEFAULT_MAX_CANDIDATES, show_default=True, metavar="N",
-              help="Try at most N regions (each a full check of every failing configuration).")
-@click.option("--target", metavar="SPEC", help="Your own engine instead of the bundled one, as for check: FILE.py:FUNCTION or MODULE:FUNCTION returning capturelint.target.Target objects (engine options such as --runner or --layers do not apply: an error).")
-def suggest(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str, output: str | None, max_candidates: int,
-            target: str | None, **kw: Any) -> int:
+              cls=SpecOption, group=OTHER, help="Try at most N regions (each a full check of every failing "
+                                                "configuration).")
+def suggest(fmt: str, max_candidates: int, **kw: Any) -> int:
     """Find the smallest eager region that makes replay equal eager: try the functions on the capture-time stack of each finding as eager breaks, verify each with the full check, and rank the clean ones by eager ops per step.
 
     Takes the options of check. For each failing configuration, each function on the
@@ -44,8 +53,9 @@ def suggest(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str, output: 
     interrupted.
     """
     settings = settings_for(kw)
+    output = kw["output"]
     check_output_path(output)
-    report = api.suggest_with(settings, command_options(kw, select, ignore, target), max_candidates=max_candidates)
+    report = api.suggest_with(settings, command_options(kw), max_candidates=max_candidates)
     rep = reporter("suggest", fmt)
     if fmt == "patch" and not report.found:
         say(report.summary_line())

@@ -54,10 +54,10 @@ def test_toy_findings_do_not_depend_on_rule_order(hazard, mode, policy, codes):
 def test_bundled_engine_findings_do_not_depend_on_rule_order(mode, fresh, codes):
     from capturelint.adapters.bundled import plan as bundled
     from capturelint.harness import trace_run
-    from capturelint.options import EngineOptions
+    from capturelint.adapters.registry import engine_options
     from capturelint.settings import Settings
 
-    plan = bundled.make_plan(Settings(), EngineOptions.of(runner="v1", modes=(mode,), eager_region="narrow", layers=1,
+    plan = bundled.make_plan(Settings(), engine_options(runner="v1", modes=(mode,), eager_region="narrow", layers=1,
                                                           steps=6, fresh_metadata=fresh))
 
     def check(rules):

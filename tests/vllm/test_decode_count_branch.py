@@ -41,7 +41,6 @@ import json, sys
 from capturelint.cli import main
 status = main(["check", "--engine", "vllm", "--steps", "4", "--jobs", "1", "--format", "json", "-o", sys.argv[1]])
 import contextlib
-from capturelint.adapters.vllm import plan as vllm_plan
 from capturelint.adapters.vllm.install import cpu_shim
 from capturelint.adapters.vllm.model import compare
 from capturelint.adapters.vllm.runners import real
@@ -54,7 +53,7 @@ with cpu_shim():
         for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
             spec = RunSpec(runner=runner, mode=mode, steps=4)
             # the runner implementation the check used for this configuration (vLLM's own for PIECEWISE)
-            is_real = vllm_plan.real_runner(runner, mode)
+            is_real = real.supports(runner, mode)  # the default --vllm-runner-impl real
             loop = real.VllmRunnerLoop if is_real else ReproducedLoop
             with real.runner_context(runner) if is_real else contextlib.nullcontext():
                 graphs = loop(spec).generate()

@@ -184,10 +184,11 @@ def test_a_kernel_without_reference_is_named(monkeypatch, capsys):
 
 @pytest.mark.parametrize("args, needle", [
     (["--mode", "FULL_DECODE_ONLY"], "PIECEWISE and FULL"),
-    (["--fresh-metadata", "--runner", "v1"], "--fresh-metadata"),
-    (["--break-outputs", "copy"], "discards break outputs"),
-    (["--kernels", "triton"], "--kernels"),
-    (["--platform", "rocm"], "--platform rocm"),
+    (["--fresh-metadata", "--runner", "v1"], "--fresh-metadata configures --engine bundled, and --engine vllm does not "
+                                             "read it, so it would be ignored; drop --fresh-metadata"),
+    (["--break-outputs", "copy"], "--break-outputs configures --engine bundled"),
+    (["--kernels", "triton"], "drop --kernels"),
+    (["--platform", "rocm"], "drop --platform"),
     (["--eager-region", "medium"], "unknown eager region"),
 ])
 def test_options_of_the_bundled_engine_are_refused(args, needle, capsys):

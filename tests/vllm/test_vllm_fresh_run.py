@@ -47,8 +47,8 @@ def test_stderr_holds_capturelint_lines_only_and_the_hint_names_the_engine(tmp_p
     # nor a warning about an invariant selecting no op
     assert done.stderr.splitlines() == ["2 findings (CL101 x1, CL201 x1) in 1 configuration"], done.stderr
     hint = report.read_text().rstrip().splitlines()[-1]
-    assert hint.startswith("hint: run `capturelint suggest --engine vllm --runner v1 --eager-region narrow "
-                           "--layers 1 --steps 4 --mode PIECEWISE`"), hint
+    assert hint.startswith("hint: run `capturelint suggest --engine vllm --runner v1 --mode PIECEWISE --eager-region "
+                           "narrow --layers 1 --steps 4`"), hint
     assert list(tmp.iterdir()) == []
 
 

@@ -45,13 +45,13 @@ def test_a_counter_in_vllms_eager_break_advances_once_per_step_under_the_tracer(
         untraced = ReproducedLoop(RunSpec(mode=CUDAGraphMode.PIECEWISE, layers=1, steps=4)).generate()
     untraced_calls, counted.calls = counted.calls, 0
     runs = []
-    monkeypatch.setenv("CAPTURELINT_VLLM_RUNNER_IMPL", "shim")  # the check runs the loop counted here
+    # the check below runs the loop counted here: --vllm-runner-impl reproduced
     generate = ReproducedLoop.generate
     monkeypatch.setattr(ReproducedLoop, "generate", lambda self: runs.append(generate(self)) or runs[-1])
 
     out = tmp_path / "report.json"
-    code = main(["check", "--engine", "vllm", "--runner", "v1", "--mode", "PIECEWISE", "--layers", "1", "--steps", "4",
-                 "--format", "json", "-o", str(out)])
+    code = main(["check", "--engine", "vllm", "--vllm-runner-impl", "reproduced", "--runner", "v1", "--mode", "PIECEWISE",
+                 "--layers", "1", "--steps", "4", "--format", "json", "-o", str(out)])
     doc = json.loads(out.read_text())
     assert code == 0 and doc["findings"] == [], doc["findings"]
     assert doc["numerical"][0]["max_step_error"] == 0.0

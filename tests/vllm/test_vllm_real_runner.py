@@ -1,11 +1,11 @@
-"""``check --engine vllm`` with vLLM's own model runners (``CAPTURELINT_VLLM_RUNNER_IMPL=real``).
+"""``check --engine vllm`` with vLLM's own model runners (``--vllm-runner-impl real``, the default).
 
 The capture decisions are made by vLLM's runners: the tests count the calls of V1's
 ``_dummy_run``, its dispatcher and ``execute_model``, and of V2's
 ``prepare_inputs_to_capture`` and ``prepare_attn``, and check that the real path gives
-the verdicts of the shim (``vllm_runners``). The three layer kinds (ratios 1, 4, 128)
+the verdicts of the reproduction (``runners.reproduced``, ``--vllm-runner-impl reproduced``). The three layer kinds (ratios 1, 4, 128)
 run with vLLM's own KV cache plan and metadata builders (``builds`` counts them) over
-the shim's serving workload (``vllm_runners.schedule``, its defaults): requests joining
+the serving workload (``workload.schedule``, its defaults): requests joining
 with their prompt whole (a long one at position 125, after the stand-in prefill, across
 the compressions at 127), mixed prefill and decode steps, a batch of 3 padded to the
 capture size 4, requests leaving.
@@ -103,9 +103,9 @@ def step_builds(seq_len: int) -> list[tuple]:
 
 
 def check(tmp_path, monkeypatch, impl: str, *args: str) -> tuple[int, dict]:
-    monkeypatch.setenv("CAPTURELINT_VLLM_RUNNER_IMPL", impl)
     out = tmp_path / f"{impl}.json"
-    code = main(["check", "--engine", "vllm", *SMALL, *args, "--format", "json", "-o", str(out)])
+    code = main(["check", "--engine", "vllm", "--vllm-runner-impl", impl, *SMALL, *args, "--format", "json", "-o",
+                 str(out)])
     return code, json.loads(out.read_text())
 
 
@@ -174,21 +174,29 @@ def test_v2_builds_metadata_for_its_capture_and_the_narrow_region_holds(tmp_path
     # each capture size's warmup and capture dummy batch (4 and 2 requests of one token),
     # then the steps of the graph run and of the eager twin
     assert builds == (step_builds(1) * 4 + [b for seq_len in WORKLOAD_SEQ_LENS for b in step_builds(seq_len)] * 2)
-    shim_code, shim = check(tmp_path, monkeypatch, "shim", *v2)
+    shim_code, shim = check(tmp_path, monkeypatch, "reproduced", *v2)
     assert (real_code, shim_code) == (0, 0)
     assert real["findings"] == shim["findings"] == []
     [num] = real["numerical"]
     assert num["replay_steps"] == 5 and num["max_step_error"] == 0.0 and num["token_agreement"] == 1.0
 
 
-def test_an_unknown_runner_implementation_is_one_line(tmp_path, monkeypatch, capsys):
-    require_vllm()
-    monkeypatch.setenv("CAPTURELINT_VLLM_RUNNER_IMPL", "bogus")
-    code = main(["check", "--engine", "vllm", *SMALL, *V1, "--format", "json", "-o", str(tmp_path / "r.json")])
+def test_an_unknown_runner_implementation_is_one_line(tmp_path, capsys):
+    code = main(["check", "--engine", "vllm", "--vllm-runner-impl", "shim", *SMALL, *V1])
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["capturelint: error: CAPTURELINT_VLLM_RUNNER_IMPL='bogus' is not a runner implementation; use real "
-                   "or shim"]
+    assert err == ["capturelint: error: Invalid value for '--vllm-runner-impl': 'shim' is not one of 'real', "
+                   "'reproduced'; see 'capturelint check --help'"]
+
+
+def test_the_environment_switch_of_earlier_versions_is_refused_naming_the_option(tmp_path, monkeypatch, capsys):
+    # it chose the step loop per configuration behind the command line's back: now an option
+    monkeypatch.setenv("CAPTURELINT_VLLM_RUNNER_IMPL", "shim")
+    code = main(["check", "--engine", "vllm", *SMALL, *V1])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "capturelint: error: CAPTURELINT_VLLM_RUNNER_IMPL is no longer read; use --vllm-runner-impl real or "
+        "reproduced (settings: vllm-runner-impl), and unset CAPTURELINT_VLLM_RUNNER_IMPL\n")
 
 
 def test_vllms_triton_slot_mapping_kernel_runs_in_the_interpreter():

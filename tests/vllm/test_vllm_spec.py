@@ -126,7 +126,8 @@ def test_dspark_checks_its_draft_step_under_v2(tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     (["--engine", "vllm", "--spec", "eagle"], "Invalid value for '--spec'"),
-    (["--spec", "mtp"], "the bundled engine has no draft model"),
+    (["--spec", "mtp"], "--spec configures --engine vllm, and --engine bundled does not read it"),
+    (["--engine", "vllm", "--spec", "mtp", "--vllm-runner-impl", "reproduced"], "--spec runs its own loop"),
     (["--engine", "vllm", "--spec", "mtp", "--layers", "3"], "--layers 3 with --spec: the speculative-decoding loop"),
     (["--engine", "vllm", "--spec", "mtp", "--batch-sizes", "2"], "--spec runs its own loop"),
 ])

@@ -15,11 +15,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from capturelint.adapters.bundled.invariants import default_invariants
+from capturelint.adapters.bundled.options import Knobs
 from capturelint.adapters.common import (
     CheckPlan,
     forward_context_probe,
     layer_scope_group,
     region_map_of,
+    resolve_knobs,
     resolve_plan,
     run_plan,
     runtime_break,
@@ -27,19 +29,16 @@ from capturelint.adapters.common import (
 )
 from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
-from capturelint.harness import TwinResult
-from capturelint.options import CAPTURE_MODES, ENGINE_OPTIONS, BreakOutputs, CUDAGraphMode, EngineOptions, Runner
-from capturelint.pipeline import Configuration, check_configuration
-from capturelint.report import ConfigReport, Report
-from capturelint.settings import Settings, merge
+from capturelint.options import CAPTURE_MODES, CUDAGraphMode, EngineOptions, Runner
+from capturelint.settings import Settings
 
 if TYPE_CHECKING:
+    from capturelint.pipeline import Configuration
+    from capturelint.report import ConfigReport, Report
     from capturelint.snapshot import RegionMap
     from capturelint.suggest import Slot
 
 NAME = "bundled"
-OPTIONS = frozenset(ENGINE_OPTIONS) - {"--capture-sizes", "--batch-sizes"}
-OTHER_OPTIONS = "sets the workload of --engine vllm (the bundled engine's is its scheduler's)"
 UNIT = "configuration"
 CHECK_MODES = tuple(str(m) for m in CAPTURE_MODES)  # their names, for scripts (examples/)
 
@@ -55,27 +54,26 @@ def default_runner(platform: str) -> Runner:
 
 def make_plan(settings: Settings, options: EngineOptions | None = None, **spelled: Any) -> CheckPlan:
     """Command-line values over settings over the engine's defaults, validated; the
-    invariants in force start from the bundled engine's own (``invariants``).
-    Scripts may spell the options as keywords instead (``EngineOptions.of``):
-    ``make_plan(Settings(), runner="v1", modes=("PIECEWISE",))``."""
-    options = options if options is not None else EngineOptions.of(**spelled)
-    if options.spec is not None:
-        raise CapturelintError(f"--spec {options.spec} checks vLLM's speculative decoding; the bundled engine has no "
-                               "draft model: use --engine vllm, or drop --spec")
+    invariants in force start from the bundled engine's own (``invariants``), its own
+    options resolve into ``options.Knobs``. Scripts may spell the options as keywords
+    instead, as the Python API takes them (``registry.engine_options``):
+    ``make_plan(Settings(), runner="v1", mode="PIECEWISE")``."""
+    if options is None:
+        from capturelint.adapters.registry import engine_options
+
+        options = engine_options(caller="make_plan", **spelled)
+    knobs = resolve_knobs(Knobs, settings, options)
 
     def fresh_needs_v1(runners: tuple[Runner, ...]) -> None:
-        if options.fresh_metadata and Runner.V1 not in runners:
+        if knobs.fresh_metadata and Runner.V1 not in runners:
             raise CapturelintError(
                 "--fresh-metadata changes Model Runner V1's metadata builders, and no runner here is v1; "
                 "add --runner v1 (or all), or drop --fresh-metadata"
             )
 
     return resolve_plan(
-        settings, options, NAME, default_runners=lambda: (default_runner(options.platform),),
-        default_modes=CAPTURE_MODES, invariants=default_invariants, check_runners=fresh_needs_v1,
-        fresh_metadata=options.fresh_metadata, kernels=merge(options.kernels, settings.kernels, "torch"),
-        platform=options.platform,
-        break_outputs=merge(options.break_outputs, settings.break_outputs, BreakOutputs.COPY),
+        settings, options, NAME, default_runners=lambda: (default_runner(knobs.platform),),
+        default_modes=CAPTURE_MODES, invariants=default_invariants, check_runners=fresh_needs_v1, knobs=knobs,
     )
 
 
@@ -90,15 +88,16 @@ def load(plan: CheckPlan) -> CheckPlan:
 def engine_config(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Any:
     from capturelint.engine.config import EngineConfig
 
+    knobs: Knobs = plan.knobs
     kw: dict = dict(
         runner=runner,
-        platform=plan.platform,
+        platform=knobs.platform,
         cudagraph_mode=mode,
         eager_region=plan.eager_region,
-        fresh_metadata=plan.fresh_metadata,
-        kernels=plan.kernels,
+        fresh_metadata=knobs.fresh_metadata,
+        kernels=knobs.kernels,
         seed=plan.seed,
-        break_outputs=plan.break_outputs,
+        break_outputs=knobs.break_outputs,
     )
     if plan.layers is not None:
         kw["num_layers"] = plan.layers
@@ -110,6 +109,8 @@ def engine_config(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Any:
 def configuration(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Configuration:
     """Build the engine for one runner and mode, and describe it to the pipeline."""
     from capturelint.engine.llm import Engine, compare
+    from capturelint.harness import TwinResult
+    from capturelint.pipeline import Configuration
 
     cfg = engine_config(plan, runner, mode)
     engine = Engine(cfg)
@@ -163,6 +164,8 @@ def run_configuration(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode, shad
     the eager twin for the numerical oracle. Without it, only the captures are
     recorded (what region maps and diffs need). ``static`` captures every graph
     (``Engine.capture_model``, no generation) and checks the invariants and host syncs."""
+    from capturelint.pipeline import check_configuration
+
     return check_configuration(configuration(plan, runner, mode), plan.codes, shadow=shadow, static=static)
 
 
@@ -176,6 +179,8 @@ def run_check(plan: CheckPlan, progress: Callable[[str], None] | None = None, sh
 
 
 def _fresh_check(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> ConfigReport:
+    from capturelint.pipeline import check_configuration
+
     return check_configuration(configuration(plan, runner, mode), plan.codes)
 
 
@@ -191,6 +196,6 @@ def record_regions(plan: CheckPlan, progress: Callable[[str], None] | None = Non
 
 
 __all__ = [
-    "CHECK_MODES", "NAME", "OPTIONS", "configuration", "default_invariants", "default_runner", "engine_config", "load",
+    "CHECK_MODES", "NAME", "configuration", "default_invariants", "default_runner", "engine_config", "load",
     "make_plan", "record_regions", "run_check", "run_configuration", "suggest_slots",
 ]

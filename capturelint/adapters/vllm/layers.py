@@ -72,6 +72,8 @@ from typing import Any
 
 import torch
 
+from capturelint.adapters.vllm.options import MAX_REQS, MAX_TOKENS  # the runner's limits, for its buffers
+
 RATIO_PATTERN = (1, 4, 128)
 START_POSITION = 125
 INDEX_TOPK = 16
@@ -79,8 +81,6 @@ COMPRESSED_BLOCK = 256  # tokens per block of the compressed caches (sparse_mla.
 STATE_BLOCK = {4: 4, 128: 8}  # CompressorStateCache.block_size (compressor.py:166-171)
 INDEXER_ENTRY_BYTES = 132  # 128 fp8 + one fp32 scale (attention.py, DeepseekV4Indexer)
 C128A_ALIGNMENT = 128  # sparse_mla._C128A_TOPK_ALIGNMENT
-MAX_TOKENS = 64  # scheduler_config.max_num_batched_tokens of the tiny model
-MAX_REQS = 16  # scheduler_config.max_num_seqs
 
 
 def layer_ratios(num_layers: int) -> tuple[int, ...]:

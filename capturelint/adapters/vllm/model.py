@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from capturelint.adapters.vllm import layers as vllm_layers
+from capturelint.adapters.vllm.options import MAX_REQS, MAX_TOKENS  # vllm_config's scheduler limits
 from capturelint.options import EagerRegion, Runner
 from capturelint.runtime import frames
 
@@ -44,8 +45,6 @@ HEADS = 8
 WINDOW = 8
 SWA_BLOCK = 64
 PAD_SLOT_ID = -1
-MAX_TOKENS = vllm_layers.MAX_TOKENS  # scheduler_config.max_num_batched_tokens (vllm_config): the largest capture size
-MAX_REQS = vllm_layers.MAX_REQS  # scheduler_config.max_num_seqs: the largest batch
 MAX_BLOCKS = 4  # block-table columns per request: max_model_len (256) tokens
 COMPRESS_TYPES = {1: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
 

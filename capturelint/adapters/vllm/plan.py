@@ -24,41 +24,58 @@ Options, resolved like the bundled engine's (command line over settings over def
   refused). DSpark runs only on V2 (its default runner); ``--runner v1`` (or
   ``all``) with it is vLLM's own refusal (``DSPARK_V1_REFUSAL``).
 
-``--fresh-metadata``, ``--kernels triton`` and ``--break-outputs`` describe the bundled
-engine and are refused (vLLM 0.33.0's ``add_eager`` discards break outputs).
+- ``--vllm-runner-impl real|reproduced`` (``options``): vLLM's own model runners drive
+  the PIECEWISE configurations (``runners.real``, the default), or the reproduction of
+  their capture conditions drives every one (``runners.reproduced``; FULL always).
+
+vLLM's own options are declared in ``options`` and resolve into ``options.Knobs``
+(``plan.knobs``); the bundled engine's (``--fresh-metadata``, ``--kernels``,
+``--break-outputs``, ``--platform``) are refused by the adapter registry.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 from typing import TYPE_CHECKING, Any, Callable
 
-from capturelint.adapters.common import CheckPlan, layer_scope_group, region_map_of, resolve_plan, run_plan, slots
+from capturelint.adapters.common import (
+    CheckPlan,
+    layer_scope_group,
+    region_map_of,
+    resolve_knobs,
+    resolve_plan,
+    run_plan,
+    slots,
+)
 from capturelint.adapters.vllm.invariants import default_invariants
+from capturelint.adapters.vllm.options import (
+    DEFAULT_LAYERS,
+    DEFAULT_STEPS,
+    MAX_REQS,
+    MAX_TOKENS,
+    Knobs,
+    RunnerImpl,
+    SpecMethod,
+)
 from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
-from capturelint.harness import TwinResult
-from capturelint.objects import named_tensors
-from capturelint.options import ENGINE_OPTIONS, BreakOutputs, CUDAGraphMode, EngineOptions, Runner
-from capturelint.pipeline import Configuration, check_configuration
+from capturelint.options import CUDAGraphMode, EngineOptions, Runner
 from capturelint.records import ContextSnapshot, ContextSummary
-from capturelint.report import ConfigReport, Report
 from capturelint.settings import Settings
 
 if TYPE_CHECKING:
+    from capturelint.pipeline import Configuration
+    from capturelint.report import ConfigReport, Report
     from capturelint.snapshot import RegionMap
     from capturelint.suggest import Slot
 
 NAME = "vllm"
-OPTIONS = frozenset(ENGINE_OPTIONS)  # those of the bundled engine alone are refused by value, in make_plan
-OTHER_OPTIONS = ""
 UNIT = "configuration"
 VLLM_MODES = (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL)
-DEFAULT_LAYERS = 3
-DEFAULT_STEPS = 6
-SPEC_METHODS = (None, "mtp", "dspark")  # --spec: none, or a draft vLLM 0.33.0 ships for DeepSeek V4
+RETIRED_ENV = "CAPTURELINT_VLLM_RUNNER_IMPL"  # read by earlier versions; --vllm-runner-impl now
 
 SPEC_LAYERS_REFUSAL = ("--layers {layers} with --spec: the speculative-decoding loop verifies over sliding-window "
                        "target layers only (its verify steps build no metadata for the compressed layers); use "
@@ -71,27 +88,17 @@ DSPARK_V1_REFUSAL = ("--spec dspark needs --runner v2: vLLM 0.33.0 runs DSpark o
 
 
 def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
-    """The plan of a vLLM check; options that describe the bundled engine are refused.
-    The default invariants are vLLM's (``invariants``): the bundled engine's region
-    decisions, selecting vLLM's functions."""
-    if options.platform != "cuda":
-        raise CapturelintError(f"--platform {options.platform} picks the bundled engine's default runner; --engine vllm "
-                               "checks the CUDA path of vLLM's DeepSeek V4 attention, drop --platform")
-    if options.fresh_metadata:
-        raise CapturelintError("--fresh-metadata changes the bundled engine's metadata builders; it does not apply to "
-                               "--engine vllm, drop it")
-    if options.kernels not in (None, "torch"):
-        raise CapturelintError("--kernels selects the bundled engine's kernels; --engine vllm runs vLLM's kernels' CPU "
-                               "references, drop --kernels")
-    if options.break_outputs is not None:
-        raise CapturelintError("--break-outputs sets the bundled runtime's policy; vLLM 0.33.0's add_eager discards "
-                               "break outputs, drop --break-outputs")
-
-    if options.spec not in SPEC_METHODS:
-        raise CapturelintError(f"unknown --spec {options.spec!r}; use mtp or dspark, or leave it out")
+    """The plan of a vLLM check: the shared options resolved with vLLM's defaults, its
+    own into ``options.Knobs``. The default invariants are vLLM's (``invariants``): the
+    bundled engine's region decisions, selecting vLLM's functions."""
+    if os.environ.get(RETIRED_ENV) is not None:
+        raise CapturelintError(f"{RETIRED_ENV} is no longer read; use --vllm-runner-impl real or reproduced (settings: "
+                               f"vllm-runner-impl), and unset {RETIRED_ENV}")
+    knobs = resolve_knobs(Knobs, settings, options)
+    spec = knobs.spec
 
     def spec_runners(runners: tuple[Runner, ...]) -> None:
-        if options.spec == "dspark" and Runner.V1 in runners:
+        if spec is SpecMethod.DSPARK and Runner.V1 in runners:
             raise CapturelintError(DSPARK_V1_REFUSAL)
 
     def refused(mode: CUDAGraphMode) -> str | None:
@@ -100,26 +107,26 @@ def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
         return (f"--engine vllm checks the PIECEWISE and FULL graphs; mode {mode} is a dispatch policy over them, use "
                 "--mode PIECEWISE,FULL")
 
-    from capturelint.adapters.vllm.model import MAX_REQS, MAX_TOKENS
-
-    if options.spec:
-        for option, given in (("--capture-sizes", options.capture_sizes), ("--batch-sizes", options.batch_sizes)):
-            if given:
-                raise CapturelintError(f"{option} sets the serving workload; --spec runs its own loop of verify and "
-                                       f"draft steps over a fixed batch, drop {option}")
-    for option, sizes, most in (("--capture-sizes", options.capture_sizes, MAX_TOKENS),
-                                ("--batch-sizes", options.batch_sizes, MAX_REQS)):
-        if any(n > most for n in sizes):
-            raise CapturelintError(f"{option} {','.join(map(str, sizes))}: each must be at most {most} (the runner's "
+    if spec is not None:
+        for name, flag in (("capture_sizes", "--capture-sizes"), ("batch_sizes", "--batch-sizes"),
+                           ("vllm_runner_impl", "--vllm-runner-impl")):
+            if name in options.given:
+                what = "picks the step loop of the serving workload" if name == "vllm_runner_impl" else \
+                    "sets the serving workload"
+                raise CapturelintError(f"{flag} {what}; --spec runs its own loop of verify and draft steps over a "
+                                       f"fixed batch, drop {flag}")
+    for flag, sizes, most in (("--capture-sizes", knobs.capture_sizes, MAX_TOKENS),
+                              ("--batch-sizes", knobs.batch_sizes, MAX_REQS)):
+        if sizes is not None and any(n > most for n in sizes):
+            raise CapturelintError(f"{flag} {','.join(map(str, sizes))}: each must be at most {most} (the runner's "
                                    f"{'max_num_batched_tokens' if most == MAX_TOKENS else 'max_num_seqs'})")
+    if knobs.capture_sizes is not None:
+        knobs = dataclasses.replace(knobs, capture_sizes=tuple(sorted(set(knobs.capture_sizes))))
     # DSpark runs only on V2 (config/vllm.py:3110-3113): its default runner
-    default_runners = (Runner.V2,) if options.spec == "dspark" else tuple(Runner)
+    default_runners = (Runner.V2,) if spec is SpecMethod.DSPARK else tuple(Runner)
     plan = resolve_plan(settings, options, NAME, default_runners=lambda: default_runners, default_modes=VLLM_MODES,
-                        invariants=default_invariants, mode_refused=refused, check_runners=spec_runners,
-                        break_outputs=BreakOutputs.DISCARD, spec=options.spec,
-                        capture_sizes=tuple(sorted(set(options.capture_sizes))) or None,
-                        batch_sizes=options.batch_sizes or None)
-    if plan.spec and plan.layers not in (None, 1):  # from the command line or the settings
+                        invariants=default_invariants, mode_refused=refused, check_runners=spec_runners, knobs=knobs)
+    if spec is not None and plan.layers not in (None, 1):  # from the command line or the settings
         raise CapturelintError(SPEC_LAYERS_REFUSAL.format(layers=plan.layers))
     return plan
 
@@ -134,6 +141,8 @@ def forward_context_probe() -> ContextSnapshot:
     or a capture with metadata) or not (a dummy or profile run), and the metadata's
     tensors by path (``attn_metadata['model.layers.0.attn.swa_cache'].slot_mapping``)."""
     from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    from capturelint.objects import named_tensors
 
     if not is_forward_context_available():
         return ContextSnapshot(ContextSummary("none", "no forward context was set"))
@@ -150,10 +159,11 @@ def forward_context_probe() -> ContextSnapshot:
 def _spec(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Any:
     from capturelint.adapters.vllm.workload import RunSpec
 
-    workload = {name: value for name, value in (("capture_sizes", plan.capture_sizes), ("batch_sizes", plan.batch_sizes))
-                if value is not None}
+    knobs: Knobs = plan.knobs
+    workload = {name: value for name, value in (("capture_sizes", knobs.capture_sizes),
+                                                 ("batch_sizes", knobs.batch_sizes)) if value is not None}
     # --spec: sliding-window target layers (SPEC_LAYERS_REFUSAL)
-    layers = plan.layers or (1 if plan.spec else DEFAULT_LAYERS)
+    layers = plan.layers or (1 if knobs.spec else DEFAULT_LAYERS)
     return RunSpec(runner=runner, mode=mode, eager_region=plan.eager_region, layers=layers,
                    steps=plan.steps or DEFAULT_STEPS, seed=plan.seed, **workload)
 
@@ -175,31 +185,26 @@ def missing_op(e: BaseException) -> CapturelintError | None:
     return None
 
 
-RUNNER_IMPL_ENV = "CAPTURELINT_VLLM_RUNNER_IMPL"
-
-
-def real_runner(runner: Runner, mode: CUDAGraphMode) -> bool:
-    """Whether vLLM's own model runner drives this configuration
-    (``runners.real``: PIECEWISE graphs, V1 and V2) rather than ``reproduced``' reproduction of
-    its capture conditions (FULL graphs, and PIECEWISE with ``shim``): the internal switch
-    ``CAPTURELINT_VLLM_RUNNER_IMPL``, ``real`` (the default) or ``shim``."""
+def real_runner(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> bool:
+    """Whether vLLM's own model runner drives this configuration (``runners.real``:
+    PIECEWISE graphs, V1 and V2) rather than the reproduction of its capture conditions
+    (``runners.reproduced``: FULL graphs, and every one with ``--vllm-runner-impl
+    reproduced``); the speculative-decoding loops are ``runners.spec``'s."""
     from capturelint.adapters.vllm.runners import real
 
-    impl = os.environ.get(RUNNER_IMPL_ENV, "real")
-    if impl not in ("real", "shim"):
-        raise CapturelintError(f"{RUNNER_IMPL_ENV}={impl!r} is not a runner implementation; use real or shim")
-    return impl == "real" and real.supports(runner, mode)
+    knobs: Knobs = plan.knobs
+    return not knobs.spec and knobs.vllm_runner_impl is RunnerImpl.REAL and real.supports(runner, mode)
 
 
 def step_loop(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Any:
     """The step loop of one configuration: the speculative-decoding loop of ``--spec``,
     vLLM's own model runner (``runners.real``) where it drives the configuration, else
     the model runner's capture conditions reproduced (``runners.reproduced``)."""
-    if plan.spec:
+    if plan.knobs.spec:
         from capturelint.adapters.vllm.runners.spec import LOOPS
 
-        return LOOPS[plan.spec]
-    if real_runner(runner, mode):
+        return LOOPS[plan.knobs.spec]
+    if real_runner(plan, runner, mode):
         from capturelint.adapters.vllm.runners.real import VllmRunnerLoop
 
         return VllmRunnerLoop
@@ -212,6 +217,8 @@ def configuration(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Confi
     """Build the tiny model for one runner and mode (inside ``cpu_shim``, and for vLLM's
     own runner inside ``runners.real.runner_context``)."""
     from capturelint.adapters.vllm.model import compare, region_of
+    from capturelint.harness import TwinResult
+    from capturelint.pipeline import Configuration
 
     spec = _spec(plan, runner, mode)
     loop = step_loop(plan, runner, mode)
@@ -234,8 +241,9 @@ def check_one(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode, shadow: bool
     one-line error that names it."""
     from capturelint.adapters.vllm.install import cpu_shim
     from capturelint.adapters.vllm.runners.real import runner_context
+    from capturelint.pipeline import check_configuration
 
-    real = not plan.spec and real_runner(runner, mode)  # the speculative loops are runners.spec's
+    real = real_runner(plan, runner, mode)
     with cpu_shim(), runner_context(runner) if real else contextlib.nullcontext():
         try:
             return check_configuration(configuration(plan, runner, mode), plan.codes, shadow=shadow, static=static)
@@ -277,6 +285,5 @@ def suggest_slots(plan: CheckPlan) -> list[Slot]:
     return slots(plan, check_one, decorator)
 
 
-__all__ = ["DEFAULT_LAYERS", "DEFAULT_STEPS", "NAME", "OPTIONS", "VLLM_MODES", "check_one", "configuration",
-           "default_invariants", "forward_context_probe", "load", "make_plan", "missing_op", "record_regions",
-           "run_check", "suggest_slots"]
+__all__ = ["NAME", "VLLM_MODES", "check_one", "configuration", "default_invariants", "forward_context_probe", "load",
+           "make_plan", "missing_op", "real_runner", "record_regions", "run_check", "step_loop", "suggest_slots"]

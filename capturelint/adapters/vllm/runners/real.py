@@ -347,7 +347,7 @@ class VllmRunnerLoop:
         unhonoured = _unhonoured(spec)
         if unhonoured:
             raise CapturelintError(f"vLLM's own runner does not drive {', '.join(unhonoured)} yet; check with "
-                                   "CAPTURELINT_VLLM_RUNNER_IMPL=shim")
+                                   "--vllm-runner-impl reproduced")
         GPUModelRunner = importlib.import_module(RUNNERS[spec.runner]).GPUModelRunner
         self.spec = spec
         self.steps = workload(spec)

@@ -86,6 +86,7 @@ from capturelint.adapters.vllm.model import (
     runner_env,
     use_cpu_gemm,
 )
+from capturelint.adapters.vllm.options import SpecMethod
 from capturelint.adapters.vllm.workload import RunSpec
 from capturelint.options import Runner
 from capturelint.runtime import frames
@@ -621,7 +622,7 @@ class DSparkLoop(SpecLoop):
         return {**super().roots(), "drafter": self.query, "context": self.context}
 
 
-LOOPS = {"mtp": MTPLoop, "dspark": DSparkLoop}  # --spec method -> its step loop
+LOOPS = {SpecMethod.MTP: MTPLoop, SpecMethod.DSPARK: DSparkLoop}  # --spec method -> its step loop
 
 
 __all__ = ["LOOPS", "SPEC_TOKENS", "DSparkLoop", "MTPLoop", "SpecLoop", "StepBuffers", "TinyDSpark", "TinyMTP",

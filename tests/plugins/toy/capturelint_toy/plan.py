@@ -1,12 +1,6 @@
-"""A toy engine family as an adapter: ``tests/toy_engine.py``'s runner behind ``--engine toy``.
-
-What a new engine family takes: this one module (the ``Adapter`` members of
-``capturelint.adapters.registry``, mostly the shared helpers of
-``capturelint.adapters.common``) and one registry entry (``register("toy", toy_adapter)``);
-no rule, command or pipeline changes. Its runners: ``v1`` re-allocates its metadata tensor
-every step (a captured graph keeps reading the first one: CL104), ``v2`` refreshes it in
-place (clean). It reads ``--runner``, ``--mode`` (PIECEWISE or FULL) and ``--steps``.
-"""
+"""The toy engine's adapter: the ``Adapter`` members of ``capturelint.adapters.registry``,
+mostly the shared helpers of ``capturelint.adapters.common``; no rule, command or
+pipeline changes."""
 
 from __future__ import annotations
 
@@ -17,18 +11,17 @@ from capturelint.adapters.common import (
     forward_context_probe,
     layer_scope_group,
     region_map_of,
+    resolve_knobs,
     resolve_plan,
     run_plan,
     runtime_break,
     slots,
 )
 from capturelint.analyzer import RunLabel
-from capturelint.pipeline import Configuration, check_configuration
 from capturelint.options import CUDAGraphMode, Runner
+from capturelint_toy.options import Knobs
 
 NAME = "toy"
-OPTIONS = frozenset({"--engine", "--runner", "--mode", "--steps"})
-OTHER_OPTIONS = "configures an engine knob the toy engine does not have"
 UNIT = "configuration"
 MODES = (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL)
 
@@ -38,22 +31,28 @@ def make_plan(settings: Any, options: Any) -> CheckPlan:
         return None if mode in MODES else f"the toy engine captures PIECEWISE or FULL graphs, not {mode}"
 
     return resolve_plan(settings, options, NAME, default_runners=lambda: tuple(Runner), default_modes=MODES,
-                        invariants=default_invariants, mode_refused=refused)
+                        invariants=default_invariants, mode_refused=refused,
+                        knobs=resolve_knobs(Knobs, settings, options))
 
 
 def load(plan: CheckPlan) -> CheckPlan:
     return plan
 
 
-def configuration(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Configuration:
+def configuration(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Any:
     from toy_engine import ToyRunner
 
-    toy = ToyRunner("stale_input", fixed=runner is Runner.V2, mode=mode, steps=plan.steps or 4)
+    from capturelint.pipeline import Configuration
+
+    fixed = runner is Runner.V2 or plan.knobs.toy_fixed
+    toy = ToyRunner("stale_input", fixed=fixed, mode=mode, steps=plan.steps or 4)
     return Configuration(RunLabel(str(runner), str(mode)), toy.run, {"model": toy.model, "runner": toy}, "-",
                          forward_context_probe, layer_scope_group, require_replays=True, invariants=plan.invariants)
 
 
 def check_one(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode, shadow: bool = True, static: bool = False) -> Any:
+    from capturelint.pipeline import check_configuration
+
     return check_configuration(configuration(plan, runner, mode), plan.codes, shadow=shadow, static=static)
 
 
