@@ -12,8 +12,10 @@ Printed form::
 (the first line is one line). The annotation of a group carries the message of its
 first finding, and, for a group of several, where else the cause was seen.
 
-A finding is located at its capture-side frame, else its shadow-side frame; without
-either the annotation has a title only. Escaping follows the Actions toolkit
+A finding is located at its ``location``, the line to change (``capturelint.findings``:
+a re-binding, an allocation or a branch condition where a rule found one, else the
+capture-side frame, else the shadow-side one); without one the annotation has a title
+only. Escaping follows the Actions toolkit
 (``@actions/core`` ``command.ts``): in the message ``%``, ``\\r`` and ``\\n`` become
 ``%25``, ``%0D`` and ``%0A``; in property values ``:`` and ``,`` also become ``%3A`` and
 ``%2C``, so a multi-line message stays one workflow command.
@@ -49,7 +51,7 @@ def group_annotation(group: FindingGroup) -> str:
 def annotation(finding: Finding, message: str | None = None) -> str:
     """The ``::error`` workflow command of one finding (no trailing newline), with
     ``message`` instead of the finding's own when given."""
-    frame = finding.capture_frame or finding.shadow_frame
+    frame = finding.location
     props: list[tuple[str, str]] = []
     if frame is not None and frame.file and not frame.file.startswith("<"):
         props.append(("file", frame.file))

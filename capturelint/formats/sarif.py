@@ -16,13 +16,17 @@ still says whether replay was compared with eager) and, for a shard, its ``shard
      "partialFingerprints": {"capturelint/v1": "3f2a..."},
      "properties": {"runner": "v1", "mode": "PIECEWISE", "graph": "decode/4", ..., "group": "1fcd90973aaf"}}
 
-**Location.** The primary location is the capture-side frame; a finding without one is
-located at its shadow-side frame, and one with neither at ``fallback_uri`` if given. The shadow frame is also given as a related location
-whenever both sides are known. Relative paths are relative to ``%SRCROOT%`` (the
+**Location.** The primary location is the finding's ``location``, the line to change
+(``capturelint.findings``: a re-binding, an allocation or a branch condition where a
+rule found one, else the capture-side frame, else the shadow-side one); a finding with
+none is located at ``fallback_uri`` if given. The op's own lines follow as related
+locations: the capture side when it is not the primary one, the shadow side whenever
+it is not the primary one, and the re-allocation line when it is not. Relative paths are relative to ``%SRCROOT%`` (the
 checked project); absolute paths become ``file://`` URIs; frames that name no file
 (``<string>``, ``<unknown>``) give no location.
 
-**Fingerprint.** ``partialFingerprints["capturelint/v1"]`` hashes the code, the file,
+**Fingerprint.** ``partialFingerprints["capturelint/v1"]`` is
+``capturelint.findings.fingerprint``: it hashes the code, the file of the op's line,
 the scope, the op and the tensor, and no line number, so an alert survives edits that
 move code; the same hazard found under several runners or modes shares a fingerprint.
 
@@ -39,7 +43,6 @@ dictionary, and ``json.dumps`` of it gives the same bytes.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from pathlib import Path, PurePath
@@ -47,7 +50,7 @@ from typing import Any, Sequence
 from urllib.parse import quote
 
 from capturelint.errors import CapturelintError
-from capturelint.findings import Finding, Frame, RuleInfo, group_id
+from capturelint.findings import Finding, Frame, RuleInfo, fingerprint, group_id
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
@@ -98,16 +101,6 @@ def to_sarif(
     return {"$schema": SARIF_SCHEMA_URI, "version": SARIF_VERSION, "runs": [run]}
 
 
-def fingerprint(finding: Finding) -> str:
-    """Stable identity of a finding across runs: a hash of code, file, scope, op and
-    tensor (32 hex digits)."""
-    frame = finding.capture_frame or finding.shadow_frame
-    parts = (finding.code, frame.file if frame else "", finding.scope, finding.op, finding.tensor or "")
-    if finding.invariant is not None:  # two invariants may flag the same op
-        parts += (finding.invariant,)
-    return hashlib.sha256("\x1f".join(parts).encode("utf-8")).hexdigest()[:32]
-
-
 def _rules(rules: Sequence[RuleInfo]) -> tuple[list[dict[str, Any]], dict[str, int]]:
     by_code: dict[str, RuleInfo] = {}
     for rule in rules:
@@ -142,27 +135,25 @@ def _result(finding: Finding, rule_index: int, fallback_uri: str | None) -> dict
         "level": "error",
         "message": {"text": finding.message},
     }
-    primary = _location(finding.capture_frame) or _location(finding.shadow_frame)
+    frame = finding.location
+    primary = _location(frame)
     if primary is None and fallback_uri is not None:
         primary = _location(Frame(fallback_uri, 1, ""))
     if primary is not None:
         result["locations"] = [primary]
-    if finding.capture_frame is not None and finding.shadow_frame is not None:
-        related = _location(finding.shadow_frame)
-        if related is not None:
-            related = {
-                "id": 1,
-                **related,
-                "message": {"text": f"shadow (eager) side: {finding.shadow_frame.function}"},
-            }
-            result["relatedLocations"] = [related]
-    allocated = _location(finding.allocation_frame) if finding.allocation_frame is not None else None
-    if allocated is not None:
-        result.setdefault("relatedLocations", []).append({
-            "id": len(result.get("relatedLocations", [])) + 1,
-            **allocated,
-            "message": {"text": f"the step's tensor is re-allocated here: {finding.allocation_frame.function}"},
-        })
+    related = []
+    if finding.edit is not None and finding.capture_frame is not None:  # the op recorded, beside the line to change
+        related.append((finding.capture_frame, f"captured op: {finding.capture_frame.function}"))
+    if finding.shadow_frame is not None and finding.shadow_frame != frame:
+        related.append((finding.shadow_frame, f"shadow (eager) side: {finding.shadow_frame.function}"))
+    if finding.allocation_frame is not None and finding.allocation_frame != frame:
+        related.append((finding.allocation_frame,
+                        f"the step's tensor is re-allocated here: {finding.allocation_frame.function}"))
+    for where, text in related:
+        located = _location(where)
+        if located is not None:
+            result.setdefault("relatedLocations", []).append(
+                {"id": len(result.get("relatedLocations", [])) + 1, **located, "message": {"text": text}})
     result["partialFingerprints"] = {FINGERPRINT_KEY: fingerprint(finding)}
     result["properties"] = {
         "runner": finding.runner,

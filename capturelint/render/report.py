@@ -179,11 +179,13 @@ def render_finding(f: Finding) -> Text:
     t.append(f"[{f.condition}] ", style="dim")
     t.append(f"{f.scope} · {f.op}" + (f" · {f.tensor}" if f.tensor else ""), style="bold")
     t.append(f"\n  segment {f.segment} ({f.runtime_mode})" if f.segment else "")
+    if f.edit is not None:
+        t.append(f"\n  line to change ({f.edit.role}): {f.edit.frame}")
     if f.capture_frame:
         t.append(f"\n  capture: {f.capture_frame}")
     if f.shadow_frame:
         t.append(f"\n  step:    {f.shadow_frame}")
-    if f.allocation_frame:
+    if f.allocation_frame and (f.edit is None or f.allocation_frame != f.edit.frame):
         t.append(f"\n  re-allocated at: {f.allocation_frame}")
     if f.steps:
         t.append(f"\n  seen at replay steps {', '.join(map(str, f.steps))}" + (f" ({f.occurrences} times)" if f.occurrences > 1 else ""), style="dim")
