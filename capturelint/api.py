@@ -153,7 +153,7 @@ def plan_for(settings: Settings, options: EngineOptions) -> CheckPlan:
 
 def check(*, config: str | None = None, static: bool = False, strict: bool = False, require_oracle: bool = False,
           baseline: str | None = None, max_eager_growth: float | None = None, shard: str | None = None,
-          **options: Any) -> Report:
+          accept_findings: str | None = None, update_accepted: bool = False, **options: Any) -> Report:
     """Check that CUDA-graph replay computes what eager execution computes, as
     ``capturelint check`` does, and return the ``capturelint.report.Report``: its
     ``findings``, its ``configs`` (runner, mode, region, numerical evidence and
@@ -171,19 +171,27 @@ def check(*, config: str | None = None, static: bool = False, strict: bool = Fal
             print(f.code, f.capture_frame, f.message)
         check(target="tests/my_engine.py:targets").assert_clean()
         check(runner="all", baseline="regions.json", max_eager_growth=5).assert_clean()
+
+    ``accept_findings`` is the accepted-findings file (``capturelint.waivers``: a file
+    that does not exist is recorded with the check's findings, ``update_accepted``
+    rewrites it); inline ``# capturelint: ignore[CODE]`` comments always apply. The
+    report's ``waived`` lists the findings they accepted.
     """
     settings = load_settings(config)
     return check_with(settings, engine_options(**options), static=static, strict=strict, require_oracle=require_oracle,
-                      baseline=baseline, max_eager_growth=max_eager_growth, shard=shard)
+                      baseline=baseline, max_eager_growth=max_eager_growth, shard=shard,
+                      accept_findings=accept_findings, update_accepted=update_accepted)
 
 
 def check_with(settings: Settings, options: EngineOptions, *, static: bool = False, strict: bool = False,
                require_oracle: bool = False, baseline: str | None = None, max_eager_growth: float | None = None,
-               shard: str | None = None, keep_captures: bool = False) -> Report:
+               shard: str | None = None, keep_captures: bool = False, accept_findings: str | None = None,
+               update_accepted: bool = False) -> Report:
     """``check`` over loaded ``settings`` and parsed ``options`` (the CLI's entry);
     ``keep_captures`` keeps each configuration's capture streams in the report, for a
     format that draws them (``--format html``; the configurations then run in this
     process, as ``show``'s do)."""
+    from capturelint.acceptance import accepted_path, apply, check_writable
     from capturelint.shard import ShardInfo, fingerprint, parse_shard, require_selection
 
     target = options.target
@@ -203,6 +211,12 @@ def check_with(settings: Settings, options: EngineOptions, *, static: bool = Fal
         raise CapturelintError("--baseline gates the regions of a full check; drop --static, or drop --baseline")
     if target is not None and (baseline is not None or max_eager_growth is not None):
         raise CapturelintError("--baseline and --max-eager-growth gate the bundled engine's regions, not --target; drop them")
+    accept_file = accepted_path(accept_findings, settings.accept_findings)
+    if update_accepted and accept_file is None:
+        raise CapturelintError("--update-accepted rewrites the accepted-findings file, and none is given; add "
+                               "--accept-findings FILE (or accept-findings in settings)")
+    if accept_file is not None:
+        check_writable(accept_file, update_accepted, shard_of is not None)
     if target is None and max_eager_growth is not None and baseline_path is None:
         raise CapturelintError("--max-eager-growth is the budget of --baseline, and no baseline is given; "
                                "add --baseline FILE (or baseline in settings), or drop it")
@@ -237,6 +251,11 @@ def check_with(settings: Settings, options: EngineOptions, *, static: bool = Fal
         shaped = dataclasses.replace(plan, shard=None, jobs=1, reuse=True)
         check_id = fingerprint(__version__, shaped, static, fallback_uri(settings))
         report.shard = ShardInfo(shard_of[0], shard_of[1], tuple(labels), check_id)
+    # what is judged (capturelint.waivers): the project's check as its settings say, not a narrowed one
+    whole = not static and not options.given and options.invariants_file is None
+    recorded = apply(report, plan.codes, whole=whole, accept_file=accept_file, update=update_accepted)
+    if recorded is not None:
+        say(f"capturelint: {recorded.message()}")
     empty = report.empty_invariants
     if empty:
         text = (f"invariant(s) {', '.join(empty)} applied to captured graphs but selected no op: the selector "

@@ -44,6 +44,7 @@ class LineRole(enum.Enum):
     ALLOCATION = "allocation"  # the allocation of the tensor that replaced a captured input
     BRANCH = "branch"  # the condition whose choice differed between capture and step
     VIEW = "view"  # the line that took a view of graph memory a later replay rewrote
+    COMMENT = "comment"  # an inline suppression comment (CL902, CL903)
 
     def __str__(self) -> str:
         return self.value
@@ -69,6 +70,7 @@ class Condition(enum.Enum):
     R7 = "R7"  # graph memory, read outside the graph, holds the value meant (bare graphs)
     NUMERICAL = "numerical"
     DECLARED = "declared"  # a declared region invariant (capturelint.invariants), not a replay condition
+    SUPPRESSION = "suppression"  # an inline suppression comment itself (capturelint.waivers), not the engine
 
     def __str__(self) -> str:
         return self.value
@@ -376,6 +378,8 @@ class FindingGroup:
         members, per set of configurations (runner/mode) they were found in."""
         by_config: dict[str, list[str]] = {}
         for f in self.findings:
+            if not f.runner and not f.mode:  # a suppression comment's finding: of no configuration
+                continue
             graphs = by_config.setdefault(f"{f.runner}/{f.mode}", [])
             if f.graph and f.graph not in graphs:
                 graphs.append(f.graph)
@@ -394,7 +398,8 @@ class FindingGroup:
         scopes = self.scopes()
         seen = "; ".join(p for p in (invariant, scopes if scopes != "<top>" else "", self.graphs()) if p)
         what = self.parts.what.rstrip(".")
-        return f"{self.where}: {self.code} {what} [{f'{n} findings: ' if n > 1 else ''}{seen}]"
+        about = f"{f'{n} findings: ' if n > 1 else ''}{seen}"
+        return f"{self.where}: {self.code} {what}" + (f" [{about}]" if about else "")
 
 
 def group_findings(findings: Iterable[Finding]) -> list[FindingGroup]:

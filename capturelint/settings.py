@@ -14,6 +14,7 @@ found means every setting is unset. Printed form::
     ignore = ["CL105"]
     baseline = "capturelint-baseline.json"   # relative to this file's directory
     max-eager-growth = 10                    # percent
+    accept-findings = "capturelint-accepted.json"  # findings accepted (check --accept-findings), relative to this file
     layers = 4
     steps = 8
     seed = 0
@@ -69,8 +70,8 @@ class Settings:
     """The settings of one project; ``None`` for every key the file does not set.
 
     Lists become tuples; runners, modes, the eager region and the break-output policy
-    are parsed into their values (``capturelint.options``); ``baseline`` is resolved
-    against the directory of ``source``; ``source`` is the file read, or ``None``.
+    are parsed into their values (``capturelint.options``); ``baseline`` and
+    ``accept_findings`` are resolved against the directory of ``source``; ``source`` is the file read, or ``None``.
     """
 
     runners: tuple[Runner, ...] | None = None
@@ -80,6 +81,7 @@ class Settings:
     ignore: tuple[str, ...] | None = None
     baseline: Path | None = None
     max_eager_growth: float | None = None
+    accept_findings: Path | None = None
     layers: int | None = None
     steps: int | None = None
     seed: int | None = None
@@ -349,6 +351,7 @@ _KEYS = (
     "ignore",
     "baseline",
     "max-eager-growth",
+    "accept-findings",
     "layers",
     "steps",
     "seed",
@@ -388,6 +391,7 @@ def _settings(path: Path, table: dict[str, Any]) -> Settings:
         ignore=r.codes("ignore", allow_empty=True),
         baseline=r.path("baseline"),
         max_eager_growth=r.percent("max-eager-growth"),
+        accept_findings=r.path("accept-findings"),
         layers=r.count("layers"),
         steps=r.count("steps"),
         seed=r.seed("seed"),

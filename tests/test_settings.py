@@ -104,7 +104,7 @@ def test_unknown_key(tmp_path):
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith(f"{path.resolve()}: [tool.capturelint] unknown key 'runner'; did you mean 'runners'? ")
-    assert "known keys: baseline, break-outputs, eager-region, engine, format, ignore" in message
+    assert "known keys: accept-findings, baseline, break-outputs, eager-region, engine, format, ignore" in message
 
 
 @pytest.mark.parametrize(

@@ -32,10 +32,13 @@ FORMATS = formats("check")
 @click.option("--strict", is_flag=True, help="An invariant that selects no op is an error (exit 2), not a warning.")
 @click.option("--target", metavar="SPEC", help="Check your own engine instead of the bundled one: FILE.py:FUNCTION (the file is executed, as pytest imports test files) or MODULE:FUNCTION, returning capturelint.target.Target objects (engine options such as --runner or --layers do not apply: an error).")
 @click.option("--shard", "shard_text", metavar="K/N", help="Run shard K of N: every N-th configuration (or target) in report order, starting at the K-th; the N shards partition the check and capturelint merge joins their reports (JSON or SARIF) into the unsharded report.")
+@click.option("--accept-findings", "accept_findings", metavar="FILE", help="Accept the findings this file lists (keyed by fingerprint, no line numbers): they are counted, not failed on. A FILE that does not exist is written with this check's findings (settings: accept-findings).")
+@click.option("--update-accepted", is_flag=True, help="Rewrite the --accept-findings file with this check's findings: new ones added, those that no longer occur dropped.")
 @click.option("--require-oracle", is_flag=True, help="A configuration that replays graphs without comparing them with eager execution (a bare CUDA graph whose Target gives no eager twin) is an error (exit 2), for CI that wants numbers (settings: require-oracle).")
 def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, output: str | None, exit_zero: bool,
           baseline: str | None, max_eager_growth: float | None, verbose: bool, static: bool, invariants_file: str | None,
-          strict: bool, target: str | None, shard_text: str | None, require_oracle: bool, **kw: Any) -> int:
+          strict: bool, target: str | None, shard_text: str | None, require_oracle: bool, accept_findings: str | None,
+          update_accepted: bool, **kw: Any) -> int:
     """Check that CUDA-graph replay of the bundled engine computes what eager execution
     computes, under each runner and CUDA-graph mode.
 
@@ -47,6 +50,9 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
     eager twin is not compared with eager execution, and the report says so
     (--require-oracle makes it an error).
 
+    A finding is accepted by a `# capturelint: ignore[CODE]` comment on its line or
+    by the --accept-findings file: it is counted and listed, and does not fail.
+
     Exit status: 0 clean, 1 findings (or region growth over budget with --baseline),
     2 usage, configuration or internal error, 130 interrupted.
     """
@@ -57,9 +63,11 @@ def check(select: tuple[str, ...], ignore: tuple[str, ...], fmt: str | None, out
     rep.preflight()
     report = api.check_with(settings, command_options(dict(kw, invariants_file=invariants_file), select, ignore, target),
                             static=static, strict=strict, require_oracle=require_oracle, baseline=baseline,
-                            max_eager_growth=max_eager_growth, shard=shard_text, keep_captures=rep.captures)
+                            max_eager_growth=max_eager_growth, shard=shard_text, keep_captures=rep.captures,
+                            accept_findings=accept_findings, update_accepted=update_accepted)
     fallback = api.fallback_uri(settings)
-    hint = suggest_hint(kw, select, ignore, target)
+    # suggest finds eager regions: no hint where only suppression comments are reported
+    hint = suggest_hint(kw, select, ignore, target) if any(f.runner or f.mode for f in report.findings) else None
     emit(rep, report, output, Options(verbose=verbose, fallback_uri=fallback, hint=hint, rules=rule_infos()))
     if not (rep.summary and is_stdout(output)):
         say(report.summary_line())

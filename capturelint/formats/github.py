@@ -8,6 +8,7 @@ Printed form::
     ::error file=engine/model.py,line=42,title=CL101 baked-control-flow::capture recorded ...%0A%0A
     Same cause in 8 findings: model.layers.{0..3}.attn; mixed/32 in v1/PIECEWISE, v1/FULL_AND_PIECEWISE
     ::warning title=replay not compared with eager (torch/cudagraph)::replay NOT compared ...
+    ::notice title=findings accepted::2 findings suppressed, 1 accepted: they do not fail the check; ...
 
 (the first line is one line). The annotation of a group carries the message of its
 first finding, and, for a group of several, where else the cause was seen.
@@ -28,13 +29,16 @@ from typing import Sequence
 from capturelint.findings import Finding, FindingGroup, group_findings
 
 
-def to_github(findings: Sequence[Finding], warnings: Sequence[tuple[str, str]] = ()) -> str:
+def to_github(findings: Sequence[Finding], warnings: Sequence[tuple[str, str]] = (),
+              notices: Sequence[tuple[str, str]] = ()) -> str:
     """One annotation line per group of findings (``group_findings``, in the order of
     their first findings' ``Finding.sort_key``), then one ``::warning`` line per
-    ``(title, message)`` of ``warnings`` (what the check could not compare), each
-    ending in a newline; the empty string for neither."""
+    ``(title, message)`` of ``warnings`` (what the check could not compare) and one
+    ``::notice`` line per one of ``notices`` (the findings suppressed or accepted, as
+    counted), each ending in a newline; the empty string for none."""
     lines = [group_annotation(g) for g in group_findings(findings)]
     lines += [f"::warning title={escape_property(title)}::{escape_data(message)}" for title, message in warnings]
+    lines += [f"::notice title={escape_property(title)}::{escape_data(message)}" for title, message in notices]
     return "".join(line + "\n" for line in lines)
 
 

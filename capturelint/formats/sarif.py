@@ -30,6 +30,12 @@ checked project); absolute paths become ``file://`` URIs; frames that name no fi
 the scope, the op and the tensor, and no line number, so an alert survives edits that
 move code; the same hazard found under several runners or modes shares a fingerprint.
 
+**Suppressions.** A finding suppressed by an inline comment or accepted by the
+accepted-findings file (``capturelint.waivers``) is a result too, with the standard
+``suppressions``: ``[{"kind": "inSource", "status": "accepted", "location": <the
+comment>, "justification": <the text after it>}]``, or ``[{"kind": "external", ...,
+"justification": "accepted in FILE"}]``; code scanning shows it as dismissed.
+
 **Group.** ``properties.group`` is the finding's group id
 (``capturelint.findings.group_id``): the results of one cause (the same rule, source
 line and cause in several layers, graphs or configurations) share it, so a viewer can
@@ -51,6 +57,7 @@ from urllib.parse import quote
 
 from capturelint.errors import CapturelintError
 from capturelint.findings import Finding, Frame, RuleInfo, fingerprint, group_id
+from capturelint.waivers import Waived, WaiverKind
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
@@ -66,6 +73,7 @@ def to_sarif(
     *,
     fallback_uri: str | None = None,
     run_properties: dict[str, Any] | None = None,
+    waived: Sequence[Waived] = (),
 ) -> dict[str, Any]:
     """A SARIF 2.1.0 log of ``findings``; ``rules`` must contain the rule of every
     finding (extra rules are listed too, so the log documents the whole rule set).
@@ -75,17 +83,22 @@ def to_sarif(
     numerical oracle's); without it they have no location, which the SARIF schema
     allows but GitHub code scanning rejects ("expected at least one location").
     ``run_properties`` become the run's ``properties`` (a shard's ``shard`` object,
-    ``capturelint.shard``)."""
+    ``capturelint.shard``). ``waived`` are the findings suppressed inline or accepted
+    (``capturelint.waivers``): results too, each with its ``suppressions``."""
     descriptors, index = _rules(rules)
     results = []
-    for finding in sorted(findings, key=Finding.sort_key):
+    entries = [(f, None) for f in findings] + [(w.finding, w) for w in waived]
+    for finding, waiver in sorted(entries, key=lambda e: e[0].sort_key()):
         if finding.code not in index:
             known = ", ".join(sorted(index)) or "none"
             raise CapturelintError(
                 f"finding {finding.code} ({finding.name}) has no rule in the SARIF rule list "
                 f"(rules given: {known}); pass every registered rule to to_sarif"
             )
-        results.append(_result(finding, index[finding.code], fallback_uri))
+        result = _result(finding, index[finding.code], fallback_uri)
+        if waiver is not None:
+            result["suppressions"] = [_suppression(waiver)]
+        results.append(result)
     run: dict[str, Any] = {
         "tool": {
             "driver": {
@@ -173,6 +186,27 @@ def _result(finding: Finding, rule_index: int, fallback_uri: str | None) -> dict
     if finding.invariant is not None:
         result["properties"]["invariant"] = finding.invariant
     return result
+
+
+def result_of(finding: Finding, rule_index: int) -> dict[str, Any]:
+    """The result of one finding that has a source line, as ``to_sarif`` writes it
+    (``capturelint merge`` writes the suppression comments' results with it)."""
+    return _result(finding, rule_index, None)
+
+
+def _suppression(w: Waived) -> dict[str, Any]:
+    """A SARIF ``suppression``: ``inSource`` at the comment that accepts the finding,
+    ``external`` for the accepted-findings file."""
+    if w.kind is WaiverKind.INLINE:
+        file, _, line = w.where.rpartition(":")
+        out: dict[str, Any] = {"kind": "inSource", "status": "accepted"}
+        located = _location(Frame(file, int(line), "")) if line.isdigit() else None
+        if located is not None:
+            out["location"] = located
+        if w.reason:
+            out["justification"] = w.reason
+        return out
+    return {"kind": "external", "status": "accepted", "justification": f"accepted in {w.where}"}
 
 
 def _location(frame: Frame | None) -> dict[str, Any] | None:

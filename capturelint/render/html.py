@@ -78,6 +78,7 @@ def check_html(report: Report) -> str:
         _verdict_section("capturelint check", headline, tone, report.verdict_line(), report.summary_line()),
         _compared_section(report.configs, report.static),
         _findings_section(findings, ids, _Sources()),
+        _waived_section(report),
         _regions_section(report_views(report), ids),
     ]
     if report.region_changes is not None:
@@ -143,6 +144,8 @@ def _verdict(report: Report) -> tuple[str, str]:
         return "Regions changed beyond the baseline's budget", "fail"
     if report.diverged:
         return "Replay differs from eager execution", "fail"
+    if report.waived:  # nothing fails, yet replay was not shown to match
+        return f"No findings that fail the check ({report.waived_text()})", "warn"
     if report.static:
         return "No findings (static check: replay equivalence not checked)", "warn"
     if report.not_compared or any(not c.checked.replayed for c in report.configs):
@@ -244,6 +247,23 @@ def _finding(f: Finding, fid: str, sources: _Sources, group: str) -> str:
         + "".join(sources.excerpt(label, frame) for label, frame in frames if frame is not None)
         + "</article>"
     )
+
+
+def _waived_section(report: Report) -> str:
+    """The findings suppressed inline or accepted, each with what accepts it, and the
+    accepted findings that no longer occur; empty when there are none."""
+    stale = report.stale_accepted()
+    if not report.waived and not stale:
+        return ""
+    items = "".join(f'<li><code>{esc(where(w.finding))}</code>: <b class="code">{esc(w.finding.code)}</b> '
+                    f"{esc(w.finding.name)} · {esc(w.finding.scope)} · {esc(w.finding.runner)}/{esc(w.finding.mode)} "
+                    f"<i>{esc(w.describe())}</i></li>" for w in report.waived)
+    gone = "".join(f"<li>{esc(e.describe())}</li>" for e in stale)
+    title = "; ".join(p for p in (report.waived_text(), f"{len(stale)} accepted no longer found" if stale else "") if p)
+    return (f'<section id="suppressed"><h2>Not failed on ({esc(title)})</h2>'
+            + (f'<ol class="suppressed">{items}</ol>' if items else "")
+            + (f'<p>Accepted, no longer found (<code>--update-accepted</code> drops them):</p><ul>{gone}</ul>'
+               if gone else "") + "</section>")
 
 
 class _Sources(SourceFiles):
