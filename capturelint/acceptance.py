@@ -17,6 +17,7 @@ import dataclasses
 import os
 
 from capturelint.errors import CapturelintError
+from capturelint.options import EngineOptions
 from capturelint.output import write_file
 from capturelint.report import Report
 from capturelint.rules import BY_CODE, suppression_findings
@@ -79,6 +80,15 @@ def check_writable(path: str, update: bool, shard: bool) -> None:
     if (update or not exists) and not os.path.isdir(folder):
         raise CapturelintError(f"--accept-findings: cannot write {path}: the folder {os.path.dirname(path) or folder} "
                                "does not exist; create it or choose another path")
+
+
+def whole_check(options: EngineOptions, static: bool) -> bool:
+    """Whether a check runs every configuration the project's check runs, so that it
+    may call a suppression unused or an accepted finding gone (``capturelint.waivers``):
+    no engine option given on the command line or to the API (each may leave out the
+    configuration or the step that finds it), no ``--invariants`` file, not static. A
+    shard is judged by ``merge``, not here."""
+    return not static and not options.given and options.invariants_file is None
 
 
 def apply(report: Report, codes: frozenset[str], *, whole: bool, accept_file: str | None = None,
@@ -144,4 +154,4 @@ def joined(waivers: list[Waivers | None]) -> Waivers | None:
     return out
 
 
-__all__ = ["Recorded", "accepted_path", "apply", "check_writable", "joined", "rejudge"]
+__all__ = ["Recorded", "accepted_path", "apply", "check_writable", "joined", "rejudge", "whole_check"]

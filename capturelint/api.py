@@ -191,7 +191,7 @@ def check_with(settings: Settings, options: EngineOptions, *, static: bool = Fal
     ``keep_captures`` keeps each configuration's capture streams in the report, for a
     format that draws them (``--format html``; the configurations then run in this
     process, as ``show``'s do)."""
-    from capturelint.acceptance import accepted_path, apply, check_writable
+    from capturelint.acceptance import accepted_path, apply, check_writable, whole_check
     from capturelint.shard import ShardInfo, fingerprint, parse_shard, require_selection
 
     target = options.target
@@ -251,9 +251,8 @@ def check_with(settings: Settings, options: EngineOptions, *, static: bool = Fal
         shaped = dataclasses.replace(plan, shard=None, jobs=1, reuse=True)
         check_id = fingerprint(__version__, shaped, static, fallback_uri(settings))
         report.shard = ShardInfo(shard_of[0], shard_of[1], tuple(labels), check_id)
-    # what is judged (capturelint.waivers): the project's check as its settings say, not a narrowed one
-    whole = not static and not options.given and options.invariants_file is None
-    recorded = apply(report, plan.codes, whole=whole, accept_file=accept_file, update=update_accepted)
+    recorded = apply(report, plan.codes, whole=whole_check(options, static), accept_file=accept_file,
+                     update=update_accepted)
     if recorded is not None:
         say(f"capturelint: {recorded.message()}")
     empty = report.empty_invariants
