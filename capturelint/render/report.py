@@ -108,8 +108,8 @@ def render_concise(report: Report, console: Console) -> None:
     if waived or stale:
         console.print()
     if waived:
-        console.print(Text(f"{waived}: --verbose lists each with the comment or file that accepts it; they do not fail "
-                           "the check", style="dim"), soft_wrap=True)
+        console.print(Text(f"{waived}, not failed on: --verbose lists each with the comment or file that accepts it",
+                           style="dim"), soft_wrap=True)
     for e in stale[:5]:
         console.print(Text(f"accepted, no longer found: {e.describe()}", style="dim"), soft_wrap=True)
     if len(stale) > 5:
