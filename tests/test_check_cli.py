@@ -152,8 +152,8 @@ def test_readme_rule_table_is_the_generated_one():
 
     from capturelint.commands.rules import rules_table_markdown
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert rules_table_markdown() in readme, "regenerate the table with: capturelint rules --format markdown"
+    page = (Path(__file__).resolve().parent.parent / "docs" / "rules.md").read_text()
+    assert rules_table_markdown() in page, "regenerate the table in docs/rules.md with: capturelint rules --format markdown"
 
 
 def test_sarif_report_of_a_real_check_validates_against_the_schema(capsys, tmp_path):
