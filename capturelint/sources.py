@@ -14,11 +14,13 @@ looked up relative to the working directory, the folder holding capturelint and 
 import path (installed packages show their import path, ``vllm/...``).
 
 **The branch.** ``branch_line`` finds, in the innermost function that both sides run
-(the capture side's stack holds it; the step side's op line is in it), the innermost
-``if``/``elif``, ``while``, ``for``, conditional expression or ``match`` whose arms hold
-one side's line and not the other's: two different arms first (``if``/``else``), else one
-arm and the other line outside the statement (an ``if`` without ``else`` that the capture
-entered and the step skipped). Its line is where the choice is made, the line to change.
+(the capture side's stack holds it; the step side's op line is in it), the first
+``if``/``elif``, ``while``, ``for``, conditional expression or ``match`` whose arms do
+not hold the two sides' lines alike: one in each of two arms (``if``/``else``), or one
+in an arm and the other outside the statement (an ``if`` without ``else`` that the
+capture entered and the step skipped). Both runs execute the function from its top, so
+the first such statement is where they parted (those nested in it, only one side
+reached). Its line is where the choice is made, the line to change.
 It gives ``None`` when the step's line is in a function the capture's stack does not run
 (the step side keeps no stack), when both lines are one, when the source is not readable,
 or when no branch statement separates them.
@@ -144,35 +146,34 @@ def _arms(node: ast.AST) -> list[tuple[int, int]] | None:
     return [s for s in (span(b) for b in bodies) if s is not None]
 
 
-def _branches(scope: ast.AST) -> Iterator[tuple[int, ast.AST]]:
+def _branches(scope: ast.AST) -> Iterator[ast.AST]:
     """The branch statements of ``scope``'s own body (not of functions or classes it
-    defines), with their nesting depth."""
-    stack: list[tuple[int, ast.AST]] = [(0, child) for child in ast.iter_child_nodes(scope)]
+    defines)."""
+    stack: list[ast.AST] = list(ast.iter_child_nodes(scope))
     while stack:
-        depth, node = stack.pop()
+        node = stack.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
             continue
         if _arms(node) is not None:
-            yield depth, node
-        stack.extend((depth + 1, child) for child in ast.iter_child_nodes(node))
+            yield node
+        stack.extend(ast.iter_child_nodes(node))
 
 
 def _separating(scope: ast.AST, a: int, b: int) -> int | None:
-    """The line of the innermost branch of ``scope`` whose arms hold ``a`` and ``b`` in
-    two different arms, else of the innermost holding exactly one of them in an arm."""
-    both: list[tuple[int, int]] = []
-    one: list[tuple[int, int]] = []
-    for depth, node in _branches(scope):
+    """The line of the branch of ``scope`` where lines ``a`` and ``b`` parted: of the
+    branch statements whose arms hold one of them and not the other in the same arm
+    (two different arms, or one arm and the other line outside the statement), the one
+    that starts first. The two runs execute the function from its top, so the first such
+    decision is where they parted; the ones nested in it were taken by one side only."""
+    found: list[tuple[int, int]] = []
+    for node in _branches(scope):
         arms = _arms(node) or []
         at_a = next((i for i, (lo, hi) in enumerate(arms) if lo <= a <= hi), None)
         at_b = next((i for i, (lo, hi) in enumerate(arms) if lo <= b <= hi), None)
-        line = node.test.lineno if isinstance(node, ast.IfExp) else node.lineno
-        if at_a is not None and at_b is not None and at_a != at_b:
-            both.append((depth, line))
-        elif (at_a is None) != (at_b is None):
-            one.append((depth, line))
-    chosen = both or one
-    return max(chosen)[1] if chosen else None
+        if at_a != at_b:
+            line = node.test.lineno if isinstance(node, ast.IfExp) else node.lineno
+            found.append((node.lineno, line))
+    return min(found)[1] if found else None
 
 
 __all__ = ["MAX_SOURCE_BYTES", "SourceFiles", "branch_line", "same_function"]

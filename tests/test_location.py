@@ -105,6 +105,9 @@ def prepare(q, md, n):
     while n:
         n = step(n)
     done(n)
+    if md:
+        if n:
+            c = third(q)
     b = (first(q)
          if md
          else second(q))
@@ -137,7 +140,9 @@ def test_branch_line_finds_the_condition_whose_arms_part_the_two_sides(tmp_path)
     # a loop that ran once more at capture
     assert branch_line([at(12)], at(13), sources).line == 11
     # a conditional expression over three lines: its test's line
-    assert branch_line([at(14)], at(16), sources).line == 15
+    assert branch_line([at(17)], at(19), sources).line == 18
+    # the capture entered two nested ifs that the step went past: the outer one decided
+    assert branch_line([at(16)], at(17), sources).line == 14
     found = branch_line([at(3)], at(4), sources)
     assert (found.file, found.function, found.source) == ("engine.py", "prepare", str(tmp_path / "engine.py"))
 
@@ -146,16 +151,16 @@ def test_branch_line_walks_the_capture_stack_to_the_function_both_sides_run(tmp_
     sources, at = frames(tmp_path)
     # the capture's op ran in helper(), called from prepare's last line; the step's in prepare, inside the
     # first if, which the capture skipped
-    assert branch_line([at(21, "helper", 20), at(17)], at(3), sources).line == 2
+    assert branch_line([at(24, "helper", 23), at(20)], at(3), sources).line == 2
     # the step's op inside helper() too: its function is the common one, and nothing in it branches
-    assert branch_line([at(21, "helper", 20), at(17)], at(21, "helper", 20), sources) is None
+    assert branch_line([at(24, "helper", 23), at(20)], at(24, "helper", 23), sources) is None
 
 
 def test_branch_line_gives_none_where_nothing_separates(tmp_path):
     sources, at = frames(tmp_path)
     assert branch_line([at(4)], at(4), sources) is None  # one line
     assert branch_line([at(4)], at(13), sources) is None  # straight-line code
-    assert branch_line([at(21, "helper", 20)], at(4), sources) is None  # the step's function is not on the stack
+    assert branch_line([at(24, "helper", 23)], at(4), sources) is None  # the step's function is not on the stack
     missing = Frame("gone.py", 3, "prepare", "prepare", str(tmp_path / "gone.py"), 1)
     assert branch_line([missing], Frame("gone.py", 4, "prepare", "prepare", missing.source, 1), sources) is None
 

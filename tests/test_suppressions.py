@@ -252,3 +252,21 @@ def test_what_cannot_decide_the_accepted_file_is_refused_before_the_run(tmp_path
     code, _, err = check(capsys, path, "--accept-findings", str(tmp_path / "new.json"), "--shard", "1/1")
     assert code == 2 and "does not exist, and recording it writes one file for the whole check" in err
     assert not (tmp_path / "new.json").exists()
+
+
+def test_capturelint_run_applies_a_scripts_inline_suppressions(tmp_path, capsys):
+    script = tmp_path / "serve.py"
+    script.write_text(
+        "import torch\n"
+        "static_x = torch.zeros(4, device='cuda')\n"
+        "g = torch.cuda.CUDAGraph()\n"
+        "with torch.cuda.graph(g):\n"
+        "    y = static_x * 2\n"
+        "for i in range(3):\n"
+        "    static_x = torch.full((4,), float(i), device='cuda')  # capturelint: ignore[CL104]\n"
+        "    g.replay()\n"
+    )
+    capsys.readouterr()
+    assert main(["run", "--format", "json", str(script)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["findings"] == [] and [f["code"] for f in doc["suppressed"]] == ["CL104"]

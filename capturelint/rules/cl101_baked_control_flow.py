@@ -73,11 +73,12 @@ class BakedControlFlow(Rule):
     Compares the sampled steps only: a branch that real steps take rarely (a long
     context, a rare batch shape) is caught when the workload reaches it. Ops are
     compared by overload and module scope, not by kernel configuration. The finding is
-    located at the branch condition (`if`, `elif`, `while`, `for`, a conditional
-    expression, `match`) whose arms hold one side's op line and not the other's, in the
-    innermost function both sides run; where the step's op runs in a function the
-    capture never entered, or no branch statement separates the two lines (an early
-    `return` in a callee), it is located at the captured op.
+    located at the branch condition where the two sides parted: in the innermost
+    function both sides run, the first `if`, `elif`, `while`, `for`, conditional
+    expression or `match` whose arms hold one side's op line and not the other's. Where
+    the step's op runs in a function the capture never entered, or no branch statement
+    separates the two lines (an early `return` in a callee), it is located at the
+    captured op.
     """
 
     def check(self, view: StepView) -> Iterator[Finding]:
