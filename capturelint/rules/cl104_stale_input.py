@@ -113,7 +113,7 @@ class StaleInput(Rule):
             replacement = capture.names_now.get(name)
         allocated = capture.allocated_at(replacement) if replacement is not None else None
         at = self.freed_allocated_note.format(at=where(allocated), function=allocated.function) if allocated else ""
-        if event.rebound_at is not None:
+        if event.rebound_at is not None and where(event.rebound_at) != where(allocated):  # one line says both
             at += self.rebound_note.format(at=where(event.rebound_at))
         moved = self.moved_note.format(name=name, allocated=at) if replacement is not None else ""
         message = self.freed_message.format(
