@@ -39,8 +39,8 @@ from capturelint.waivers import (
 @dataclasses.dataclass(frozen=True)
 class Recorded:
     """What ``apply`` wrote to the accepted-findings file: ``path``, the entries it now
-    holds, and whether it was new (else updated); ``kept`` are the entries a narrowed
-    check kept unjudged."""
+    holds, and whether it was new (else updated); ``kept`` counts the entries kept
+    because this check cannot tell whether they still occur."""
 
     path: str
     entries: int
@@ -53,8 +53,8 @@ class Recorded:
             return (f"recorded {self.entries} finding{'s' * (self.entries != 1)} in {self.path}, which did not exist: "
                     f"this check accepts {'it' if self.entries == 1 else 'them'}, and later checks with "
                     f"--accept-findings {self.path} fail only on findings not in it; commit the file")
-        kept = (f" ({self.kept} kept unjudged: this check ran part of the project's configurations)" if self.kept
-                else "")
+        kept = (f" ({self.kept} kept: this check cannot tell whether they still occur, as it ran part of the "
+                "project's configurations or their rules had nothing to check)" if self.kept else "")
         return f"updated {self.path}: {self.entries} accepted finding{'s' * (self.entries != 1)}{kept}"
 
 
@@ -126,7 +126,9 @@ def apply(report: Report, codes: frozenset[str], *, whole: bool, accept_file: st
     if not record:
         return None
     assert accept_file is not None
-    unjudged = () if report.judged else unmatched  # a narrowed check cannot tell that they are gone
+    # an entry this check cannot tell is gone (a narrowed check, a rule that checked nothing) stays
+    gone = {e.fingerprint for e in report.stale_accepted()}
+    unjudged = tuple(e for e in unmatched if e.fingerprint not in gone)
     write_file(accept_file, dump_accepted(recorded + list(unjudged)))
     total = len({e.fingerprint for e in recorded + list(unjudged)})
     report.waivers = dataclasses.replace(report.waivers, accepted_entries=total, unmatched=unjudged)
