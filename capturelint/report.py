@@ -339,7 +339,7 @@ class Report:
         if any(remaining.values()):
             raise ValueError("the configurations' finding counts disagree with the findings listed")
         remaining = {id(c): c_doc.get("suppressed", 0) for c, c_doc in zip(configs, doc["configurations"])}
-        for w in (Waived.from_json(w) for w in doc["suppressed"]):
+        for w in (Waived.from_json(w) for w in doc.get("suppressed", ())):
             owner = next((c for c in configs if (c.runner, c.mode) == (w.finding.runner, w.finding.mode)
                           and remaining[id(c)] > 0), None)
             if owner is None:

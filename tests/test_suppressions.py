@@ -4,8 +4,10 @@ and the ``--accept-findings`` file (``capturelint.waivers``)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from bare_programs import line_of, write
@@ -104,7 +106,10 @@ def test_an_inline_suppression_on_the_reported_line_turns_the_finding_into_a_cou
     assert "matches eager" not in out  # a suppressed finding is not a pass of replay
 
     code, out, _ = check(capsys, path, "--format", "sarif")
-    (result,) = json.loads(out)["runs"][0]["results"]
+    log = json.loads(out)
+    schema = json.loads((Path(__file__).parent / "data" / "sarif-schema-2.1.0.json").read_text())
+    jsonschema.Draft4Validator(schema).validate(log)  # the standard's suppressions, as the schema has them
+    (result,) = log["runs"][0]["results"]
     (sup,) = result["suppressions"]
     assert sup["kind"] == "inSource" and sup["justification"] == "the old batch is dropped on purpose"
     assert sup["location"]["physicalLocation"]["region"]["startLine"] == line_of(path, REBIND)
@@ -115,6 +120,17 @@ def test_an_inline_suppression_on_the_reported_line_turns_the_finding_into_a_cou
 
     code, out, _ = check(capsys, path, "--verbose")
     assert f"suppressed at prog.py:{line_of(path, REBIND)} (the old batch is dropped on purpose)" in out
+
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="needs Graphviz's 'dot' (Debian package graphviz)")
+def test_the_html_report_counts_and_lists_suppressed_findings(tmp_path, capsys):
+    path = program(tmp_path, comment="# capturelint: ignore[CL104]")
+    code, _, _ = check(capsys, path, "--format", "html", "-o", "report.html")
+    page = Path("report.html").read_text()
+    assert code == 0 and "<h1>No findings that fail the check (1 finding suppressed)</h1>" in page
+    assert '<section id="suppressed"><h2>Not failed on (1 finding suppressed)</h2>' in page
+    assert f"<code>prog.py:{line_of(path, REBIND)}</code>: <b class=\"code\">CL104</b>" in page
 
 
 def test_a_suppression_on_the_captured_ops_line_applies_too(tmp_path, capsys):
