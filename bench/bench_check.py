@@ -28,7 +28,7 @@ import time
 import torch
 
 from capturelint.analyzer import RunLabel
-from capturelint.adapters.bundled import CHECK_MODES, engine_config, forward_context_probe, layer_scope_group, make_plan, run_check
+from capturelint.adapters.bundled.plan import CHECK_MODES, engine_config, forward_context_probe, layer_scope_group, make_plan, run_check
 from capturelint.engine.llm import Engine
 from capturelint.harness import trace_run
 from capturelint.settings import Settings

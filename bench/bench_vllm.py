@@ -33,12 +33,13 @@ IMPORT = ("import os; os.environ.setdefault('VLLM_TARGET_DEVICE','cpu'); os.envi
           "import vllm, vllm.models.deepseek_v4.nvidia.flashmla")
 UNTRACED = """
 import os, time
-from capturelint.adapters.vllm import cpu_shim
-from capturelint.adapters.vllm_runners import RunSpec, Runner
+from capturelint.adapters.vllm.install import cpu_shim
+from capturelint.adapters.vllm.runners.reproduced import ReproducedLoop
+from capturelint.adapters.vllm.workload import RunSpec
 with cpu_shim():
-    Runner(RunSpec()).generate()  # once for the lazy imports and first-call costs a check pays once too
+    ReproducedLoop(RunSpec()).generate()  # once for the lazy imports and first-call costs a check pays once too
     t0 = time.perf_counter()
-    Runner(RunSpec()).generate()  # v1 PIECEWISE, the default model and workload
+    ReproducedLoop(RunSpec()).generate()  # v1 PIECEWISE, the default model and workload
     print(time.perf_counter() - t0)
 """
 COMMANDS = {

@@ -525,8 +525,8 @@ class Numerical:
             "runner": self.runner,
             "mode": self.mode,
             "token_agreement": None if self.token_agreement is None else round(self.token_agreement, 6),
-            "max_step_error": _number(self.max_step_error),
-            "max_logit_error": None if self.max_logit_error is None else _number(self.max_logit_error),
+            "max_step_error": json_number(self.max_step_error),
+            "max_logit_error": None if self.max_logit_error is None else json_number(self.max_logit_error),
             "replay_steps": self.replay_steps,
         }
 
@@ -539,7 +539,7 @@ class Numerical:
                    doc["replay_steps"])
 
 
-def _number(x: float) -> float | str:
+def json_number(x: float) -> float | str:
     """A float for JSON: 6 significant digits; ``"inf"`` or ``"nan"`` where it is not
     finite (JSON has no such numbers)."""
     if x != x:
@@ -550,7 +550,7 @@ def _number(x: float) -> float | str:
 
 
 def _from_number(x: float | str) -> float:
-    """The inverse of ``_number``: ``"nan"``, ``"inf"`` and ``"-inf"`` are read back as floats."""
+    """The inverse of ``json_number``: ``"nan"``, ``"inf"`` and ``"-inf"`` are read back as floats."""
     if isinstance(x, str):
         if x not in ("nan", "inf", "-inf"):
             raise ValueError(f"{x!r} is not a number")

@@ -153,7 +153,7 @@ class ConfigReport:
             "mode": self.mode,
             "eager_region": self.eager_region,
             "findings": len(self.findings),
-            "graphs": [g.to_json() for g in sorted(self.graphs, key=_graph_order)],
+            "graphs": [g.to_json() for g in sorted(self.graphs, key=graph_order)],
             "note": self.note,
             "checked": self.checked.to_json(),
             **({"suppressed": len(self.waived)} if self.waived else {}),
@@ -564,7 +564,7 @@ def _cut(items: list[str], limit: int = 5) -> str:
     return ", ".join(items[:limit]) + (f" ... and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def _graph_order(g: GraphMap) -> tuple:
+def graph_order(g: GraphMap) -> tuple:
     kind, _, size = g.graph.partition("/")
     return (g.runtime_mode, kind, int(size) if size.isdigit() else 0, g.graph)
 

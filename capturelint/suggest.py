@@ -274,7 +274,7 @@ class Outcome:
         return cls(label, False, (), frozenset(), 0.0, 0, None, None, False, error)
 
     def to_json(self) -> dict[str, Any]:
-        from capturelint.findings import _number
+        from capturelint.findings import json_number
 
         return {
             "configuration": self.label,
@@ -282,7 +282,7 @@ class Outcome:
             "findings": list(self.findings),
             "eager_ops_per_step": self.eager_ops_per_step,
             "replay_steps": self.replay_steps,
-            "max_step_error": None if self.max_step_error is None else _number(self.max_step_error),
+            "max_step_error": None if self.max_step_error is None else json_number(self.max_step_error),
             "token_agreement": None if self.token_agreement is None else round(self.token_agreement, 6),
             "diverged": self.diverged,
             "error": self.error,

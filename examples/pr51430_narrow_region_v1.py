@@ -64,7 +64,7 @@ import textwrap
 
 import torch
 
-from capturelint.adapters.bundled import make_plan, run_check
+from capturelint.adapters.bundled.plan import make_plan, run_check
 from capturelint.cli import EXIT_CLEAN, EXIT_FINDINGS
 from capturelint.engine.config import EngineConfig
 from capturelint.engine.llm import EQUAL_LOGIT_TOLERANCE, run_with_eager_twin

@@ -60,7 +60,7 @@ import textwrap
 
 import torch
 
-from capturelint.adapters.bundled import make_plan, run_check
+from capturelint.adapters.bundled.plan import make_plan, run_check
 from capturelint.engine.config import DEEPSEEK_V4, EagerRegion, EngineConfig, Runner
 from capturelint.runtime.forward_context import CUDAGraphMode
 from capturelint.engine.llm import EQUAL_LOGIT_TOLERANCE

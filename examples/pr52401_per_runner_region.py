@@ -51,7 +51,7 @@ import textwrap
 
 import torch
 
-from capturelint.adapters.bundled import CHECK_MODES, make_plan, run_check
+from capturelint.adapters.bundled.plan import CHECK_MODES, make_plan, run_check
 from capturelint.cli import EXIT_CLEAN, EXIT_FINDINGS
 from capturelint.engine.config import EngineConfig
 from capturelint.rules.cl901_unexplained_divergence import STEP_TOLERANCE

@@ -32,7 +32,7 @@ def _configuration_memo():
 def cached_configurations(monkeypatch, _configuration_memo):
     """Run each bundled-engine configuration once per session: the checker is
     deterministic, so tests that ask for the same (plan, runner, mode) share it."""
-    import capturelint.adapters.bundled as bundled
+    import capturelint.adapters.bundled.plan as bundled
 
     real = bundled.run_configuration
 
@@ -52,7 +52,7 @@ def cached_configurations(monkeypatch, _configuration_memo):
 @pytest.fixture
 def real_configurations(monkeypatch):
     """Undo the memo: the test needs fresh runs (determinism)."""
-    import capturelint.adapters.bundled as bundled
+    import capturelint.adapters.bundled.plan as bundled
     import importlib
 
     fresh = importlib.reload(bundled)

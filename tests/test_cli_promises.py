@@ -55,7 +55,7 @@ def cli_process(*args: str, cwd: Path | str = ROOT, env: dict | None = None, **k
 @pytest.fixture
 def no_engine(monkeypatch):
     """Fail the test if a command starts the engine: the error must come first."""
-    import capturelint.adapters.bundled as bundled
+    import capturelint.adapters.bundled.plan as bundled
 
     calls: list[str] = []
 
@@ -72,7 +72,7 @@ def no_engine(monkeypatch):
 @pytest.fixture
 def fake_recording(monkeypatch):
     """``snapshot`` records ``TINY_MAP`` instead of running the engine."""
-    import capturelint.adapters.bundled as bundled
+    import capturelint.adapters.bundled.plan as bundled
 
     monkeypatch.setattr(bundled, "record_regions", lambda plan, progress=None: TINY_MAP)
 
@@ -588,7 +588,7 @@ def test_21_the_help_lists_each_command_with_its_own_summary():
 
 
 def test_an_internal_error_is_one_line_and_the_traceback_is_on_request(capsys, monkeypatch):
-    import capturelint.adapters.bundled as bundled
+    import capturelint.adapters.bundled.plan as bundled
 
     def boom(*args, **kwargs):
         raise ValueError("boom")

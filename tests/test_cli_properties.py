@@ -133,7 +133,7 @@ def _fake_regions(plan, progress=None) -> RegionMap:
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory):
     """A folder to run in, the engine replaced by fakes, and a tripwire on real runs."""
-    import capturelint.adapters.bundled as bundled
+    import capturelint.adapters.bundled.plan as bundled
     import capturelint.engine.cli as engine_cli
     import capturelint.pipeline as pipeline
     from capturelint.errors import CapturelintError

@@ -63,7 +63,7 @@ def test_syntax_forms_and_where_each_comes_from(tmp_path):
 
 
 def test_the_bundled_defaults_are_the_examples_invariants():
-    from capturelint.adapters.bundled_invariants import default_invariants
+    from capturelint.adapters.bundled.invariants import default_invariants
     from capturelint.invariants import parse_invariants
 
     doc = tomllib.loads((ROOT / "examples" / "invariants" / "pyproject.toml").read_text())

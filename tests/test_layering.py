@@ -34,7 +34,9 @@ other adapter's modules (``adapters.common`` is what they share, ``adapters.regi
 may import every adapter), only the bundled adapter imports the engine and only the vLLM
 adapter imports vllm; the API, commands and the CLI import no engine and no runtime, and of the
 adapters only the registry; no import cycle. Nothing outside ``adapters/registry.py``
-compares an engine's name (``test_nothing_outside_the_registry_switches_on_the_engine``).
+compares an engine's name (``test_nothing_outside_the_registry_switches_on_the_engine``),
+and no module takes another's private name (``from X import _name``, ``X._name``:
+``test_no_module_takes_another_ones_private_names``).
 
 Every ``import`` and ``from ... import`` of the package counts, at module level or in a
 function (a lazy import is still a dependency), and so does one under ``if
@@ -106,7 +108,7 @@ RUNTIME_USERS = {
 REGISTRY = "capturelint.adapters.registry"
 ADAPTERS_SHARED = {"capturelint.adapters", "capturelint.adapters.common", REGISTRY}
 
-# The engine families (--engine); an adapter's family is its module name up to the first "_".
+# The engine families (--engine); an adapter's family is its package (or module) under adapters/.
 ENGINE_NAMES = ("bundled", "vllm")
 
 
@@ -187,8 +189,11 @@ def room_of(module: str) -> str | None:
 
 
 def family(module: str) -> str:
-    """An adapter's engine family: ``adapters.vllm_plan`` -> ``vllm``."""
-    return module.rpartition(".")[2].split("_")[0]
+    """An adapter's engine family: its package or module under ``adapters/``
+    (``adapters.vllm.runners.real`` -> ``vllm``, ``adapters.target`` -> ``target``);
+    outside it, the module's own name (``capturelint.target`` -> ``target``)."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == [ROOT, "adapters"] and len(parts) > 2 else parts[-1]
 
 
 Edge = tuple[str, str]
@@ -345,11 +350,51 @@ def new_engine_switches(package: Path = PACKAGE) -> list[tuple[str, str]]:
     return sorted(new.elements())
 
 
+# ---------------------------------------------------------- private names stay home
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_imports(package: Path = PACKAGE) -> list[tuple[str, str]]:
+    """A module's private names (``_name``) are its own: no module of the package takes
+    one from another, by ``from X import _name`` or as ``X._name`` of a module it
+    imported; a name two modules share is public (or lives in one module). As
+    (importing module, ``X._name``)."""
+    modules = {module_name(p, package): p for p in package.rglob("*.py")}
+    found = []
+    for name, path in sorted(modules.items()):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        package_name = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        bound: dict[str, str] = {}  # local name -> the package module it is
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    kept = package_name.split(".")[: len(package_name.split(".")) - node.level + 1]
+                    base = ".".join(kept + ([base] if base else []))
+                if base.split(".")[0] != ROOT:
+                    continue
+                for alias in node.names:
+                    if _private(alias.name):
+                        found.append((name, f"{base}.{alias.name}"))
+                    if f"{base}.{alias.name}" in modules:
+                        bound[alias.asname or alias.name] = f"{base}.{alias.name}"
+            elif isinstance(node, ast.Import):
+                bound.update((a.asname, a.name) for a in node.names if a.asname and a.name.split(".")[0] == ROOT)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in bound
+                    and _private(node.attr) and bound[node.value.id] != name):
+                found.append((name, f"{bound[node.value.id]}.{node.attr}"))
+    return sorted(set(found))
+
+
 # ------------------------------------------------------------ the real package
 
 
 def test_the_graph_sees_the_package():
-    assert {"capturelint.tracer", "capturelint.runtime.protocol", "capturelint.adapters.bundled"} <= set(GRAPH)
+    assert {"capturelint.tracer", "capturelint.runtime.protocol", "capturelint.adapters.bundled.plan"} <= set(GRAPH)
     assert GRAPH.has_edge("capturelint.tracer", "capturelint.runtime.protocol")
     # from capturelint.runtime import frames: an edge to the module, not to the package
     assert GRAPH.has_edge("capturelint.harness", "capturelint.runtime.frames")
@@ -358,7 +403,7 @@ def test_the_graph_sees_the_package():
     assert TYPED.has_edge("capturelint.rules.base", "capturelint.analyzer")
     assert not GRAPH.has_edge("capturelint.rules.base", "capturelint.analyzer")
     assert GRAPH.edges <= TYPED.edges
-    assert "vllm" in TYPED.nodes["capturelint.adapters.vllm"]["third_party"]
+    assert "vllm" in TYPED.nodes["capturelint.adapters.vllm.install"]["third_party"]
 
 
 def test_every_module_is_in_one_room():
@@ -428,6 +473,10 @@ def test_every_record_type_is_documented_where_defined():
         assert doc and not generated, f"records.{t.__name__} has no docstring of its own"
 
 
+def test_no_module_takes_another_ones_private_names():
+    assert private_imports() == []
+
+
 @pytest.mark.parametrize("needle, home", [
     ("alias_info", "runtime/schema.py"),  # the one op-schema reader
     ("_getframe", "runtime/frames.py"),  # the one frame walker
@@ -455,17 +504,21 @@ def scratch(tmp_path: Path, edits: dict[str, str]) -> Path:
 
 @pytest.mark.parametrize("door, where, line, breach", [
     # the vLLM adapter imports the bundled engine
-    ("adapter_imports_engine", "adapters/vllm_plan.py", "import capturelint.engine.dsv4.ops",
-     ("capturelint.adapters.vllm_plan", "capturelint.engine.dsv4.ops")),
+    ("adapter_imports_engine", "adapters/vllm/plan.py", "import capturelint.engine.dsv4.ops",
+     ("capturelint.adapters.vllm.plan", "capturelint.engine.dsv4.ops")),
+    ("adapter_imports_engine", "adapters/vllm/kernels/reference.py", "from capturelint.engine.dsv4 import ops",
+     ("capturelint.adapters.vllm.kernels.reference", "capturelint.engine.dsv4.ops")),
     ("adapter_imports_engine", "adapters/common.py", "from capturelint.engine import llm",
      ("capturelint.adapters.common", "capturelint.engine.llm")),
     # an adapter imports another adapter, or what they share imports one
-    ("adapter_imports_other_adapter", "adapters/bundled.py", "from capturelint.adapters import vllm_plan",
-     ("capturelint.adapters.bundled", "capturelint.adapters.vllm_plan")),
-    ("adapter_imports_other_adapter", "adapters/common.py", "from capturelint.adapters.bundled import CheckPlan",
-     ("capturelint.adapters.common", "capturelint.adapters.bundled")),
-    ("vllm_outside_the_vllm_adapter", "adapters/bundled.py", "import vllm.config",
-     ("capturelint.adapters.bundled", "vllm")),
+    ("adapter_imports_other_adapter", "adapters/bundled/plan.py", "from capturelint.adapters.vllm import plan",
+     ("capturelint.adapters.bundled.plan", "capturelint.adapters.vllm.plan")),
+    ("adapter_imports_other_adapter", "adapters/vllm/runners/real.py", "from capturelint.adapters.bundled import plan",
+     ("capturelint.adapters.vllm.runners.real", "capturelint.adapters.bundled.plan")),
+    ("adapter_imports_other_adapter", "adapters/common.py", "from capturelint.adapters.bundled.plan import CheckPlan",
+     ("capturelint.adapters.common", "capturelint.adapters.bundled.plan")),
+    ("vllm_outside_the_vllm_adapter", "adapters/bundled/plan.py", "import vllm.config",
+     ("capturelint.adapters.bundled.plan", "vllm")),
     # a command imports the engine, a runtime, or an adapter past the registry
     ("command_imports_engine_or_runtime", "commands/check.py", "from capturelint.engine.llm import LLM",
      ("capturelint.commands.check", "capturelint.engine.llm")),
@@ -534,16 +587,17 @@ def test_a_new_module_must_be_placed(tmp_path):
 
 def test_the_doors_let_through_what_the_picture_allows(tmp_path):
     package = scratch(tmp_path, {
-        "adapters/registry.py": "from capturelint.adapters import bundled, target, vllm_plan",
+        "adapters/registry.py": "from capturelint.adapters.vllm import plan",
         "adapters/common.py": "from capturelint.pipeline import check_all",
-        "adapters/vllm.py": "from capturelint.adapters.common import check_all",
-        "adapters/bundled.py": "from capturelint.engine.dsv4 import ops",
+        "adapters/vllm/install.py": "from capturelint.adapters.common import check_all",
+        "adapters/vllm/runners/spec.py": "from capturelint.adapters.vllm.runners.reproduced import Batch",
+        "adapters/bundled/plan.py": "from capturelint.engine.dsv4 import ops",
         "commands/check.py": "from capturelint.adapters.registry import bundled",
         "options.py": "from capturelint.runtime.protocol import BreakOutputs",
         "snapshot.py": "from capturelint.options import BreakOutputs",
     })
     graph = import_graph(package)
-    assert graph.has_edge("capturelint.adapters.registry", "capturelint.adapters.vllm_plan")
+    assert graph.has_edge("capturelint.adapters.registry", "capturelint.adapters.vllm.plan")
     assert unplaced_modules(graph) == []
     assert {door: new_violations(door, graph) for door in DOORS} == {door: [] for door in DOORS}
 
@@ -552,16 +606,35 @@ def test_the_doors_let_through_what_the_picture_allows(tmp_path):
     ("commands/check.py", 'x = settings.engine != "vllm"', "settings.engine != 'vllm'"),
     ("pipeline.py", 'x = engine == "bundled"', "engine == 'bundled'"),
     ("adapters/target.py", 'x = kind in ("bundled", "vllm")', "kind in ('bundled', 'vllm')"),
-    ("adapters/vllm.py", 'x = name == "bundled"', "name == 'bundled'"),
+    ("adapters/vllm/install.py", 'x = name == "bundled"', "name == 'bundled'"),
 ])
 def test_a_scratch_engine_switch_is_found(tmp_path, where, line, switch):
     assert new_engine_switches(scratch(tmp_path, {where: line})) == [(where, switch)]
 
 
+@pytest.mark.parametrize("where, line, breach", [
+    ("adapters/vllm/runners/spec.py", "from capturelint.adapters.vllm.model import _LAYER_NAMES",
+     ("capturelint.adapters.vllm.runners.spec", "capturelint.adapters.vllm.model._LAYER_NAMES")),
+    ("commands/check.py", "from .common import _hidden", ("capturelint.commands.check", "capturelint.commands.common._hidden")),
+    ("adapters/vllm/runners/real.py", "from capturelint.adapters.vllm import install as i\nx = i._shim_lock",
+     ("capturelint.adapters.vllm.runners.real", "capturelint.adapters.vllm.install._shim_lock")),
+])
+def test_a_scratch_private_import_is_found(tmp_path, where, line, breach):
+    assert private_imports(scratch(tmp_path, {where: line})) == [breach]
+
+
+def test_a_modules_own_private_names_and_dunders_are_no_breach(tmp_path):
+    package = scratch(tmp_path, {
+        "adapters/vllm/model.py": "from capturelint.adapters.vllm import model as me\nx = me._distributed_ready",
+        "adapters/vllm/plan.py": "from capturelint import __name__ as pkg_name\nimport torch._dynamo",
+    })
+    assert private_imports(package) == []
+
+
 def test_the_registry_and_an_adapter_naming_itself_are_no_switch(tmp_path):
     package = scratch(tmp_path, {
         "adapters/registry.py": 'x = plan.engine == "vllm"',
-        "adapters/vllm_kernels.py": 'x = "vllm" in sys.modules',
+        "adapters/vllm/kernels/reference.py": 'x = "vllm" in sys.modules',
         "baseline.py": "x = old.engine == new.engine",  # the same engine twice: not which one
     })
     assert new_engine_switches(package) == []

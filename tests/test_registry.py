@@ -103,7 +103,7 @@ def test_the_registry_loads_adapters_when_asked():
     # the commands import the registry to build --engine's choices: no adapter, no torch
     code = ("import sys; import capturelint.adapters.registry as r\n"
             "print(sorted(m for m in sys.modules if m.startswith('capturelint.adapters')), 'torch' in sys.modules)\n"
-            "r.adapter('bundled'); print('capturelint.adapters.vllm_plan' in sys.modules, "
+            "r.adapter('bundled'); print('capturelint.adapters.vllm.plan' in sys.modules, "
             "'capturelint.adapters.bundled' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -48,7 +48,7 @@ def memo_configurations():
     """Run each configuration of the bundled engine once for the module, whatever shard
     asks for it (see the module docstring), within this block only: for checks run with
     ``--jobs 1``, whose configurations run in this process."""
-    import capturelint.adapters.bundled as bundled
+    import capturelint.adapters.bundled.plan as bundled
 
     real = bundled.run_configuration
 

@@ -103,7 +103,7 @@ def test_svg_and_png_are_drawn_by_dot(memo_runs, tmp_path, capsys):
 
 def test_missing_dot_is_an_error_before_the_run_and_writes_nothing(tmp_path, capsys, monkeypatch):
     # it once wrote FILE.dot instead, a file the user did not name (tests/test_io_faults.py, N12)
-    import capturelint.adapters.bundled as bundled
+    import capturelint.adapters.bundled.plan as bundled
 
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.setattr(bundled, "run_check", lambda *a, **k: pytest.fail("the engine ran before the error"))

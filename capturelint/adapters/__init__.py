@@ -11,8 +11,8 @@ know no engine; a new engine family is one adapter module plus its tests.
 - ``common``: what adapters share (the plan and its resolution, running it,
   capturelint's forward-context conventions); it imports no adapter, and no adapter
   imports another;
-- ``bundled``: the bundled DeepSeek V4 engine (``capturelint.engine``);
-- ``vllm_plan`` (with ``vllm``, ``vllm_runners``, ``vllm_kernels``): vLLM's own
-  attention, ``--engine vllm``;
+- ``bundled/``: the bundled DeepSeek V4 engine (``capturelint.engine``), a package;
+- ``vllm/``: vLLM's own attention, ``--engine vllm``, a package (its rooms in its
+  ``__init__``);
 - ``target``: a user's engine, named on the command line with ``--target``.
 """

@@ -76,8 +76,8 @@ SCRIPT = "script"  # the adapter ``capturelint run SCRIPT.py`` chooses
 
 # name -> the adapter, or the module that is one (imported when first asked for)
 _ADAPTERS: dict[str, str | Adapter] = {
-    "bundled": "capturelint.adapters.bundled",
-    "vllm": "capturelint.adapters.vllm_plan",
+    "bundled": "capturelint.adapters.bundled.plan",
+    "vllm": "capturelint.adapters.vllm.plan",
     TARGET: "capturelint.adapters.target",
     SCRIPT: "capturelint.adapters.script",
 }

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from capturelint import api
-from capturelint.commands.common import _csv, command_options, engine_options, say, settings_for, spelled
+from capturelint.commands.common import split_csv, command_options, engine_options, say, settings_for, spelled
 from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS
 from capturelint.output import check_output_path, is_stdout
 from capturelint.reporters import Options, emit, formats, reporter
@@ -19,8 +19,8 @@ FORMATS = formats("check")
 
 @click.command()
 @engine_options
-@click.option("--select", multiple=True, callback=_csv, metavar="CODES", help="Only these rule codes (prefixes allowed, e.g. CL1).")
-@click.option("--ignore", multiple=True, callback=_csv, metavar="CODES", help="Skip these rule codes.")
+@click.option("--select", multiple=True, callback=split_csv, metavar="CODES", help="Only these rule codes (prefixes allowed, e.g. CL1).")
+@click.option("--ignore", multiple=True, callback=split_csv, metavar="CODES", help="Skip these rule codes.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Report format (default rich; settings: format).")
 @click.option("-o", "--output", metavar="FILE", help="Write the report to FILE (atomically, after the run) instead of stdout; - is stdout.")
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from capturelint.adapters.registry import CheckPlan
 
 
-def _csv(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+def split_csv(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
     """Repeatable, comma-separated values; a value that names nothing (``--mode ""``)
     is an error, not "all"."""
     out: list[str] = []
@@ -55,7 +55,7 @@ def parsed_runners(ctx: click.Context, param: click.Parameter, value: str | None
 
 def parsed_modes(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[CUDAGraphMode, ...]:
     """``--mode``, repeatable and comma-separated: the modes."""
-    return parse_modes(_csv(ctx, param, value))
+    return parse_modes(split_csv(ctx, param, value))
 
 
 def _sizes(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[int, ...] | None:

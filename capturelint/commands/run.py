@@ -7,7 +7,7 @@ from __future__ import annotations
 import click
 
 from capturelint.adapters import registry
-from capturelint.commands.common import _csv, say, settings_for, warn
+from capturelint.commands.common import split_csv, say, settings_for, warn
 from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS, CapturelintError
 from capturelint.options import EngineOptions
 from capturelint.output import check_output_path, is_stdout
@@ -18,8 +18,8 @@ FORMATS = formats("check")
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--select", multiple=True, callback=_csv, metavar="CODES", help="Only these rule codes (prefixes allowed, e.g. CL1).")
-@click.option("--ignore", multiple=True, callback=_csv, metavar="CODES", help="Skip these rule codes.")
+@click.option("--select", multiple=True, callback=split_csv, metavar="CODES", help="Only these rule codes (prefixes allowed, e.g. CL1).")
+@click.option("--ignore", multiple=True, callback=split_csv, metavar="CODES", help="Skip these rule codes.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Report format (default rich; settings: format).")
 @click.option("-o", "--output", metavar="FILE", help="Write the report to FILE (atomically, after the run) instead of stdout; - is stdout.")
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")

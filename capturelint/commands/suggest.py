@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from capturelint import api
-from capturelint.commands.common import _csv, command_options, engine_options, say, settings_for
+from capturelint.commands.common import split_csv, command_options, engine_options, say, settings_for
 from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS
 from capturelint.output import check_output_path, is_stdout
 from capturelint.reporters import Options, emit, formats, reporter
@@ -18,8 +18,8 @@ DEFAULT_MAX_CANDIDATES = 12  # capturelint.suggest.DEFAULT_MAX_CANDIDATES (a tes
 
 @click.command()
 @engine_options
-@click.option("--select", multiple=True, callback=_csv, metavar="CODES", help="Only these rule codes (prefixes allowed, e.g. CL1).")
-@click.option("--ignore", multiple=True, callback=_csv, metavar="CODES", help="Skip these rule codes.")
+@click.option("--select", multiple=True, callback=split_csv, metavar="CODES", help="Only these rule codes (prefixes allowed, e.g. CL1).")
+@click.option("--ignore", multiple=True, callback=split_csv, metavar="CODES", help="Skip these rule codes.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="rich", show_default=True,
               help="rich, json, or patch: a unified diff (git apply) adding @eager_break_during_capture above each "
                    "function of the best region.")

@@ -54,7 +54,7 @@ from rich.text import Text
 
 from capturelint.findings import Finding
 from capturelint.regions import GraphMap
-from capturelint.report import Report, _graph_order
+from capturelint.report import Report, graph_order
 from capturelint.runtime.protocol import SegmentKind
 
 
@@ -157,7 +157,7 @@ def render_evidence(report: Report, console: Console) -> None:
             # Graphs of one mode usually share their segment structure (only the padded
             # size differs): one entry per structure, listing the graphs.
             groups: dict[tuple, list[GraphMap]] = {}
-            for g in sorted(cfg.graphs, key=_graph_order):
+            for g in sorted(cfg.graphs, key=graph_order):
                 groups.setdefault((g.runtime_mode, g.segments), []).append(g)
             for members in groups.values():
                 g = members[0]

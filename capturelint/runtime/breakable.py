@@ -112,7 +112,8 @@ def current_phase() -> Phase:
     return getattr(_state, "phase", Phase.EAGER)
 
 
-def _params(fn: Callable) -> tuple[str, ...]:
+def positional_params(fn: Callable) -> tuple[str, ...]:
+    """The names of ``fn``'s positional parameters (``()`` where it has no signature)."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -129,7 +130,7 @@ def eager_break_during_capture(fn: Callable) -> Callable:
     it becomes an eager segment (``BreakableGraph.add_eager``).
     """
     name = fn.__qualname__
-    params = _params(fn)
+    params = positional_params(fn)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -52,7 +52,7 @@ def test_toy_findings_do_not_depend_on_rule_order(hazard, mode, policy, codes):
     ],
 )
 def test_bundled_engine_findings_do_not_depend_on_rule_order(mode, fresh, codes):
-    from capturelint.adapters import bundled
+    from capturelint.adapters.bundled import plan as bundled
     from capturelint.harness import trace_run
     from capturelint.options import EngineOptions
     from capturelint.settings import Settings

@@ -1,5 +1,5 @@
 """The CPU references for what DeepSeek V4's compressed layers call
-(``capturelint.adapters.vllm_kernels_compressed``).
+(``capturelint.adapters.vllm.kernels.compressed``).
 
 Where vLLM 0.33.0's wheel has a torch implementation of the same semantics the
 reference is checked against it: the paged MQA logits against
@@ -25,8 +25,8 @@ from vllm_required import require_vllm  # tests/vllm/vllm_required.py
 
 vllm = require_vllm()
 
-from capturelint.adapters import vllm_kernels as K
-from capturelint.adapters import vllm_kernels_compressed as C
+from capturelint.adapters.vllm.kernels import fp8_ds_mla
+from capturelint.adapters.vllm.kernels import compressed as C
 
 C.register()
 ops = torch.ops.capturelint_vllm
@@ -121,7 +121,7 @@ def test_compress_head512_stores_the_softmax_pooled_normed_roped_row(ratio, posi
                                  state.shape[-1] // 2, csc, cache, torch.tensor([6, 1]), 2, head, 64, ratio,
                                  ratio == 4, weight, EPS)
     normed, roped = _compressed_row(kv, score, position, ratio, head, weight, csc)
-    got = K.dequantize_fp8_ds_mla(cache.view(2, -1), torch.tensor([6]), 4)[0].double()
+    got = fp8_ds_mla.dequantize_fp8_ds_mla(cache.view(2, -1), torch.tensor([6]), 4)[0].double()
     torch.testing.assert_close(got[448:], roped[448:].bfloat16().double(), atol=0, rtol=2 ** -7)
     nope = normed[:448].bfloat16().double().reshape(7, 64)
     scale = 2.0 ** torch.ceil(torch.log2(nope.abs().amax(-1, keepdim=True) / 448))

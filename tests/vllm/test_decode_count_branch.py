@@ -41,21 +41,24 @@ import json, sys
 from capturelint.cli import main
 status = main(["check", "--engine", "vllm", "--steps", "4", "--jobs", "1", "--format", "json", "-o", sys.argv[1]])
 import contextlib
-from capturelint.adapters import vllm_plan, vllm_real_runner
-from capturelint.adapters.vllm import cpu_shim
-from capturelint.adapters.vllm_runners import RunSpec, Runner, compare
-from capturelint.options import CUDAGraphMode, Runner as RunnerName
+from capturelint.adapters.vllm import plan as vllm_plan
+from capturelint.adapters.vllm.install import cpu_shim
+from capturelint.adapters.vllm.model import compare
+from capturelint.adapters.vllm.runners import real
+from capturelint.adapters.vllm.runners.reproduced import ReproducedLoop
+from capturelint.adapters.vllm.workload import RunSpec
+from capturelint.options import CUDAGraphMode, Runner
 out = {}
 with cpu_shim():
-    for runner in RunnerName:
+    for runner in Runner:
         for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
             spec = RunSpec(runner=runner, mode=mode, steps=4)
             # the runner implementation the check used for this configuration (vLLM's own for PIECEWISE)
-            real = vllm_plan.real_runner(runner, mode)
-            loop = vllm_real_runner.RealRunner if real else Runner
-            with vllm_real_runner.runner_context(runner) if real else contextlib.nullcontext():
+            is_real = vllm_plan.real_runner(runner, mode)
+            loop = real.VllmRunnerLoop if is_real else ReproducedLoop
+            with real.runner_context(runner) if is_real else contextlib.nullcontext():
                 graphs = loop(spec).generate()
-            with vllm_real_runner.runner_context(runner) if real else contextlib.nullcontext():
+            with real.runner_context(runner) if is_real else contextlib.nullcontext():
                 eager = loop(spec, graphs=False).generate()
             out[f"{runner}/{mode}"] = compare(graphs, eager)
 json.dump({"status": status, "untraced": out}, sys.stdout)

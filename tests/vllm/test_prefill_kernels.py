@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from capturelint.adapters import vllm_kernels as K
+from capturelint.adapters.vllm.kernels import c_ops, fp8_ds_mla, reference, triton_ops
 from vllm_required import require_vllm  # tests/vllm/vllm_required.py
 
 BS = 4  # tokens per cache block
@@ -20,15 +20,15 @@ BS = 4  # tokens per cache block
 def filled_cache(blocks: int, seed: int = 0) -> torch.Tensor:
     """A ``[blocks, BS, 584]`` fp8_ds_mla cache with every slot written by the insert op."""
     g = torch.Generator().manual_seed(seed)
-    cache = torch.zeros(blocks, BS * K.TOKEN_BYTES, dtype=torch.uint8)
+    cache = torch.zeros(blocks, BS * fp8_ds_mla.TOKEN_BYTES, dtype=torch.uint8)
     n = blocks * BS
     kv = (torch.randn(n, 512, generator=g) * 3).bfloat16()
     q = torch.zeros(n, 1, 512, dtype=torch.bfloat16)
     csc = torch.zeros(64, 64)
     csc[:, :32] = 1.0  # cos 1, sin 0: RoPE is the identity
-    K.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(q, kv, cache, torch.arange(n), torch.zeros(n, dtype=torch.long),
+    c_ops.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(q, kv, cache, torch.arange(n), torch.zeros(n, dtype=torch.long),
                                                          csc, 1, 1e-6, BS)
-    return cache.view(blocks, BS, K.TOKEN_BYTES)
+    return cache.view(blocks, BS, fp8_ds_mla.TOKEN_BYTES)
 
 
 def slots_of(block_row: list[int], positions: range) -> torch.Tensor:
@@ -41,10 +41,10 @@ def test_gather_writes_the_last_gather_len_tokens_of_each_sequence_at_offset() -
     seq_lens = torch.tensor([6, 9], dtype=torch.int32)
     gather_lens = torch.tensor([3, 5], dtype=torch.int32)
     out = torch.full((2, 8, 512), 7.0, dtype=torch.bfloat16)
-    K.dequantize_and_gather_k_cache(out, cache, seq_lens, gather_lens, block_table, BS, 2)
+    triton_ops.dequantize_and_gather_k_cache(out, cache, seq_lens, gather_lens, block_table, BS, 2)
     flat = cache.view(6, -1)
     for b, (seq_len, gather_len) in enumerate(((6, 3), (9, 5))):
-        want = K.dequantize_fp8_ds_mla(flat, slots_of(block_table[b].tolist(), range(seq_len - gather_len, seq_len)),
+        want = fp8_ds_mla.dequantize_fp8_ds_mla(flat, slots_of(block_table[b].tolist(), range(seq_len - gather_len, seq_len)),
                                        BS).bfloat16()
         assert torch.equal(out[b, 2 : 2 + gather_len], want)
         assert (out[b, :2] == 7).all() and (out[b, 2 + gather_len :] == 7).all()  # nothing else written
@@ -54,14 +54,14 @@ def test_gather_without_gather_lens_reads_whole_sequences() -> None:
     cache = filled_cache(3, seed=1)
     block_table = torch.tensor([[2, 0]], dtype=torch.int32)
     out = torch.zeros(1, 6, 512, dtype=torch.bfloat16)
-    K.dequantize_and_gather_k_cache(out, cache, torch.tensor([5], dtype=torch.int32), None, block_table, BS, 0)
-    want = K.dequantize_fp8_ds_mla(cache.view(3, -1), slots_of([2, 0], range(5)), BS).bfloat16()
+    triton_ops.dequantize_and_gather_k_cache(out, cache, torch.tensor([5], dtype=torch.int32), None, block_table, BS, 0)
+    want = fp8_ds_mla.dequantize_fp8_ds_mla(cache.view(3, -1), slots_of([2, 0], range(5)), BS).bfloat16()
     assert torch.equal(out[0, :5], want) and (out[0, 5] == 0).all()
 
 
 def combine(topk_indices, qsl, seq_lens, gather_lens, *, window, ratio, topk, M, N, width=8):
     out = (torch.zeros(topk_indices.shape[0], width, dtype=torch.int32), torch.zeros(topk_indices.shape[0], dtype=torch.int32))
-    return K.combine_topk_swa_indices(topk_indices, qsl, seq_lens, gather_lens, window, ratio, topk, M, N, out)
+    return triton_ops.combine_topk_swa_indices(topk_indices, qsl, seq_lens, gather_lens, window, ratio, topk, M, N, out)
 
 
 def test_combine_swa_only_indexes_the_gathered_window_per_request() -> None:
@@ -92,7 +92,7 @@ def test_combine_puts_min_pos_plus_one_over_ratio_topk_entries_first() -> None:
 
 
 def test_the_reference_ops_are_registered_with_written_arguments() -> None:
-    assert set(K.register_reference_kernels()) >= {"capturelint_vllm::dequantize_and_gather_k_cache",
+    assert set(reference.register_reference_kernels()) >= {"capturelint_vllm::dequantize_and_gather_k_cache",
                                                    "capturelint_vllm::combine_topk_swa_indices"}
     gather = torch.ops.capturelint_vllm.dequantize_and_gather_k_cache.default._schema
     assert [a.name for a in gather.arguments if a.alias_info is not None and a.alias_info.is_write] == ["out"]
@@ -103,9 +103,9 @@ def test_the_reference_ops_are_registered_with_written_arguments() -> None:
 
 def test_unsupported_variants_are_refused() -> None:
     with pytest.raises(NotImplementedError, match="FNUZ"):
-        K.DequantizeAndGatherKCache()(None, None, None, None, None, BS, 0, use_fnuz=True)
+        triton_ops.DequantizeAndGatherKCache()(None, None, None, None, None, BS, 0, use_fnuz=True)
     with pytest.raises(NotImplementedError, match="in-image"):
-        K.CombineTopkSwaIndices()(None, None, None, None, None, None, 0, 0, TOP_K=0, COMPRESS_RATIO=1, WINDOW_SIZE=2,
+        triton_ops.CombineTopkSwaIndices()(None, None, None, None, None, None, 0, 0, TOP_K=0, COMPRESS_RATIO=1, WINDOW_SIZE=2,
                                   max_image_tokens=4)
 
 
@@ -115,7 +115,7 @@ def test_vllms_prefill_wrappers_with_the_references_give_windowed_attention() ->
     called as ``_forward_prefill`` calls them for two prefill requests, give each query
     softmax attention over the dequantized rows of its window."""
     require_vllm()
-    from capturelint.adapters.vllm import cpu_shim
+    from capturelint.adapters.vllm.install import cpu_shim
 
     window, heads, scale = 3, 2, 0.05
     cache = filled_cache(4, seed=2)
@@ -145,7 +145,7 @@ def test_vllms_prefill_wrappers_with_the_references_give_windowed_attention() ->
     for b in range(2):
         for i in range(int(query_lens[b])):
             pos = int(seq_lens[b] - query_lens[b]) + i
-            rows = K.dequantize_fp8_ds_mla(flat, slots_of(block_table[b].tolist(), range(max(pos - window + 1, 0),
+            rows = fp8_ds_mla.dequantize_fp8_ds_mla(flat, slots_of(block_table[b].tolist(), range(max(pos - window + 1, 0),
                                                                                           pos + 1)), BS)
             rows = rows.bfloat16().double()
             p = torch.softmax(q[t].double() @ rows.T * scale, dim=-1)

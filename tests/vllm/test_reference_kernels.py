@@ -18,7 +18,7 @@ import sys
 import pytest
 import torch
 
-from capturelint.adapters import vllm_kernels as K
+from capturelint.adapters.vllm.kernels import c_ops, flashmla, fp8_ds_mla, reference, triton_ops
 from vllm_required import require_vllm  # tests/vllm/vllm_required.py
 
 EPS = 1e-6
@@ -63,7 +63,7 @@ def inputs(n: int = 5, heads: int = 3, seed: int = 0, kv_scale: float = 4.0):
 
 def quant_insert(q, kv, cache, slots, positions, csc=None, padded=8, **kw):
     csc = rope_cache() if csc is None else csc
-    return K.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(q, kv, cache, slots, positions, csc, padded, EPS, BS, **kw)
+    return c_ops.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(q, kv, cache, slots, positions, csc, padded, EPS, BS, **kw)
 
 
 def token_span(slot: int) -> tuple[int, slice, slice]:
@@ -161,7 +161,7 @@ def test_rope_round_trip_with_the_inverse_rotation() -> None:
     # the module's own helper inverts itself in fp32
     x = torch.randn(6, 64)
     c, s = csc[pos, :32], csc[pos, 32:]
-    torch.testing.assert_close(K.apply_gptj_rope(K.apply_gptj_rope(x, c, s), c, -s), x, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fp8_ds_mla.apply_gptj_rope(fp8_ds_mla.apply_gptj_rope(x, c, s), c, -s), x, atol=1e-5, rtol=1e-5)
 
 
 def test_rope_at_position_zero_is_identity() -> None:
@@ -170,7 +170,7 @@ def test_rope_at_position_zero_is_identity() -> None:
     cache = empty_cache()
     out = quant_insert(q, kv, cache, torch.tensor([0, 5, 10]), pos, padded=2, apply_q_norm=False)
     assert torch.equal(out, q)
-    stored = K.dequantize_fp8_ds_mla(cache, torch.tensor([0, 5, 10]), BS)
+    stored = fp8_ds_mla.dequantize_fp8_ds_mla(cache, torch.tensor([0, 5, 10]), BS)
     assert torch.equal(stored[:, 448:], kv[:, 448:].float())
 
 
@@ -253,7 +253,7 @@ def test_fp8_round_trip_within_e4m3_bound_and_scales_are_minimal_powers_of_two()
     pos = torch.arange(n)
     cache = empty_cache()
     quant_insert(q, kv, cache, slots, pos, csc, padded=1)
-    deq = K.dequantize_fp8_ds_mla(cache, slots, BS)
+    deq = fp8_ds_mla.dequantize_fp8_ds_mla(cache, slots, BS)
     x = kv[:, :448].float()
     for i, slot in enumerate(slots.tolist()):
         block, _, scales = token_span(slot)
@@ -281,7 +281,7 @@ def test_fp8_rounds_to_nearest_even() -> None:
     kv[0, 0], kv[0, 1], kv[0, 2], kv[0, 3] = 448.0, 2.625, 7.75, 2.7
     cache = empty_cache()
     quant_insert(kv[:, None].clone(), kv, cache, torch.tensor([0]), torch.tensor([0]), padded=1)
-    deq = K.dequantize_fp8_ds_mla(cache, torch.tensor([0]), BS)[0]
+    deq = fp8_ds_mla.dequantize_fp8_ds_mla(cache, torch.tensor([0]), BS)[0]
     assert deq[:4].tolist() == [448.0, 2.5, 8.0, 2.75]
 
 
@@ -291,7 +291,7 @@ def test_rope_part_round_trips_exactly_in_bf16() -> None:
     slots = torch.tensor([1, 2, 3, 9, 10])
     cache = empty_cache()
     quant_insert(q, kv, cache, slots, pos, csc, padded=1)
-    deq = K.dequantize_fp8_ds_mla(cache, slots, BS)
+    deq = fp8_ds_mla.dequantize_fp8_ds_mla(cache, slots, BS)
     assert torch.equal(deq[:, 448:], roped_kv(kv, pos, csc)[:, 448:].float())
 
 
@@ -317,7 +317,7 @@ def test_full_cache_bf16_insert_writes_rows_and_ropes_q_in_place() -> None:
     ptr = q_inout.data_ptr()
     cache = torch.full((NUM_BLOCKS, BS, 512), 7.0, dtype=torch.bfloat16)
     slots = torch.tensor([5, -1, 0, 11])
-    result = K.fused_deepseek_v4_qnorm_rope_kv_rope_full_cache_bf16_insert(
+    result = c_ops.fused_deepseek_v4_qnorm_rope_kv_rope_full_cache_bf16_insert(
         q_inout, kv, cache, slots, pos, csc, EPS, BS
     )
     assert result is None
@@ -337,26 +337,26 @@ def test_full_cache_bf16_insert_writes_rows_and_ropes_q_in_place() -> None:
 
 
 def test_registered_ops_exist_and_match_the_python_functions() -> None:
-    names = K.register_reference_kernels()
-    assert all(has_op(n) for n in K.REFERENCE_KERNELS)
-    assert set(names) == set(K.REFERENCE_KERNELS)
+    names = reference.register_reference_kernels()
+    assert all(has_op(n) for n in reference.REFERENCE_KERNELS)
+    assert set(names) == set(reference.REFERENCE_KERNELS)
     csc = rope_cache()
     q, kv, pos = inputs(n=4, heads=3)
     slots = torch.tensor([2, -1, 7, 8])
     c1, c2 = empty_cache(), empty_cache()
     out_op = torch.ops._C.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(q, kv, c1, slots, pos, csc, 8, EPS, BS)
-    out_py = K.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(q, kv, c2, slots, pos, csc, 8, EPS, BS)
+    out_py = c_ops.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(q, kv, c2, slots, pos, csc, 8, EPS, BS)
     assert torch.equal(out_op, out_py) and torch.equal(c1, c2)
     q1, q2 = q.clone(), q.clone()
     b1 = torch.zeros(NUM_BLOCKS, BS, 512, dtype=torch.bfloat16)
     b2 = b1.clone()
     torch.ops._C.fused_deepseek_v4_qnorm_rope_kv_rope_full_cache_bf16_insert(q1, kv, b1, slots, pos, csc, EPS, BS)
-    K.fused_deepseek_v4_qnorm_rope_kv_rope_full_cache_bf16_insert(q2, kv, b2, slots, pos, csc, EPS, BS)
+    c_ops.fused_deepseek_v4_qnorm_rope_kv_rope_full_cache_bf16_insert(q2, kv, b2, slots, pos, csc, EPS, BS)
     assert torch.equal(q1, q2) and torch.equal(b1, b2) and not torch.equal(q1, q)
 
 
 def test_registered_schemas_mark_written_arguments() -> None:
-    K.register_reference_kernels()
+    reference.register_reference_kernels()
     quant = torch.ops._C.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert.default._schema
     full = torch.ops._C.fused_deepseek_v4_qnorm_rope_kv_rope_full_cache_bf16_insert.default._schema
 
@@ -369,14 +369,14 @@ def test_registered_schemas_mark_written_arguments() -> None:
 
 
 def test_registering_twice_is_harmless() -> None:
-    first = K.register_reference_kernels()
-    second = K.register_reference_kernels()
+    first = reference.register_reference_kernels()
+    second = reference.register_reference_kernels()
     assert first == second
-    assert all(has_op(n) for n in K.REFERENCE_KERNELS)
+    assert all(has_op(n) for n in reference.REFERENCE_KERNELS)
 
 
 def test_meta_tensors_get_the_padded_shape() -> None:
-    K.register_reference_kernels()
+    reference.register_reference_kernels()
     q = torch.empty(5, 3, 512, dtype=torch.bfloat16, device="meta")
     out = torch.ops._C.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(
         q,
@@ -396,13 +396,13 @@ def test_meta_tensors_get_the_padded_shape() -> None:
 
 
 def test_missing_kernel_error_is_one_line_naming_the_op() -> None:
-    msg = K.missing_kernel_error("fused_deepseek_v4_qnorm_rope_kv_rope_full_cache_fp8_insert")
+    msg = reference.missing_kernel_error("fused_deepseek_v4_qnorm_rope_kv_rope_full_cache_fp8_insert")
     assert msg.startswith(
         "vLLM calls _C.fused_deepseek_v4_qnorm_rope_kv_rope_full_cache_fp8_insert, "
         "which capturelint has no CPU reference for; "
     )
     assert "\n" not in msg
-    assert set(K.REFERENCE_KERNELS) == {
+    assert set(reference.REFERENCE_KERNELS) == {
         "_C::fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert",
         "_C::fused_deepseek_v4_qnorm_rope_kv_rope_full_cache_bf16_insert",
         "_C::weak_ref_tensor",
@@ -413,8 +413,8 @@ def test_missing_kernel_error_is_one_line_naming_the_op() -> None:
         "capturelint_vllm::dequantize_and_gather_k_cache",
         "capturelint_vllm::combine_topk_swa_indices",
     }
-    assert all(n in msg for n in K.REFERENCE_KERNELS)
-    qualified = K.missing_kernel_error("_flashmla_C::dense_decode_fwd")
+    assert all(n in msg for n in reference.REFERENCE_KERNELS)
+    qualified = reference.missing_kernel_error("_flashmla_C::dense_decode_fwd")
     assert qualified.startswith("vLLM calls _flashmla_C.dense_decode_fwd, which capturelint has no CPU reference for; ")
 
 
@@ -444,11 +444,11 @@ def filled_cache(num_blocks: int, block_size: int, seed: int, pad: int = 0) -> t
     n = num_blocks * block_size
     kv = (torch.randn(n, 512, generator=g) * 2).bfloat16()
     flat = torch.full((num_blocks, block_size * TOKEN + pad), SENTINEL, dtype=torch.uint8)
-    K.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(
+    c_ops.fused_deepseek_v4_qnorm_rope_kv_rope_quant_insert(
         torch.zeros(n, 1, 512, dtype=torch.bfloat16), kv, flat, torch.arange(n),
         torch.randint(0, 64, (n,), generator=g), rope_cache(), 1, EPS, block_size,
     )
-    rows = K.dequantize_fp8_ds_mla(flat, torch.arange(n), block_size)
+    rows = fp8_ds_mla.dequantize_fp8_ds_mla(flat, torch.arange(n), block_size)
     return flat[:, : block_size * TOKEN].view(num_blocks, block_size, 1, TOKEN), rows
 
 
@@ -482,7 +482,7 @@ def decode(q, cache, idx, **kw):
                 extra_k_cache=None, extra_indices_in_kvcache=None, extra_topk_length=None,
                 head_dim_v=512, softmax_scale=0.04, out=None, enable_batch_invariant=False)
     args.update(kw)
-    return K.sparse_decode_fwd(q, cache, idx, **args)
+    return flashmla.sparse_decode_fwd(q, cache, idx, **args)
 
 
 def test_sparse_decode_matches_dense_attention_over_both_caches() -> None:
@@ -614,7 +614,7 @@ def test_sparse_prefill_matches_dense_attention() -> None:
     idx = torch.tensor([[[0, 2, 5, -1]], [[1, 6, 3, 3]], [[-1, -1, -1, -1]]], dtype=torch.int32)
     lengths = torch.tensor([4, 3, 4], dtype=torch.int32)
     sink = torch.tensor([1.0, -0.5])
-    out, max_logits, lse = K.sparse_prefill_fwd(q, kv, idx, 0.05, 512, sink, lengths, None)
+    out, max_logits, lse = flashmla.sparse_prefill_fwd(q, kv, idx, 0.05, 512, sink, lengths, None)
     sets = [[[kv[s, 0].float() for k, s in enumerate(idx[i, 0].tolist()) if k < lengths[i] and 0 <= s < s_kv]]
             for i in range(s_q)]
     want, want_lse = dense_attention(q[:, None], sets, 0.05, sink)
@@ -629,7 +629,7 @@ def test_sparse_prefill_matches_dense_attention() -> None:
 
 
 def test_flashmla_ops_registered_with_written_out() -> None:
-    K.register_reference_kernels()
+    reference.register_reference_kernels()
     cache, _ = filled_cache(2, 4, seed=10)
     q = torch.randn(1, 1, 2, 512).bfloat16()
     idx = torch.tensor([[[0, 3, 6]]], dtype=torch.int32)
@@ -653,10 +653,10 @@ def test_flashmla_ops_registered_with_written_out() -> None:
 
 def test_vllm_flash_mla_interface_reaches_the_reference() -> None:
     require_vllm()
-    K.install_flashmla_stub()
+    flashmla.install_flashmla_stub()
     assert "vllm._flashmla_C" in sys.modules
-    assert K.install_flashmla_stub() is False  # idempotent
-    K.register_reference_kernels()
+    assert flashmla.install_flashmla_stub() is False  # idempotent
+    reference.register_reference_kernels()
     from vllm.third_party.flashmla import flash_mla_interface as F
 
     cache, _ = filled_cache(3, 4, seed=11)
@@ -688,7 +688,7 @@ def test_fused_q_kv_rmsnorm_matches_the_formula() -> None:
         qr, kv = qr_kv.split([96, 64], dim=-1)  # strided views, as vLLM passes them
         q_w = (torch.rand(96, generator=g) + 0.5).to(dtype)
         kv_w = (torch.rand(64, generator=g) + 0.5).to(dtype)
-        q_out, kv_out = K.reference_fused_q_kv_rmsnorm(qr, kv, q_w, kv_w, EPS)
+        q_out, kv_out = triton_ops.reference_fused_q_kv_rmsnorm(qr, kv, q_w, kv_w, EPS)
         for x, w, got in ((qr, q_w, q_out), (kv, kv_w, kv_out)):
             xd = x.double()
             want = xd / torch.sqrt(xd.square().mean(-1, keepdim=True) + EPS) * w.double()
@@ -717,9 +717,9 @@ def test_fused_q_kv_rmsnorm_wrapper_dispatches_one_op() -> None:
 
     qr, kv = torch.randn(3, 32).bfloat16(), torch.randn(3, 16).bfloat16()
     w1, w2 = torch.ones(32, dtype=torch.bfloat16), torch.ones(16, dtype=torch.bfloat16)
-    want = K.reference_fused_q_kv_rmsnorm(qr, kv, w1, w2, EPS)
+    want = triton_ops.reference_fused_q_kv_rmsnorm(qr, kv, w1, w2, EPS)
     with Record() as rec:
-        got = K.fused_q_kv_rmsnorm(qr, kv, w1, w2, EPS)
+        got = triton_ops.fused_q_kv_rmsnorm(qr, kv, w1, w2, EPS)
     assert rec.names == ["capturelint_vllm.fused_q_kv_rmsnorm.default"]
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
@@ -741,12 +741,12 @@ def test_inv_rope_undoes_rope_and_groups_heads() -> None:
     original = torch.randn(T, groups * per_group, 512, generator=g).bfloat16()
     positions = torch.randint(0, 64, (T,), generator=g)
     roped = rope_heads(original, positions, csc).bfloat16()
-    out, scale = K.fused_inv_rope_fp8_quant(roped, positions, csc, groups, per_group, quantize=False)
+    out, scale = triton_ops.fused_inv_rope_fp8_quant(roped, positions, csc, groups, per_group, quantize=False)
     d = per_group * 512
     assert out.shape == (T, groups, d) and out.dtype == torch.bfloat16
     assert out.stride() == (d, T * d, 1)  # group-major buffer, as the grouped bmm reads it
     assert scale.numel() == 0 and scale.dtype == torch.float32
-    assert K.fused_inv_rope_fp8_quant(roped, positions, csc, groups, per_group, tma_aligned_scales=True,
+    assert triton_ops.fused_inv_rope_fp8_quant(roped, positions, csc, groups, per_group, tma_aligned_scales=True,
                                       quantize=False)[1].dtype == torch.int32
     back = out.reshape(T, groups, per_group, 512).reshape(T, groups * per_group, 512)
     assert torch.equal(back[..., :448], original[..., :448])  # NoPE dims pass through
@@ -754,7 +754,7 @@ def test_inv_rope_undoes_rope_and_groups_heads() -> None:
     # head g*per_group + j sits at out[t, g, j*512:(j+1)*512]
     one = torch.zeros_like(roped)
     one[:, 4] = 1.0
-    hit = K.fused_inv_rope_fp8_quant(one, torch.zeros(T, dtype=torch.int64), csc, groups, per_group, quantize=False)[0]
+    hit = triton_ops.fused_inv_rope_fp8_quant(one, torch.zeros(T, dtype=torch.int64), csc, groups, per_group, quantize=False)[0]
     assert bool((hit[:, 1, 512:1024] == 1).all()) and int(torch.count_nonzero(hit)) == T * 512
     # the o-projection's bmm runs on it as vLLM writes it
     weight = torch.randn(groups, 7, d).bfloat16()
@@ -772,7 +772,7 @@ def test_inv_rope_rotates_by_minus_the_angle() -> None:
     csc[1, :32], csc[1, 32:] = angles.cos().float(), angles.sin().float()
     o = torch.zeros(1, 1, 512, dtype=torch.bfloat16)
     o[0, 0, 448] = 1.0
-    out = K.reference_fused_inv_rope_fp8_quant(o, torch.tensor([1]), csc, 1, 1, quantize=False)[0][0, 0]
+    out = triton_ops.reference_fused_inv_rope_fp8_quant(o, torch.tensor([1]), csc, 1, 1, quantize=False)[0][0, 0]
     assert out[448].item() == torch.tensor(math.cos(0.1)).bfloat16().item()
     assert out[449].item() == torch.tensor(-math.sin(0.1)).bfloat16().item()
 
@@ -784,8 +784,8 @@ def test_inv_rope_quantized_blocks_and_scale_layouts() -> None:
     mags = torch.logspace(-2, 3, T * groups * per_group * 4).reshape(T, groups * per_group, 4, 1)
     o = (torch.randn(T, groups * per_group, 4, 128, generator=g) * mags).reshape(T, groups * per_group, 512).bfloat16()
     positions = torch.tensor([0, 7, 33])
-    rotated = K.reference_fused_inv_rope_fp8_quant(o, positions, csc, groups, per_group, quantize=False)[0].float()
-    values, scales = K.fused_inv_rope_fp8_quant(o, positions, csc, groups, per_group)
+    rotated = triton_ops.reference_fused_inv_rope_fp8_quant(o, positions, csc, groups, per_group, quantize=False)[0].float()
+    values, scales = triton_ops.fused_inv_rope_fp8_quant(o, positions, csc, groups, per_group)
     d = per_group * 512
     assert values.dtype == torch.float8_e4m3fn and values.shape == (T, groups, d) and values.stride() == (d, T * d, 1)
     blocks = d // 128
@@ -799,7 +799,7 @@ def test_inv_rope_quantized_blocks_and_scale_layouts() -> None:
     err = (deq - rotated.reshape(T, groups, blocks, 128)).abs()
     assert bool((err <= rotated.reshape(T, groups, blocks, 128).abs() * 2**-4 + scales[..., None] * 2**-9).all())
     # SM100 layout: the same exponents, biased, four bytes per little-endian int32
-    values_p, packed = K.fused_inv_rope_fp8_quant(o, positions, csc, groups, per_group, tma_aligned_scales=True)
+    values_p, packed = triton_ops.fused_inv_rope_fp8_quant(o, positions, csc, groups, per_group, tma_aligned_scales=True)
     assert torch.equal(values_p.view(torch.uint8), values.view(torch.uint8))
     assert packed.dtype == torch.int32 and packed.shape == (T, groups, blocks // 4)
     assert packed.stride() == (1, (blocks // 4) * padded, padded)
@@ -811,7 +811,7 @@ def test_inv_rope_quantized_blocks_and_scale_layouts() -> None:
 
 
 def test_weak_ref_tensor_is_an_alias() -> None:
-    K.register_reference_kernels()
+    reference.register_reference_kernels()
     base = torch.arange(40.0).reshape(5, 8)
     view = base[1:, ::2]
     ref = torch.ops._C.weak_ref_tensor(view)

@@ -1,6 +1,6 @@
 """Contract tests: every piece of vLLM's model runners (and of its metadata builders and
-Triton kernels) that ``capturelint/adapters/vllm_runners.py`` and ``vllm_kernels.py``
-stand in for, read from the installed vLLM's source.
+Triton kernels) that ``capturelint/adapters/vllm/runners/reproduced.py`` and the
+references of ``capturelint/adapters/vllm/kernels/`` stand in for, read from the installed vLLM's source.
 
 Each row of ``CONTRACT`` names a vLLM function (file under the ``vllm`` package and
 qualified name, found with ``ast``: nothing of vLLM is imported), the shim that
@@ -21,10 +21,10 @@ from typing import NamedTuple
 
 import pytest
 
-RUNNERS = "capturelint/adapters/vllm_runners.py"
-KERNELS = "capturelint/adapters/vllm_kernels.py"
-LAYERS = "capturelint/adapters/vllm_layers.py"
-COMPRESSED = "capturelint/adapters/vllm_kernels_compressed.py"
+RUNNERS = "capturelint/adapters/vllm/runners/reproduced.py"
+KERNELS = "capturelint/adapters/vllm/kernels/triton_ops.py"
+LAYERS = "capturelint/adapters/vllm/layers.py"
+COMPRESSED = "capturelint/adapters/vllm/kernels/compressed.py"
 
 
 class Contract(NamedTuple):
@@ -37,18 +37,18 @@ class Contract(NamedTuple):
 
 CONTRACT: tuple[Contract, ...] = (
     # ---- Model Runner V1 (v1/worker/gpu_model_runner.py)
-    Contract("v1/worker/gpu_model_runner.py", "GPUModelRunner.capture_model", f"{RUNNERS} Runner.capture", (
+    Contract("v1/worker/gpu_model_runner.py", "GPUModelRunner.capture_model", f"{RUNNERS} ReproducedLoop.capture", (
         "for (",
         ") in self.cudagraph_dispatcher.get_capture_descs():",
     ), "f4823db6c420e412f43d5af884493932f127d85e863d61d58781fd83b98152d3"),
-    Contract("v1/worker/gpu_model_runner.py", "GPUModelRunner._warmup_and_capture", f"{RUNNERS} Runner.capture (V1)", (
+    Contract("v1/worker/gpu_model_runner.py", "GPUModelRunner._warmup_and_capture", f"{RUNNERS} ReproducedLoop.capture (V1)", (
         "force_attention = cudagraph_runtime_mode == CUDAGraphMode.FULL",
         "cudagraph_runtime_mode=CUDAGraphMode.NONE,",
         "force_attention=force_attention,",
         "is_graph_capturing=True,",
     ), "8e8c0ae94c226bf91f7c72db05feea75ad16f5bc67215e9e97fe840594b07a10"),
     Contract("v1/worker/gpu_model_runner.py", "GPUModelRunner._dummy_run",
-             f"{RUNNERS} Runner.dummy_batch and Runner.capture (V1)", (
+             f"{RUNNERS} ReproducedLoop.dummy_batch and ReproducedLoop.capture (V1)", (
         "max_query_len = self.uniform_decode_query_len if uniform_decode else num_tokens",
         "num_reqs = min(max_num_reqs, cdiv(num_tokens, max_query_len))",
         "num_reqs = min(num_tokens, max_num_reqs)",
@@ -60,7 +60,7 @@ CONTRACT: tuple[Contract, ...] = (
         "num_tokens_padded=num_tokens_padded if pad_attn else None,",
     ), "34f0dd3b447f7a365faf19a6e320a6ec6372a6335f4af3228c12c6555ab35b18"),
     Contract("v1/worker/gpu_model_runner.py", "GPUModelRunner._determine_batch_execution_and_padding",
-             f"{RUNNERS} Runner.step_batch (V1 dispatch)", (
+             f"{RUNNERS} ReproducedLoop.step_batch (V1 dispatch)", (
         "uniform_decode = self._is_uniform_decode(",
         "cudagraph_mode, batch_descriptor = dispatch_cudagraph(",
     ), "10568f0f2bbf3223312aeabfd32f0226c937d03713bcf470ef7b66837d3a92c7"),
@@ -68,7 +68,7 @@ CONTRACT: tuple[Contract, ...] = (
         "(max_num_scheduled_tokens == uniform_decode_query_len)",
         "and (num_tokens == max_num_scheduled_tokens * num_reqs)",
     ), "6f1a58c1f3aaaaf63e9a7a3f00478d5cb9fd5b514b3df77430df3ed32352c75f"),
-    Contract("v1/worker/gpu_model_runner.py", "GPUModelRunner.execute_model", f"{RUNNERS} Runner.step_batch (V1 padding)", (
+    Contract("v1/worker/gpu_model_runner.py", "GPUModelRunner.execute_model", f"{RUNNERS} ReproducedLoop.step_batch (V1 padding)", (
         "pad_attn = cudagraph_mode == CUDAGraphMode.FULL",
         "if pad_attn or has_separate_kv_update",
         "else num_tokens_unpadded,",
@@ -82,17 +82,18 @@ CONTRACT: tuple[Contract, ...] = (
         "num_reqs=num_reqs_padded,",
     ), "9149aa497886bb6e5d759619bf8055cd9913c4d82fb59d65ad3851ac79024e79"),
     Contract("v1/attention/backend.py", "AttentionBackend",
-             f"{RUNNERS} Runner.step_batch (V1 slots: has_separate_kv_update is False for DeepSeek V4's backends)", (
+             f"{RUNNERS} ReproducedLoop.step_batch (V1 slots: has_separate_kv_update is False for DeepSeek V4's "
+             "backends)", (
         "forward_includes_kv_cache_update: bool = True",
     ), "34f6dd22fc352c7bb951012abc818a325ad45ae271a68b790574c799dd7fde8a"),
     # ---- Model Runner V2 (v1/worker/gpu/)
-    Contract("v1/worker/gpu/cudagraph_utils.py", "CudaGraphManager.capture", f"{RUNNERS} Runner.capture (V2)", (
+    Contract("v1/worker/gpu/cudagraph_utils.py", "CudaGraphManager.capture", f"{RUNNERS} ReproducedLoop.capture (V2)", (
         "forward_fn = create_forward_fn(desc, warmup=True)",
         "forward_fn(CUDAGraphMode.NONE)",
         "forward_fn = create_forward_fn(desc, warmup=False)",
         "forward_fn(CUDAGraphMode.PIECEWISE)",
     ), "8be255879fcb2e5398acb5bc9625a8b7bd09d8a6e6f18aca705d72921a1a505a"),
-    Contract("v1/worker/gpu/cudagraph_utils.py", "prepare_inputs_to_capture", f"{RUNNERS} Runner.dummy_batch (V2)", (
+    Contract("v1/worker/gpu/cudagraph_utils.py", "prepare_inputs_to_capture", f"{RUNNERS} ReproducedLoop.dummy_batch (V2)", (
         "if full_cudagraph and max_query_len is None:",
         "max_query_len = num_tokens",
         "slot_mappings = block_table_provider.get_dummy_slot_mappings(num_tokens)",
@@ -100,24 +101,24 @@ CONTRACT: tuple[Contract, ...] = (
         "for_capture=full_cudagraph,",
     ), "e4ebddcea1f7f534ee51a1255d19b570868478519f8f3acb0466c15b5557cfa4"),
     Contract("v1/worker/gpu/cudagraph_utils.py", "CudaGraphManager._init_candidates",
-             f"{RUNNERS} Runner.step_batch (V2 dispatch: V1's CudagraphDispatcher stands in)", (
+             f"{RUNNERS} ReproducedLoop.step_batch (V2 dispatch: V1's CudagraphDispatcher stands in)", (
         "num_reqs = None",
         "if mixed_mode == CUDAGraphMode.FULL:",
         "num_reqs = min(num_tokens, self.max_num_reqs)",
         "uniform_token_count=decode_query_len,",
     ), "7b0069dd710cc2261d8b83d95687db1bc4eca9a9426c7322a13c717d4a9cb6bd"),
-    Contract("v1/worker/gpu/cudagraph_utils.py", "CudaGraphManager.dispatch", f"{RUNNERS} Runner.step_batch (V2 dispatch)", (
+    Contract("v1/worker/gpu/cudagraph_utils.py", "CudaGraphManager.dispatch", f"{RUNNERS} ReproducedLoop.step_batch (V2 dispatch)", (
         "for desc in self._candidates[key]:",
     ), "971b00ab53725f7d808d101876387b6a608a8752800dba00d3c14ed36bd301f9"),
     Contract("v1/worker/gpu/model_states/default.py", "DefaultModelState.prepare_attn",
-             f"{RUNNERS} Runner.metadata (V2 padded vs real counts)", (
+             f"{RUNNERS} ReproducedLoop.metadata (V2 padded vs real counts)", (
         "if cudagraph_mode == CUDAGraphMode.FULL:",
         "num_reqs = input_batch.num_reqs_after_padding",
         "num_tokens = input_batch.num_tokens_after_padding",
         "num_reqs = input_batch.num_reqs",
         "num_tokens = input_batch.num_tokens",
     ), "be05d7e505d5ae43ac1a92612934217e1255b80a1c1956e361131655753b5773"),
-    Contract("v1/worker/gpu/model_runner.py", "GPUModelRunner.prepare_attn", f"{RUNNERS} Runner.step_batch (V2 slots)", (
+    Contract("v1/worker/gpu/model_runner.py", "GPUModelRunner.prepare_attn", f"{RUNNERS} ReproducedLoop.step_batch (V2 slots)", (
         "num_tokens_padded=input_batch.num_tokens_after_padding,",
     ), "9686a3b33dd6b3f86a5ec72dc21e8058bbd5db7ec2c0dcab9c34a24a9bd75ac4"),
     Contract("v1/worker/gpu/block_table.py", "BlockTables.compute_slot_mappings", f"{RUNNERS} Buffers.fill (V2 slots)", (
@@ -126,7 +127,7 @@ CONTRACT: tuple[Contract, ...] = (
     Contract("v1/worker/gpu/block_table.py", "BlockTables.get_dummy_slot_mappings", f"{RUNNERS} Buffers.fill (dummy)", (
         "self.slot_mappings.fill_(PAD_SLOT_ID)",
     ), "fbeefc3733ec8146345a5d6b4c4146eb78c2d8783a9e70f3cb374bb85016a16c"),
-    Contract("v1/worker/gpu/input_batch.py", "InputBatch.make_dummy", f"{RUNNERS} Runner.dummy_batch (V2)", (
+    Contract("v1/worker/gpu/input_batch.py", "InputBatch.make_dummy", f"{RUNNERS} ReproducedLoop.dummy_batch (V2)", (
         "num_scheduled_tokens[-num_extra:] += 1",
         "input_buffers.seq_lens[: num_reqs - num_extra] = base_tokens",
         "input_buffers.query_start_loc[num_reqs + 1 :] = num_tokens",
@@ -135,7 +136,7 @@ CONTRACT: tuple[Contract, ...] = (
     ), "987fd4ed5dbb40449729f8320db93163bc45b73751e00ac195f0a7be2be8915a"),
     # ---- the SWA metadata builder (v1/attention/backends/mla/sparse_swa.py)
     Contract("v1/attention/backends/mla/sparse_swa.py", "DeepseekSparseSWAMetadataBuilder.build",
-             f"{RUNNERS} Runner.metadata", (
+             f"{RUNNERS} ReproducedLoop.metadata", (
         "split_decodes_and_prefills(",
         "is_valid_token = self.is_valid_token[: slot_mapping.shape[0]]",
         "torch.ge(slot_mapping, 0, out=is_valid_token)",
@@ -145,12 +146,12 @@ CONTRACT: tuple[Contract, ...] = (
         "common_attn_metadata.max_query_len, self.decode_threshold",
     ), "3236e2be90c0d4f4b52a07cdbe294e3345073666911fdbd2decb736dac42b182"),
     Contract("v1/attention/backends/mla/sparse_swa.py", "DeepseekSparseSWAMetadataBuilder._build_deepseek_v4_metadata",
-             f"{RUNNERS} Runner.metadata (prefill fields)", (
+             f"{RUNNERS} ReproducedLoop.metadata (prefill fields)", (
         'result["prefill_seq_lens"] = seq_lens[num_decodes:]',
         'result["prefill_gather_lens"] = pfx_gather_lens',
     ), "02a04f0c70da8d3e891264376171d6f62bfb94f442d6e1c3ee4fc4c785c205de"),
     Contract("v1/attention/backends/mla/sparse_swa.py", "ComputePrefillMetadataKernel.kernel",
-             f"{RUNNERS} Runner.metadata (prefill_gather_lens)", (
+             f"{RUNNERS} ReproducedLoop.metadata (prefill_gather_lens)", (
         "gather_len = query_len + tl.minimum(visible_prefix, window_size - 1)",
     ), "f1fa213a5110b79e7c183fbdffe8101474531e770fe233604b49c88919b7ccc0"),
     Contract("v1/attention/backends/mla/sparse_swa.py", "_compute_swa_indices_and_lens_kernel",
@@ -159,7 +160,7 @@ CONTRACT: tuple[Contract, ...] = (
         "start_pos = tl.maximum(pos - (window_size - 1) - left_add, 0)",
         "slot_ids = tl.where(offset < swa_len, slot_ids, -1)",
     ), "baa102ea4ef4cecf6a95586d95bba9bb2b11d211d2c1e3a7551ec2fbccf6da91"),
-    Contract("v1/attention/ops/metadata.py", "compute_token_to_req_indices", f"{RUNNERS} Runner.metadata (token map)", (
+    Contract("v1/attention/ops/metadata.py", "compute_token_to_req_indices", f"{RUNNERS} ReproducedLoop.metadata (token map)", (
         "CUDA graph. Tokens at or past ``num_mapped_tokens`` are mapped to 0.",
     ), "e17740f4b2e84c3f6801b88687609ee1afebbbd5e6e14fce91c1ffea57ba5d7a"),
     # ---- the prefill path's Triton kernels (models/deepseek_v4/common/ops/cache_utils.py)
@@ -185,7 +186,7 @@ CONTRACT: tuple[Contract, ...] = (
         "topk_indices + M * batch_idx,",
         "M * batch_idx + N + swa_start + swa_offset - gather_start,",
     ), "d76d190b02c79c0c51caca60267356a4ba88f6a31719e149565371a96ee5d6d8"),
-    # ---- the compressed layers' metadata builders (vllm_layers.LayerMetadata) and what the workload relies on
+    # ---- the compressed layers' metadata builders (layers.LayerMetadata) and what the workload relies on
     Contract("models/deepseek_v4/sparse_mla.py", "DeepseekV4SparseMLAMetadataBuilder.build",
              f"{LAYERS} LayerMetadata.build (compressed attention)", (
         "slot_mapping = get_compressed_slot_mapping(",
@@ -256,10 +257,10 @@ CONTRACT: tuple[Contract, ...] = (
         "ops.cp_gather_indexer_k_quant_cache(",
     ), "9362147cce22311ea3bf5d37646c768e505768d73292ecc82f2e2d59995624d8"),
     Contract("v1/worker/gpu/block_table.py", "BlockTables.gather_block_tables",
-             f"{RUNNERS} Runner.metadata (V2 block tables)", (
+             f"{RUNNERS} ReproducedLoop.metadata (V2 block tables)", (
         "return tuple(bt[:num_reqs_padded] for bt in out)",
     ), "5a6a762b454a94c1e5c189d1df4c37b3702504ad07f2643d290cbd105b6515f3"),
-    Contract("v1/worker/gpu/model_runner.py", "GPUModelRunner.prepare_inputs", f"{RUNNERS} Runner.step_batch (V2 rows)", (
+    Contract("v1/worker/gpu/model_runner.py", "GPUModelRunner.prepare_inputs", f"{RUNNERS} ReproducedLoop.step_batch (V2 rows)", (
         "num_reqs_padded = batch_desc.num_reqs or num_reqs",
     ), "1fd182d1b6d7f689917f00f644474e112ee5b67d59a6e013b46e620933f93fbb"),
 )
@@ -330,15 +331,15 @@ def test_a_changed_rule_names_the_shim_to_recheck(tmp_path: Path):
         assert edit[0] in original
         target.write_text(original.replace(edit[0], edit[1], 1))
         (message,) = problems(contract, tmp_path)
-        assert expected in message and "Runner.metadata" in message, message
+        assert expected in message and "ReproducedLoop.metadata" in message, message
 
 
 def test_deepseek_v4s_backends_keep_the_kv_update_in_forward():
     """V1 sizes a PIECEWISE step's slot mapping by its real tokens unless a backend
     updates the KV cache outside ``forward`` (``has_separate_kv_update``,
-    gpu_model_runner.py:4040-4046); ``Runner.step_batch`` relies on DeepSeek V4's
+    gpu_model_runner.py:4040-4046); ``ReproducedLoop.step_batch`` relies on DeepSeek V4's
     backends keeping ``AttentionBackend``'s default (True)."""
     root = _vllm_root()
     files = [root / "v1/attention/backends/mla/sparse_swa.py", *sorted((root / "models/deepseek_v4").rglob("*.py"))]
     overriding = [str(p.relative_to(root)) for p in files if "forward_includes_kv_cache_update" in p.read_text()]
-    assert overriding == [], f"{overriding} set forward_includes_kv_cache_update: re-check {RUNNERS} Runner.step_batch"
+    assert overriding == [], f"{overriding} set forward_includes_kv_cache_update: re-check {RUNNERS} ReproducedLoop.step_batch"

@@ -222,18 +222,14 @@ def test_compressor_and_indexer_layers_build_through_vllms_init():
     import torch
     from vllm.config import set_current_vllm_config
 
-    from capturelint.adapters.vllm import cpu_shim
-    from capturelint.adapters.vllm_runners import (
-        _ensure_distributed,
-        build_attention,
-        vllm_config,
-    )
+    from capturelint.adapters.vllm.install import cpu_shim
+    from capturelint.adapters.vllm.model import build_attention, ensure_distributed, vllm_config
     from capturelint.options import Runner
 
     with cpu_shim():
         vc = vllm_config(3, Runner.V1, ratios=(1, 4, 128))
         with set_current_vllm_config(vc):
-            _ensure_distributed(vc)
+            ensure_distributed(vc)
             topk = torch.zeros(64, 16, dtype=torch.int32)
             layers = [build_attention(vc, i, topk) for i in range(3)]
     sliding, c4, c128 = layers
@@ -319,8 +315,9 @@ def _spy_runs(runner, mode, region, graphs=True):
     from vllm.models.deepseek_v4 import attention
     from vllm.models.deepseek_v4.compressor import DeepseekCompressor
 
-    from capturelint.adapters.vllm import cpu_shim
-    from capturelint.adapters.vllm_runners import Runner, RunSpec
+    from capturelint.adapters.vllm.install import cpu_shim
+    from capturelint.adapters.vllm.runners.reproduced import ReproducedLoop
+    from capturelint.adapters.vllm.workload import RunSpec
 
     calls = []
     with cpu_shim(), pytest.MonkeyPatch.context() as mp:
@@ -343,7 +340,7 @@ def _spy_runs(runner, mode, region, graphs=True):
         mp.setattr(DeepseekCompressor, "_compress_norm_rope_store", spy_store)
         mp.setattr(attention, "_fill_short_context_topk_indices", SpyFill())
         mp.setattr(indexer_layer, "fp8_fp4_paged_mqa_logits", spy_logits)
-        engine = Runner(RunSpec(runner=runner, mode=mode, eager_region=region, layers=3), graphs=graphs)
+        engine = ReproducedLoop(RunSpec(runner=runner, mode=mode, eager_region=region, layers=3), graphs=graphs)
         engine.capture()
         captured = list(calls)
         calls.clear()

@@ -31,8 +31,9 @@ class Counted:
 
 def test_a_counter_in_vllms_eager_break_advances_once_per_step_under_the_tracer(tmp_path, monkeypatch, capsys):
     require_vllm()
-    from capturelint.adapters.vllm import cpu_shim
-    from capturelint.adapters.vllm_runners import RunSpec, Runner
+    from capturelint.adapters.vllm.install import cpu_shim
+    from capturelint.adapters.vllm.runners.reproduced import ReproducedLoop
+    from capturelint.adapters.vllm.workload import RunSpec
     from capturelint.runtime.forward_context import CUDAGraphMode
 
     with cpu_shim():  # FlashMLA's interface imports its extension, which the shim stands in for
@@ -41,12 +42,12 @@ def test_a_counter_in_vllms_eager_break_advances_once_per_step_under_the_tracer(
     counted = Counted(flash_mla_interface.flash_mla_with_kvcache)
     monkeypatch.setattr(flash_mla_interface, "flash_mla_with_kvcache", counted)
     with cpu_shim():  # the same configuration, untraced
-        untraced = Runner(RunSpec(mode=CUDAGraphMode.PIECEWISE, layers=1, steps=4)).generate()
+        untraced = ReproducedLoop(RunSpec(mode=CUDAGraphMode.PIECEWISE, layers=1, steps=4)).generate()
     untraced_calls, counted.calls = counted.calls, 0
     runs = []
-    monkeypatch.setenv("CAPTURELINT_VLLM_RUNNER_IMPL", "shim")  # the check runs the Runner counted here
-    generate = Runner.generate
-    monkeypatch.setattr(Runner, "generate", lambda self: runs.append(generate(self)) or runs[-1])
+    monkeypatch.setenv("CAPTURELINT_VLLM_RUNNER_IMPL", "shim")  # the check runs the loop counted here
+    generate = ReproducedLoop.generate
+    monkeypatch.setattr(ReproducedLoop, "generate", lambda self: runs.append(generate(self)) or runs[-1])
 
     out = tmp_path / "report.json"
     code = main(["check", "--engine", "vllm", "--runner", "v1", "--mode", "PIECEWISE", "--layers", "1", "--steps", "4",

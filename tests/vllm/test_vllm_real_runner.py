@@ -198,7 +198,7 @@ def test_vllms_triton_slot_mapping_kernel_runs_in_the_interpreter():
     require_vllm()
     from vllm.v1.worker import block_table
 
-    from capturelint.adapters.vllm_triton import interpret_modules
+    from capturelint.adapters.vllm.kernels.interpreter import interpret_modules
 
     placeholder = block_table.ComputeSlotMappingKernel.kernel
     slots = torch.zeros(6, dtype=torch.int64)
@@ -217,18 +217,19 @@ def test_vllms_two_runners_compute_the_shims_logits_with_their_own_builders():
     at the blocks each owns, compute the shim's logits to the bit, on the rows vLLM
     samples from (each request's last token of each step)."""
     require_vllm()
-    from capturelint.adapters.vllm import cpu_shim
-    from capturelint.adapters.vllm_real_runner import RealRunner, runner_context
-    from capturelint.adapters.vllm_runners import RunSpec, Runner
-    from capturelint.options import Runner as RunnerName
+    from capturelint.adapters.vllm.install import cpu_shim
+    from capturelint.adapters.vllm.runners.real import VllmRunnerLoop, runner_context
+    from capturelint.adapters.vllm.runners.reproduced import ReproducedLoop
+    from capturelint.adapters.vllm.workload import RunSpec
+    from capturelint.options import Runner
 
     logits = []
     with cpu_shim():
-        for runner in (RunnerName.V1, RunnerName.V2):
+        for runner in (Runner.V1, Runner.V2):
             spec = RunSpec(runner=runner, layers=3)
             with runner_context(spec.runner):
-                logits.append(RealRunner(spec, graphs=False).generate())
-        shim = Runner(RunSpec(layers=3), graphs=False)
+                logits.append(VllmRunnerLoop(spec, graphs=False).generate())
+        shim = ReproducedLoop(RunSpec(layers=3), graphs=False)
         every_token = shim.generate()
     ends = torch.cumsum(torch.tensor([s.query_len for step in shim.steps for s in step]), 0) - 1
     v1, v2 = logits

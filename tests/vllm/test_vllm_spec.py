@@ -66,7 +66,7 @@ def test_mtp_checks_the_draft_graphs_and_the_verify_step(clean):
 
 def test_a_narrow_region_on_the_draft_alone_is_flagged_in_the_draft(tmp_path, monkeypatch):
     require_vllm()
-    from capturelint.adapters import vllm_spec
+    from capturelint.adapters.vllm.runners import spec as vllm_spec
     from capturelint.options import EagerRegion
 
     force = vllm_spec.force_region  # the draft is built with it; the target keeps vLLM's region

@@ -12,7 +12,7 @@ from vllm_required import require_vllm  # tests/vllm/vllm_required.py
 
 
 def test_the_default_schedule_has_prefill_mixed_padded_and_full_steps():
-    from capturelint.adapters.vllm_runners import DEFAULT_BATCH_SIZES, schedule
+    from capturelint.adapters.vllm.workload import DEFAULT_BATCH_SIZES, schedule
 
     steps = schedule(DEFAULT_BATCH_SIZES, 6)
     as_tuples = [[(s.req, s.start, s.query_len) for s in step] for step in steps]
@@ -31,7 +31,7 @@ def test_the_default_schedule_has_prefill_mixed_padded_and_full_steps():
 
 
 def test_with_compressed_layers_long_requests_join_at_the_boundaries():
-    from capturelint.adapters.vllm_runners import DEFAULT_BATCH_SIZES, schedule
+    from capturelint.adapters.vllm.workload import DEFAULT_BATCH_SIZES, schedule
 
     steps = schedule(DEFAULT_BATCH_SIZES, 6, long_context=125)
     positions = [[(s.req, s.start, s.query_len) for s in step] for step in steps]
@@ -48,10 +48,11 @@ def test_with_compressed_layers_long_requests_join_at_the_boundaries():
 
 
 def _runner(runner, mode):
-    from capturelint.adapters.vllm_runners import RunSpec, Runner
-    from capturelint.options import CUDAGraphMode, Runner as RunnerName
+    from capturelint.adapters.vllm.runners.reproduced import ReproducedLoop
+    from capturelint.adapters.vllm.workload import RunSpec
+    from capturelint.options import CUDAGraphMode, Runner
 
-    return Runner(RunSpec(runner=RunnerName(runner), mode=CUDAGraphMode[mode], layers=1))
+    return ReproducedLoop(RunSpec(runner=Runner(runner), mode=CUDAGraphMode[mode], layers=1))
 
 
 @pytest.mark.parametrize("runner, mode, dispatched, slots, counts", [
@@ -67,7 +68,7 @@ def test_each_runner_dispatches_and_pads_as_vllm(runner, mode, dispatched, slots
     require_vllm()
     import torch
 
-    from capturelint.adapters.vllm import cpu_shim
+    from capturelint.adapters.vllm.install import cpu_shim
 
     with cpu_shim():
         run = _runner(runner, mode)
@@ -94,12 +95,13 @@ def test_the_compressed_layers_metadata_follows_the_runners_padding(runner, mode
     require_vllm()
     import torch
 
-    from capturelint.adapters.vllm import cpu_shim
-    from capturelint.adapters.vllm_runners import RunSpec, Runner
-    from capturelint.options import CUDAGraphMode, Runner as RunnerName
+    from capturelint.adapters.vllm.install import cpu_shim
+    from capturelint.adapters.vllm.runners.reproduced import ReproducedLoop
+    from capturelint.adapters.vllm.workload import RunSpec
+    from capturelint.options import CUDAGraphMode, Runner
 
     with cpu_shim():
-        run = Runner(RunSpec(runner=RunnerName(runner), mode=CUDAGraphMode[mode]))  # the default three layers
+        run = ReproducedLoop(RunSpec(runner=Runner(runner), mode=CUDAGraphMode[mode]))  # the default three layers
         got = ([], [], [])
         for scheduled in run.steps:
             batch, _, _ = run.step_batch(scheduled)
@@ -191,8 +193,9 @@ def test_the_prefills_run_every_layer_kinds_prefill_path(monkeypatch):
     from vllm import _custom_ops
     from vllm.models.deepseek_v4.nvidia import flashmla
 
-    from capturelint.adapters.vllm import cpu_shim
-    from capturelint.adapters.vllm_runners import RunSpec, Runner
+    from capturelint.adapters.vllm.install import cpu_shim
+    from capturelint.adapters.vllm.runners.reproduced import ReproducedLoop
+    from capturelint.adapters.vllm.workload import RunSpec
     from capturelint.options import CUDAGraphMode
 
     prefills, gathers = [], []
@@ -210,7 +213,7 @@ def test_the_prefills_run_every_layer_kinds_prefill_path(monkeypatch):
     with cpu_shim():
         monkeypatch.setattr(flashmla.DeepseekV4FlashMLAAttention, "_forward_prefill", spy_prefill)
         monkeypatch.setattr(_custom_ops, "cp_gather_indexer_k_quant_cache", spy_gather)
-        Runner(RunSpec(mode=CUDAGraphMode.PIECEWISE), graphs=False).generate()
+        ReproducedLoop(RunSpec(mode=CUDAGraphMode.PIECEWISE), graphs=False).generate()
     # steps 0 and 2: a fresh 2-token prompt; step 1: the long 3-token prompt at 125..127
     assert prefills == [(1, 2), (4, 2), (128, 2), (1, 3), (4, 3), (128, 3), (1, 2), (4, 2), (128, 2)]
     assert gathers == [[0, 32]]  # the long prompt's 32 indexer entries (128 // 4), once

@@ -1,6 +1,6 @@
 """CPU references, in plain torch, for the kernels DeepSeek V4's compressed layers call.
 
-``vllm_kernels`` covers what a sliding-window layer (compress ratio 1) reaches. A
+``kernels.fp8_ds_mla`` covers what a sliding-window layer (compress ratio 1) reaches. A
 compressed-sparse layer (ratio 4: compressor plus indexer) and a heavily compressed
 layer (ratio 128: compressor) reach more, on the decode path with metadata and on the
 capture paths. Each entry below is written from the kernel's code or docstring in the
@@ -9,7 +9,7 @@ vLLM 0.33.0 wheel (paths relative to ``vllm/``), not copied; each is registered 
 sees one op per launch, and reached through a **drop-in** with the call signature of
 the entry point vLLM calls (a Triton kernel object, a DeepGEMM wrapper, a kernel
 launched as ``kernel[grid](...)``), which ``install`` binds in vLLM's modules for the
-duration of ``vllm.cpu_shim``. vLLM's own Python around them (the wrappers
+duration of ``install.cpu_shim``. vLLM's own Python around them (the wrappers
 ``get_compressed_slot_mapping``, ``build_c128a_topk_metadata``,
 ``compress_norm_rope_store_triton``, ``compute_global_topk_indices_and_lens``, the
 compressor and indexer forwards, ``sparse_attn_indexer``, the top-k dispatcher) runs
@@ -30,7 +30,7 @@ Ops (namespace ``capturelint_vllm`` unless said)
     dims of a state, the newer ones the second when ``overlap``) are softmax-weighted
     per dim by their scores and summed; weighted RMSNorm (fp32); GPT-J RoPE on the last
     64 dims at position ``position // ratio * ratio``. Stored at ``kv_slot_mapping[t]``
-    (skipped when < 0). Head 512 (``fp8_ds_mla``, the layout of ``vllm_kernels``): dims
+    (skipped when < 0). Head 512 (``fp8_ds_mla``, the layout of ``kernels.fp8_ds_mla``): dims
     0..447 of ``bf16(normed)`` (before RoPE) as UE8M0 fp8 in 7 blocks of 64, the RoPE'd
     dims 448..511 as bf16. Head 128 (the indexer's cache, per block ``[bs*128 fp8 |
     bs*4 fp32 scale]``): the whole RoPE'd row rounded to bf16, one block, its scale
@@ -121,7 +121,7 @@ from typing import Any
 
 import torch
 
-from capturelint.adapters.vllm_kernels import (
+from capturelint.adapters.vllm.kernels.fp8_ds_mla import (
     FP8_MAX,
     NOPE_DIM,
     NUM_QUANT_BLOCKS,
@@ -130,11 +130,11 @@ from capturelint.adapters.vllm_kernels import (
     SCALE_BYTES_PER_TOKEN,
     TOKEN_DATA_BYTES,
     UE8M0_BIAS,
-    _ceil_log2,
-    _slot_offsets,
     apply_gptj_rope,
-    register_ops,
+    ceil_log2,
+    slot_offsets,
 )
+from capturelint.adapters.vllm.kernels.library import register_ops
 
 NS = "capturelint_vllm"
 AMAX_FLOOR = 1e-4
@@ -172,7 +172,7 @@ def _rope_tail(x: torch.Tensor, cos_sin_cache: torch.Tensor, positions: torch.Te
 
 def _scale_exponent(amax: torch.Tensor) -> torch.Tensor:
     """``ceil(log2(max(amax, 1e-4) * fl32(1/448)))`` (int32), as the Triton kernels."""
-    return _ceil_log2(amax.clamp_min(AMAX_FLOOR) * _INV_FP8_MAX.to(amax.device))
+    return ceil_log2(amax.clamp_min(AMAX_FLOOR) * _INV_FP8_MAX.to(amax.device))
 
 
 def _fp8_bytes(x: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
@@ -192,7 +192,7 @@ def _store_fp8_ds_mla(kv_cache: torch.Tensor, normed: torch.Tensor, roped: torch
                       roped[:, NOPE_DIM:].to(torch.bfloat16).contiguous().view(torch.uint8)), dim=1)
     scales = torch.cat(((exponent + UE8M0_BIAS).clamp(0, 255).to(torch.uint8),
                         torch.zeros(n, 1, dtype=torch.uint8, device=flat.device)), dim=1)
-    block, data_at, scale_at = _slot_offsets(slots, bs)
+    block, data_at, scale_at = slot_offsets(slots, bs)
     flat[block[:, None], data_at[:, None] + torch.arange(TOKEN_DATA_BYTES, device=flat.device)] = data
     flat[block[:, None], scale_at[:, None] + torch.arange(SCALE_BYTES_PER_TOKEN, device=flat.device)] = scales
 
@@ -272,7 +272,7 @@ def fused_indexer_q_rope_quant(positions: torch.Tensor, index_q: torch.Tensor, c
     rope = apply_gptj_rope(x[..., dim - ROPE_DIM:], rows[:, None, :half], rows[:, None, half:])
     x = torch.cat((x[..., :dim - ROPE_DIM], rope.to(torch.bfloat16).float()), dim=-1)
     amax = x.abs().amax(dim=-1).clamp_min(AMAX_FLOOR)
-    scale = torch.ldexp(torch.ones_like(amax), _ceil_log2(amax / FP8_MAX))
+    scale = torch.ldexp(torch.ones_like(amax), ceil_log2(amax / FP8_MAX))
     q_fp8 = (x / scale[..., None]).to(torch.float8_e4m3fn)
     weights_out = weights.float() * scale
     weights_out = weights_out * softmax_scale
@@ -553,7 +553,7 @@ def mm_dtype(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.
 
 
 def register() -> tuple[str, ...]:
-    """Register every op above where its namespace lacks it (``vllm_kernels.register_ops``),
+    """Register every op above where its namespace lacks it (``kernels.library.register_ops``),
     and a CPU kernel for ``aten::mm.dtype``, which the compressor's input GEMM calls
     (attention.py:698) and PyTorch has only for CUDA."""
     if not _aten_impls and not torch._C._dispatch_has_kernel_for_dispatch_key("aten::mm.dtype", "CPU"):
@@ -720,7 +720,7 @@ CUTEDSL_COMPRESSOR = "vllm.models.deepseek_v4.nvidia.ops.sparse_attn_compress_cu
 
 
 def install(patches: Any) -> None:
-    """Bind the drop-ins in vLLM's modules through ``patches`` (``vllm._Patches``,
+    """Bind the drop-ins in vLLM's modules through ``patches`` (``install.Patches``,
     undone when ``cpu_shim`` exits); register the ops."""
     import vllm.model_executor.layers.sparse_attn_indexer as indexer_layer
     import vllm.models.deepseek_v4.common.ops.fused_compress_quant_cache as fused_compress
@@ -766,7 +766,7 @@ class _TritonHelpers:
 def _cutedsl_compressor_module() -> types.ModuleType:
     """vLLM's CuTe DSL compressor module, or, where it cannot import (it needs
     ``cutlass``), an empty module in its place in ``sys.modules`` (kept, like
-    ``vllm_kernels.install_flashmla_stub``), for the drop-in to be bound in."""
+    ``kernels.flashmla.install_flashmla_stub``), for the drop-in to be bound in."""
     import importlib
 
     try:

@@ -2,7 +2,7 @@
 the drafts vLLM 0.33.0 ships for DeepSeek V4, around vLLM's real attention, the verify
 step, and each runner's draft capture.
 
-**The step** (``SpecRunner``), ``k = SPEC_TOKENS`` drafts per request, greedy:
+**The step** (``SpecLoop``), ``k = SPEC_TOKENS`` drafts per request, greedy:
 
 1. verify: the target on ``k + 1`` tokens per request (the last committed token and the
    ``k`` drafts, positions ``p .. p + k``), a uniform batch that the SWA metadata treats
@@ -20,7 +20,7 @@ sliding-window layer (compress ratio 1, attention.py:235-241). Norms, the mHC
 hyper-connections (TileLang kernels, absent from the tiny target too) and the heads are
 ours; the embedding (and DSpark's LM head) is the target's, as vLLM aliases them.
 
-**MTP** (``TinyMTP``, ``MTPRunner``): the module structure of ``DeepSeekV4MTP``
+**MTP** (``TinyMTP``, ``MTPLoop``): the module structure of ``DeepSeekV4MTP``
 (``models/deepseek_v4/nvidia/mtp.py:303``): ``model.layers[str(L)]``, ``L =
 num_hidden_layers`` (:217, :231-244), a ``DeepSeekV4MultiTokenPredictorLayer`` (:79) of
 ``enorm``/``hnorm``, ``e_proj``/``h_proj`` (vLLM's ``ReplicatedLinear``, :103-118), a
@@ -47,7 +47,7 @@ per request with the draft's own hidden state.
   run eagerly otherwise ("PIECEWISE cudagraphs are not supported for draft decodes",
   :98-102).
 
-**DSpark** (``TinyDSpark``, ``DSparkRunner``; V2 only, config/vllm.py:3110-3113): the
+**DSpark** (``TinyDSpark``, ``DSparkLoop``; V2 only, config/vllm.py:3110-3113): the
 structure of ``DSparkDeepseekV4ForCausalLM`` (``nvidia/dspark.py:348``). One draft step
 per verify: the target's aux hidden states through ``main_proj``/``main_norm``, every
 draft layer's context KV of the verified tokens written by vLLM's own
@@ -59,7 +59,7 @@ the context step recorded in the graph, dflash/speculator.py:190-206) and runs i
 eagerly otherwise (dflash/speculator.py:156-160).
 
 FULL graphs are the breakable wrapper under a FULL forward context, as in
-``vllm_runners``. Each wrapper is named (``target``, ``mtp draft``, ``dspark draft``),
+``reproduced``. Each wrapper is named (``target``, ``mtp draft``, ``dspark draft``),
 and the graphs in the report say which model they are.
 """
 
@@ -70,7 +70,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from capturelint.adapters.vllm_runners import (
+from capturelint.adapters.vllm.model import (
     HIDDEN,
     PAD_SLOT_ID,
     SWA_BLOCK,
@@ -78,16 +78,16 @@ from capturelint.adapters.vllm_runners import (
     WINDOW,
     DecoderLayer,
     RMSNorm,
-    RunSpec,
-    _default_dtype,
-    _randomize,
-    _runner_env,
-    _use_cpu_gemm,
     build_attention,
     build_model,
+    default_dtype,
     force_region,
+    randomize,
+    runner_env,
+    use_cpu_gemm,
 )
-from capturelint.options import Runner as RunnerName
+from capturelint.adapters.vllm.workload import RunSpec
+from capturelint.options import Runner
 from capturelint.runtime import frames
 
 frames.register_runtime_file(__file__)
@@ -170,12 +170,12 @@ def build_mtp(spec: RunSpec, vc: Any, embed: nn.Module) -> TinyMTP:
     from vllm.config import set_current_vllm_config
 
     index = spec.layers
-    with _runner_env(spec.runner), set_current_vllm_config(vc), _default_dtype(torch.bfloat16):
+    with runner_env(spec.runner), set_current_vllm_config(vc), default_dtype(torch.bfloat16):
         topk = torch.zeros(64, 16, dtype=torch.int32)  # the predictor's own buffer (mtp.py:221)
         attn = build_attention(vc, index, topk)
         draft = TinyMTP(index, MTPLayer(attn, f"model.layers.{index}"), embed)
-    _use_cpu_gemm(draft)
-    _randomize(draft.model.layers, spec.seed + 7)  # not the shared embedding
+    use_cpu_gemm(draft)
+    randomize(draft.model.layers, spec.seed + 7)  # not the shared embedding
     draft.requires_grad_(False)
     force_region(attn, spec.eager_region)
     return draft
@@ -372,10 +372,10 @@ class ContextBuffers:
             self.context_slot_mapping.copy_(PAD_SLOT_ID if slots is None else slots)
 
 
-class SpecRunner:
+class SpecLoop:
     """The step loop of speculative decoding under one runner and mode (module
     docstring): the target's verify step, greedy rejection, then the method's draft step
-    (``propose``); the interface of ``vllm_runners.Runner`` (``generate``, ``capture``,
+    (``propose``); the interface of ``reproduced.ReproducedLoop`` (``generate``, ``capture``,
     ``roots``, ``model``)."""
 
     name = ""
@@ -385,16 +385,16 @@ class SpecRunner:
         from vllm.config import CUDAGraphMode as VllmMode
 
         self.spec, self.k = spec, k
-        self.model, self.vc = build_model(spec)
+        self.model, self.vc = build_model(spec.runner, spec.layers, spec.seed, spec.eager_region)
         self.target_attns = [layer.attn for layer in self.model.layers]
         b = spec.batch
         self.block_table = torch.arange(b * 4, dtype=torch.int32).view(b, 4)
         self.verify = StepBuffers(b, k + 1, self.block_table)
         self.mode = VllmMode[spec.mode.value] if graphs else VllmMode.NONE
-        self.v1 = spec.runner is RunnerName.V1
+        self.v1 = spec.runner is Runner.V1
         self.draft, self.draft_attns = self.build_draft()
         self.caches = self._bind_caches(int(self.block_table.numel()))
-        # The target as in vllm_runners.Runner; its forward returns hidden states (logits
+        # The target as in reproduced.ReproducedLoop; its forward returns hidden states (logits
         # are computed outside the graph, as vLLM's compute_logits).
         target_rt = VllmMode.PIECEWISE if self.v1 and self.mode is VllmMode.PIECEWISE else None
         self.target = BreakableCUDAGraphWrapper(self.target_runnable(), self.vc, runtime_mode=target_rt)
@@ -494,7 +494,7 @@ class SpecRunner:
         return {"model": self.model, "draft": self.draft, "runner": self.verify, "caches": self.caches}
 
 
-class MTPRunner(SpecRunner):
+class MTPLoop(SpecLoop):
     """``--spec mtp``: draft pass 1 over the verified tokens, passes 2..k one token per
     request (module docstring)."""
 
@@ -550,7 +550,7 @@ class MTPRunner(SpecRunner):
         return {**super().roots(), "drafter": self.draft_first, "drafter_next": self.draft_next}
 
 
-class DSparkRunner(SpecRunner):
+class DSparkLoop(SpecLoop):
     """``--spec dspark`` (V2 only): one draft step of ``N = k`` query tokens per request,
     the anchor (the bonus token) and ``N - 1`` mask tokens, non-causal within the block
     (``sample_from_anchor``, dspark/speculator.py:5-13), after the context KV of the
@@ -566,14 +566,14 @@ class DSparkRunner(SpecRunner):
         from vllm.v1.attention.backends.mla.compressor_utils import get_dspark_swa_index_width
 
         spec, first = self.spec, self.spec.layers
-        with _runner_env(spec.runner), set_current_vllm_config(self.vc), _default_dtype(torch.bfloat16):
+        with runner_env(spec.runner), set_current_vllm_config(self.vc), default_dtype(torch.bfloat16):
             topk = torch.zeros(64, 16, dtype=torch.int32)  # the draft's own buffer (dspark.py:125)
             attns = [build_attention(self.vc, first + i, topk) for i in range(self.layers)]
             draft = TinyDSpark(first, attns, self.model.model.embed, self.model.lm_head, num_aux=spec.layers)
-        _use_cpu_gemm(draft)
+        use_cpu_gemm(draft)
         for i, (name, child) in enumerate(draft.model.named_children()):
             if name != "embed_tokens":  # the target's
-                _randomize(child, spec.seed + 11 + i)
+                randomize(child, spec.seed + 11 + i)
         draft.requires_grad_(False)
         for attn in attns:
             force_region(attn, spec.eager_region)
@@ -621,8 +621,8 @@ class DSparkRunner(SpecRunner):
         return {**super().roots(), "drafter": self.query, "context": self.context}
 
 
-RUNNERS = {"mtp": MTPRunner, "dspark": DSparkRunner}
+LOOPS = {"mtp": MTPLoop, "dspark": DSparkLoop}  # --spec method -> its step loop
 
 
-__all__ = ["RUNNERS", "SPEC_TOKENS", "DSparkRunner", "MTPRunner", "SpecRunner", "StepBuffers", "TinyDSpark", "TinyMTP",
+__all__ = ["LOOPS", "SPEC_TOKENS", "DSparkLoop", "MTPLoop", "SpecLoop", "StepBuffers", "TinyDSpark", "TinyMTP",
            "build_mtp"]

@@ -1,6 +1,6 @@
 """vLLM's declared region invariants: the defaults of ``--engine vllm``.
 
-The same two region decisions as the bundled engine's (``bundled_invariants``), with
+The same two region decisions as the bundled engine's (``bundled.invariants``), with
 the same ids (a settings file that replaces or drops one does so under both engines),
 but selecting vLLM 0.33.0's ops: the scopes are vLLM's module prefixes
 (``model.layers.N.attn``) and the functions are those of
@@ -22,7 +22,7 @@ bundled engine's.
 
 The compressor and indexer selectors are written from vLLM's module tree (the
 compressed layers' ``named_modules``); the tiny model's ratio-4 and ratio-128 layers
-(``vllm_layers``) run them.
+(``layers``) run them.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ select = [
 
 def default_invariants() -> tuple[Invariant, ...]:
     """vLLM's invariants, with source ``default``."""
-    return shipped_defaults(DEFAULTS_TOML, "capturelint/adapters/vllm_invariants.py")
+    return shipped_defaults(DEFAULTS_TOML, "capturelint/adapters/vllm/invariants.py")
 
 
 __all__ = ["DEFAULTS_TOML", "default_invariants"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-from capturelint.adapters.bundled_invariants import default_invariants
+from capturelint.adapters.bundled.invariants import default_invariants
 from capturelint.adapters.common import (
     CheckPlan,
     forward_context_probe,
@@ -55,7 +55,7 @@ def default_runner(platform: str) -> Runner:
 
 def make_plan(settings: Settings, options: EngineOptions | None = None, **spelled: Any) -> CheckPlan:
     """Command-line values over settings over the engine's defaults, validated; the
-    invariants in force start from the bundled engine's own (``bundled_invariants``).
+    invariants in force start from the bundled engine's own (``invariants``).
     Scripts may spell the options as keywords instead (``EngineOptions.of``):
     ``make_plan(Settings(), runner="v1", modes=("PIECEWISE",))``."""
     options = options if options is not None else EngineOptions.of(**spelled)

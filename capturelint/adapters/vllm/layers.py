@@ -7,7 +7,7 @@ only), 4 (compressed sparse: ``DeepseekCompressor`` plus ``DeepseekV4Indexer``) 
 ``compress_rates`` of ``hf_config``. ``--layers 3`` (the default) has one of each;
 ``--layers 1`` is the sliding-window layer alone.
 
-**Positions** (the workload is ``vllm_runners.schedule``). Fresh requests are
+**Positions** (the workload is ``workload.schedule``). Fresh requests are
 prefilled from position 0; long ones have a 3-token prompt that begins at
 ``START_POSITION`` (125) and is prefilled for real. So the default six steps cross
 what each kind does at a boundary: a ratio-4 compression at 3 and 127, the ratio-128
@@ -41,7 +41,7 @@ starts, the token-to-request map) and by the counts the runner built the SWA met
 with (padded under FULL, real under PIECEWISE and eager; slot mappings as long as the
 runner pads them; the decode/prefill split of ``split_decodes_and_prefills``), with
 vLLM's builders' semantics and, where the builder's work is a wrapper around a kernel,
-vLLM's wrapper itself (its kernel a reference, ``vllm_kernels_compressed``):
+vLLM's wrapper itself (its kernel a reference, ``kernels.compressed``):
 
 - ``{layer}`` -> ``DeepseekV4FlashMLAMetadata`` (``DeepseekV4SparseMLAMetadataBuilder.build``,
   sparse_mla.py:185): the compressed slot mapping from vLLM's
@@ -61,7 +61,7 @@ vLLM's wrapper itself (its kernel a reference, ``vllm_kernels_compressed``):
 
 A dummy batch (capture and warmup) has every slot ``-1`` and the null blocks.
 
-Under vLLM's own runners (``vllm_real_runner``) vLLM plans, allocates and binds these
+Under vLLM's own runners (``runners.real``) vLLM plans, allocates and binds these
 caches and its builders make the metadata; only the stand-in prefill is taken from
 here, at the blocks vLLM's runner owns (``LayerCaches.bound``).
 """
@@ -160,7 +160,7 @@ class LayerCaches:
         """Random, well-formed cache entries for each request's positions before its
         first step (request ``r``: before ``starts[r]``): ``swa`` lists each
         sliding-window cache (2-D byte view) with its block table (a row per request)."""
-        from capturelint.adapters.vllm_kernels import _write_fp8_ds_mla
+        from capturelint.adapters.vllm.kernels.fp8_ds_mla import write_fp8_ds_mla
 
         gen = torch.Generator().manual_seed(seed + 7)
 
@@ -173,13 +173,13 @@ class LayerCaches:
             positions = torch.arange(max(start - window, 0), start)
             for cache, table in swa:
                 slots = table.long()[req, positions // swa_block] * swa_block + positions % swa_block
-                _write_fp8_ds_mla(cache, rows(slots.numel(), 512).bfloat16(), slots, swa_block)
+                write_fp8_ds_mla(cache, rows(slots.numel(), 512).bfloat16(), slots, swa_block)
             for attn in self.layers:
                 r = attn.compress_ratio
                 slots = int(self.compressed_table[req, 0]) * (COMPRESSED_BLOCK // r) + torch.arange(start // r)
                 if slots.numel():
                     cache = attn.kv_cache.view(attn.kv_cache.shape[0], -1)
-                    _write_fp8_ds_mla(cache, rows(slots.numel(), 512).bfloat16(), slots, COMPRESSED_BLOCK // r)
+                    write_fp8_ds_mla(cache, rows(slots.numel(), 512).bfloat16(), slots, COMPRESSED_BLOCK // r)
                 self._prefill_state(attn.compressor, req, start, rows)
                 if attn.indexer is not None:
                     self._prefill_indexer(attn.indexer.k_cache.kv_cache, slots, gen)

@@ -1,12 +1,12 @@
 """vLLM's own model runners (V1 and V2) driving the tiny DeepSeek V4, on the CPU.
 
-Where ``vllm_runners.Runner`` reproduces the runners' capture conditions, this runs the
+Where ``reproduced.ReproducedLoop`` reproduces the runners' capture conditions, this runs the
 code that makes them: a real ``GPUModelRunner`` of Model Runner V1
 (``v1/worker/gpu_model_runner.py``) or V2 (``v1/worker/gpu/model_runner.py``), built
 through its ``__init__`` on the emulated CUDA device, with the tiny model of
-``vllm_runners.build_model`` as its model. It captures with its own ``capture_model``
+``model.build_model`` as its model. It captures with its own ``capture_model``
 and runs each step with its own ``execute_model`` and ``sample_tokens`` over hand-built
-``SchedulerOutput`` objects: what vLLM's scheduler hands a runner for ``vllm_runners``'
+``SchedulerOutput`` objects: what vLLM's scheduler hands a runner for ``reproduced``'
 serving workload (``schedule``: ``batch_sizes`` cycled over ``steps``). A request that
 joins is a new request with its prompt whole (``num_scheduled_tokens`` its length), the
 running ones decode one token (cached requests, their greedy token the runner's own
@@ -15,14 +15,14 @@ step to the capture sizes (``capture_sizes``) and dispatches it, with its own de
 prefill split (its prefill path: ``flash_mla_sparse_fwd``, ``dequantize_and_gather_k_cache``
 and ``combine_topk_swa_indices`` as ``cpu_shim`` binds them).
 
-**Layer kinds.** All three (``vllm_layers``: ratio 1, ratio 4 with compressor and
+**Layer kinds.** All three (``layers``: ratio 1, ratio 4 with compressor and
 indexer, ratio 128) run with vLLM's own KV cache plan and metadata builders. The long
-requests (``vllm_runners.schedule``'s ``long_context``) arrive with
+requests (``workload.schedule``'s ``long_context``) arrive with
 ``num_computed_tokens = 125``, as after a prefix-cache hit of their context, and
-``vllm_layers``' stand-in prefill has written that context into the caches vLLM
+``layers``' stand-in prefill has written that context into the caches vLLM
 allocated, at the blocks each request owns (``_prefill``); their prompts cross the
 ratio-4 and ratio-128 compressions (127) and their decodes the indexer's switch to its
-real top-k (131). Tokens, prompts and stand-in are those of ``vllm_runners``, whose
+real top-k (131). Tokens, prompts and stand-in are those of ``reproduced``, whose
 hand-built metadata gives the same logits on the rows vLLM samples from (tried: equal to
 the bit, the default workload, V1 and V2).
 
@@ -77,12 +77,12 @@ V2 (``v1/worker/gpu/``):
 **Stood in** (each because a CPU cannot run it as it is):
 
 - nothing of vLLM's Triton kernels: vLLM disables Triton without a GPU driver, and
-  they run **as they are** in Triton's interpreter (``vllm_triton``; ``INTERPRETED``).
+  they run **as they are** in Triton's interpreter (``kernels.interpreter``; ``INTERPRETED``).
   The metadata builders': ``_token_request_mapping_kernel``
   (``v1/attention/ops/metadata.py:43``), ``_compute_swa_indices_and_lens_kernel``
   (``sparse_swa.py:669``), ``CompressedSlotMappingKernel``
   (``v1/attention/backends/mla/compressor_utils.py``) and ``BuildC128ATopkMetadataKernel``
-  (``sparse_mla.py``; under ``cpu_shim`` these two are ``vllm_kernels_compressed``'s
+  (``sparse_mla.py``; under ``cpu_shim`` these two are ``kernels.compressed``'s
   references, which ``runner_context`` puts back to vLLM's own). V1's: ``_COMPUTE_SLOT_MAPPING_KERNEL``
   (``v1/worker/block_table.py:166``). V2's (what "Model Runner V2 requires Triton"
   means here): ``_apply_write_kernel`` (``gpu/buffer_utils.py``),
@@ -110,8 +110,8 @@ V2 (``v1/worker/gpu/``):
 - configuration a CPU platform resets: the ``VllmConfig`` is built on ``CpuPlatform``,
   which turns CUDA graphs off; the runner's graph mode, capture sizes and one
   warmup (``config/vllm.py:2011``) are set on it, as a CUDA platform would, and the
-  model configuration is ``vllm_runners``' namespace with the fields the runner reads;
-- the prefill of a long request's context (before 125) is ``vllm_layers``' stand-in, for its cost:
+  model configuration is ``model.hf_config``'s namespace with the fields the runner reads;
+- the prefill of a long request's context (before 125) is ``layers``' stand-in, for its cost:
   vLLM's own chunked prefill of it does run here eagerly (tried, V1 and V2, chunks of
   30 tokens, with ``common/ops/cache_utils.py``'s ``dequantize_and_gather_k_cache`` and
   ``combine_topk_swa_indices`` interpreted and ``nvidia/flashmla.py``'s
@@ -125,11 +125,11 @@ V2 (``v1/worker/gpu/``):
   ``profile_run`` (the worker's memory profiling) runs before its capture, as in an
   engine: it sizes the workspace the capture locks and a later prefill needs;
 - the model's kernels: the compressed layers' compressor, indexer and attention kernels
-  are ``vllm_kernels_compressed``' references, as under ``vllm_runners``;
+  are ``kernels.compressed``' references, as under ``reproduced``;
 - the model's vLLM interface: the tiny model answers ``forward(input_ids, positions,
   intermediate_tensors, inputs_embeds)`` with hidden states and ``compute_logits``.
 
-FULL graphs are left to ``vllm_runners``. Both runners do capture and replay them here
+FULL graphs are left to ``reproduced``. Both runners do capture and replay them here
 (tried; replays equal eager), but each as a bare ``torch.cuda.CUDAGraph`` that keeps no
 Python (V1: ``CUDAGraphWrapper``, ``compilation/cuda_graph.py``, around the breakable
 wrapper; V2: ``torch.cuda.graph`` at ``cudagraph_utils.py:496``), which the checker
@@ -150,11 +150,11 @@ from typing import Any, Iterator
 
 import torch
 
-from capturelint.adapters import vllm_layers
-from capturelint.adapters import vllm_runners as shim
+from capturelint.adapters.vllm import layers as vllm_layers
+from capturelint.adapters.vllm.model import HIDDEN, SWA_BLOCK, VOCAB, WINDOW, build_model
+from capturelint.adapters.vllm.workload import RunSpec, prompts, workload
 from capturelint.errors import CapturelintError
-from capturelint.options import CUDAGraphMode
-from capturelint.options import Runner as RunnerName
+from capturelint.options import CUDAGraphMode, Runner
 from capturelint.runtime import frames
 
 frames.register_runtime_file(__file__)
@@ -168,27 +168,27 @@ _BUILDERS = ("vllm.v1.attention.ops.metadata", "vllm.v1.attention.backends.mla.s
              "vllm.models.deepseek_v4.sparse_mla", "vllm.v1.attention.backends.mla.compressor_utils",
              "vllm.v1.attention.backends.mla.indexer")
 INTERPRETED = {
-    RunnerName.V1: ("vllm.v1.worker.block_table", *_BUILDERS),
-    RunnerName.V2: ("vllm.v1.worker.gpu.buffer_utils", "vllm.v1.worker.gpu.input_batch",
+    Runner.V1: ("vllm.v1.worker.block_table", *_BUILDERS),
+    Runner.V2: ("vllm.v1.worker.gpu.buffer_utils", "vllm.v1.worker.gpu.input_batch",
                     "vllm.v1.worker.gpu.block_table", "vllm.v1.worker.gpu.sample.gumbel", *_BUILDERS),
 }
-RUNNERS = {RunnerName.V1: "vllm.v1.worker.gpu_model_runner", RunnerName.V2: "vllm.v1.worker.gpu.model_runner"}
+RUNNERS = {Runner.V1: "vllm.v1.worker.gpu_model_runner", Runner.V2: "vllm.v1.worker.gpu.model_runner"}
 
 
 # The RunSpec fields this runner honours; a field added to RunSpec (a new workload) is
 # refused until the scheduler outputs here express it (``_unhonoured``). The workload is
-# ``vllm_runners``' serving workload (``capture_sizes``, ``batch_sizes``, ``steps``);
-# ``batch`` is the speculative-decoding loops' (``vllm_spec``), which this runner does not run.
+# ``workload``'s serving workload (``capture_sizes``, ``batch_sizes``, ``steps``);
+# ``batch`` is the speculative-decoding loops' (``runners.spec``), which this runner does not run.
 HONOURED = frozenset({"runner", "mode", "eager_region", "layers", "steps", "seed", "capture_sizes", "batch_sizes"})
 
 
-def _unhonoured(spec: shim.RunSpec) -> list[str]:
+def _unhonoured(spec: RunSpec) -> list[str]:
     """The fields of ``spec`` set away from their defaults that this runner does not drive."""
     return [f.name for f in dataclasses.fields(spec)
-            if f.name not in HONOURED and getattr(spec, f.name) != getattr(shim.RunSpec(), f.name)]
+            if f.name not in HONOURED and getattr(spec, f.name) != getattr(RunSpec(), f.name)]
 
 
-def supports(runner: RunnerName, mode: CUDAGraphMode) -> bool:
+def supports(runner: Runner, mode: CUDAGraphMode) -> bool:
     """Whether vLLM's own runner drives this configuration (PIECEWISE; see the module
     docstring for FULL)."""
     return mode is CUDAGraphMode.PIECEWISE
@@ -204,7 +204,7 @@ _MODEL_FIELDS = dict(
 )
 
 
-def _configure(vc: Any, spec: shim.RunSpec, graphs: bool) -> None:
+def _configure(vc: Any, spec: RunSpec, graphs: bool) -> None:
     """What a CUDA platform would have left in the configuration (see the module docstring)."""
     from vllm.config import CompilationMode
     from vllm.config import CUDAGraphMode as VllmMode
@@ -213,8 +213,8 @@ def _configure(vc: Any, spec: shim.RunSpec, graphs: bool) -> None:
     for name, value in _MODEL_FIELDS.items():
         setattr(mc, name, value)
     mc.original_max_model_len = mc.max_model_len
-    mc.get_inputs_embeds_size = lambda: shim.HIDDEN
-    mc.get_vocab_size = lambda: shim.VOCAB
+    mc.get_inputs_embeds_size = lambda: HIDDEN
+    mc.get_vocab_size = lambda: VOCAB
     mc.get_sliding_window = lambda: None  # the model's windows are its layers' own (V2's model state reads it)
     mc.hf_text_config = mc.hf_config
     mc.hf_config.num_nextn_predict_layers = 0  # read by the SWA builder (transformers_utils/deepseek_v4_utils.py:18)
@@ -260,7 +260,7 @@ def _env(name: str, value: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def runner_context(runner: RunnerName) -> Iterator[None]:
+def runner_context(runner: Runner) -> Iterator[None]:
     """What vLLM's ``runner`` needs on a CPU beyond ``cpu_shim``, for the block (see the
     module docstring, "Stood in"). Enter it inside ``cpu_shim``."""
     from vllm.compilation import monitor
@@ -270,10 +270,10 @@ def runner_context(runner: RunnerName) -> Iterator[None]:
     from vllm.v1.sample.sampler import Sampler
     from vllm.v1.worker import gpu_model_runner, workspace
 
-    from capturelint.adapters.vllm import _Patches
-    from capturelint.adapters.vllm_triton import interpret_modules
+    from capturelint.adapters.vllm.install import Patches
+    from capturelint.adapters.vllm.kernels.interpreter import interpret_modules
 
-    patches = _Patches()
+    patches = Patches()
     # capture_model leaves process-wide state behind: capturing disabled (monitor.py:98)
     # and the workspace locked (lock_workspace, :6508); other configurations capture after.
     patches.set(monitor, "cudagraph_capturing_enabled", monitor.cudagraph_capturing_enabled)
@@ -285,10 +285,10 @@ def runner_context(runner: RunnerName) -> Iterator[None]:
         patches.set(Sampler, "greedy_sample", staticmethod(_greedy_sample))
         patches.set(gpu_model_runner, "DeviceMemoryProfiler", _NoMemoryProfiler)
         # the builders' own kernels, interpreted, instead of cpu_shim's references
-        # (vllm_kernels_compressed: what vllm_runners' hand-built metadata launches)
+        # (kernels.compressed: what reproduced's hand-built metadata launches)
         patches.set(sparse_mla, "_BUILD_C128A_TOPK_METADATA_KERNEL", sparse_mla.BuildC128ATopkMetadataKernel())
         patches.set(compressor_utils, "_COMPRESSED_SLOT_MAPPING_KERNEL", compressor_utils.CompressedSlotMappingKernel())
-        if runner is RunnerName.V2:
+        if runner is Runner.V2:
             from vllm.v1.worker.gpu import buffer_utils, cudagraph_utils, model_runner
 
             patches.set(model_runner, "DeviceMemoryProfiler", _NoMemoryProfiler)
@@ -333,11 +333,11 @@ def _greedy_sample(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1).view(-1)  # sampler.py:306, the branch a GPU takes
 
 
-class RealRunner:
+class VllmRunnerLoop:
     """A real ``GPUModelRunner`` over the tiny model: ``capture`` and ``generate`` as
-    ``vllm_runners.Runner``'s, made by vLLM's code (see the module docstring)."""
+    ``reproduced.ReproducedLoop``'s, made by vLLM's code (see the module docstring)."""
 
-    def __init__(self, spec: shim.RunSpec, graphs: bool = True):
+    def __init__(self, spec: RunSpec, graphs: bool = True):
         import importlib
 
         from vllm.config import set_current_vllm_config
@@ -350,13 +350,13 @@ class RealRunner:
                                    "CAPTURELINT_VLLM_RUNNER_IMPL=shim")
         GPUModelRunner = importlib.import_module(RUNNERS[spec.runner]).GPUModelRunner
         self.spec = spec
-        self.steps = shim.workload(spec)
+        self.steps = workload(spec)
         self.requests = 1 + max(s.req for step in self.steps for s in step)
         self.starts: dict[int, int] = {}  # each request's position when it joins
         for step in self.steps:
             for s in step:
                 self.starts.setdefault(s.req, s.start)
-        self.model, self.vc = shim.build_model(spec)
+        self.model, self.vc = build_model(spec.runner, spec.layers, spec.seed, spec.eager_region)
         self.model.__class__ = type("TinyDeepseekV4ForVllm", (_VllmModel, type(self.model)), {})
         self.model.logits_seen = []
         _configure(self.vc, spec, graphs)
@@ -365,7 +365,7 @@ class RealRunner:
             self.runner.load_model(model=self.model)
             self.runner.initialize_kv_cache(self._kv_cache_config())
         self._prefill()
-        self.prompts = shim.prompts(self.steps, spec.seed)  # vllm_runners.Runner's
+        self.prompts = prompts(self.steps, spec.seed)  # ReproducedLoop's
         self.captured = False
 
     def _kv_cache_config(self) -> Any:
@@ -402,7 +402,7 @@ class RealRunner:
         return get_kv_cache_configs(self.vc, [specs], [memory], groups)[0]
 
     def _prefill(self) -> None:
-        """``vllm_layers``' stand-in prefill of each request's positions before it joins
+        """``layers``' stand-in prefill of each request's positions before it joins
         (a long request's context), into the caches vLLM allocated and bound, at the
         blocks each request owns: what a prefix cache hit of that context would leave
         there (the requests arrive with ``num_computed_tokens = start``)."""
@@ -430,7 +430,7 @@ class RealRunner:
                                        "fewer --layers")
         caches = vllm_layers.LayerCaches.bound(self.model, self.requests, compressed[0] if compressed else None,
                                                {ratio: tables[0] for ratio, tables in states.items()})
-        caches.prefill([self.starts[r] for r in range(self.requests)], swa, shim.SWA_BLOCK, shim.WINDOW,
+        caches.prefill([self.starts[r] for r in range(self.requests)], swa, SWA_BLOCK, WINDOW,
                        self.spec.seed)
 
     def capture(self) -> None:
@@ -442,7 +442,7 @@ class RealRunner:
             return
         self.captured = True
         with set_current_vllm_config(self.vc):
-            if self.spec.runner is RunnerName.V2:
+            if self.spec.runner is Runner.V2:
                 # the worker's memory profiling before the capture (gpu_worker.py
                 # determine_available_memory): its forward of max_num_batched_tokens without
                 # metadata sizes the workspace the capture locks, which a later prefill
@@ -489,7 +489,7 @@ class RealRunner:
         concatenated, in the workload's order (decodes, then the requests that join)."""
         from vllm.config import set_current_vllm_config
 
-        from capturelint.adapters.vllm import real_rows
+        from capturelint.adapters.vllm.bridge import real_rows
 
         self.capture()
         self.model.logits_seen.clear()
@@ -510,7 +510,7 @@ class RealRunner:
     def roots(self) -> dict[str, Any]:
         """The model, the runner's persistent input buffers, the KV caches."""
         r = self.runner
-        if self.spec.runner is RunnerName.V1:
+        if self.spec.runner is Runner.V1:
             buffers = types.SimpleNamespace(input_ids=r.input_ids.gpu, positions=r.positions, seq_lens=r.seq_lens,
                                             query_start_loc=r.query_start_loc.gpu,
                                             block_table=r.input_batch.block_table[0].block_table.gpu,
@@ -537,4 +537,4 @@ def _rid(req: int) -> str:
     return f"req{req}"
 
 
-__all__ = ["INTERPRETED", "RealRunner", "runner_context", "supports"]
+__all__ = ["INTERPRETED", "VllmRunnerLoop", "runner_context", "supports"]

@@ -50,7 +50,7 @@ select = [
 
 def default_invariants() -> tuple[Invariant, ...]:
     """The bundled engine's invariants, with source ``default``."""
-    return shipped_defaults(DEFAULTS_TOML, "capturelint/adapters/bundled_invariants.py")
+    return shipped_defaults(DEFAULTS_TOML, "capturelint/adapters/bundled/invariants.py")
 
 
 __all__ = ["DEFAULTS_TOML", "default_invariants"]

@@ -21,7 +21,7 @@ Only kernels that run **outside** captured code may be interpreted: the interpre
 reads its arguments into numpy and copies the results back, so a capture would record
 those copies (capture-time values) instead of the kernel. The runner's input
 preparation and the attention metadata builders run between graphs; the model's own
-kernels keep their CPU references (``vllm_kernels``).
+kernels keep their CPU references (``kernels.fp8_ds_mla``).
 """
 
 from __future__ import annotations

@@ -1,41 +1,7 @@
-"""A tiny DeepSeek V4 built from vLLM's real attention, and the two model runners'
-capture conditions, reproduced.
+"""The two model runners' capture conditions, reproduced: the step loop of FULL
+configurations (and of PIECEWISE ones where asked for).
 
-**The model.** ``build_model`` makes ``TinyDeepseekV4``: an embedding, ``layers``
-decoder layers and an LM head, each layer an RMSNorm and vLLM's own
-``DeepseekV4FlashMLAAttention`` built through its real ``__init__`` (TP=1, a gloo world
-of one), with random weights (seeded; no download). The norms, the embedding, the
-residual stream and the head are plain torch of ours: what is checked is vLLM's
-attention and its capture regions. The configuration is built in code (``hf_config``):
-``sliding_window`` 8, 8 heads (FlashMLA pads them to 64), ``q_lora_rank`` 64,
-``o_groups`` 2, head dim 512 (448 NoPE + 64 RoPE), fp8_ds_mla SWA cache.
-
-Layer ``i`` has compress ratio 1, 4 or 128 in turn (``vllm_layers.layer_ratios``: the
-default three layers are one sliding-window, one compressed-sparse layer with its
-indexer, one heavily compressed layer); their caches, metadata and the stand-in
-prefill of the context before each request's first step live in ``vllm_layers``, the
-kernels they reach in ``vllm_kernels_compressed``. The hooks here: ``build_model`` (the
-ratios and the top-k buffer), ``_bind_caches`` and ``metadata``.
-
-**The workload** (``schedule``): requests of different prompt lengths (2 and 3
-tokens) join and leave; step ``i`` runs ``batch_sizes[i % len]`` of them (default
-1,2,3,3,2,1), the batch ordered decodes first. A joining request is prefilled whole in
-its first step, from position 0. With compressed layers (the default) every other
-request is a long one instead: its prompt begins at ``vllm_layers.START_POSITION``
-(125), the positions before it are a stand-in prefill of its caches
-(``LayerCaches.prefill``), and its prompt (125..127) is prefilled for real. The default
-six steps are then a prefill step, two mixed steps (a decode and the long prompt; two
-decodes at different positions and a fresh prompt: 4 tokens each, which PIECEWISE
-replays and FULL_DECODE_ONLY runs eagerly), a decode batch padded from 3 to 4, a full
-one and one padded from 1 to 2. They cross the ratio-4 boundaries (3, 127), the
-ratio-128 boundary (127, inside the long prompt's prefill) and the indexer's switch
-between its short-context fill and its real top-k, and every layer kind runs its
-``_forward_prefill``: the long prompt with compressed entries (the indexer's prefill
-chunk: gather, MQA logits, top-k; the C128A prefill indices; the compressed gather and
-the combined indices), the fresh ones without (no chunk: vLLM's builder makes none).
-``--layers 1`` (sliding-window only) runs every request fresh.
-
-**The runners** (``Runner``), a loop over those steps with the model wrapped by vLLM's
+**The runners** (``ReproducedLoop``), a loop over those steps with the model wrapped by vLLM's
 ``BreakableCUDAGraphWrapper``, over persistent buffers (``Buffers``: input ids,
 positions, slot mapping, block table, sequence lengths, query starts, and the SWA
 metadata builder's own index buffers) sized for ``max_num_batched_tokens``:
@@ -48,7 +14,7 @@ metadata builder's own index buffers) sized for ``max_num_batched_tokens``:
   eagerly and uniform decode batches replay FULL graphs. V2's own candidate table
   (cudagraph_utils.py:256-395) is stood in for by the dispatcher; for these modes it
   picks the same graphs.
-- **Capture** (``Runner.capture``), per capture size, largest first. Model Runner V1
+- **Capture** (``ReproducedLoop.capture``), per capture size, largest first. Model Runner V1
   (``v1/worker/gpu_model_runner.py``, wrapped with ``runtime_mode=PIECEWISE``,
   :5130-5147): ``_warmup_and_capture`` (:6523) runs the warmup and the capturing
   ``_dummy_run`` with ``force_attention = mode == FULL`` (:6536): a PIECEWISE graph is
@@ -58,13 +24,13 @@ metadata builder's own index buffers) sized for ``max_num_batched_tokens``:
   (:424-486) runs a warmup (mode NONE) and the capture, metadata always built
   (``prepare_inputs_to_capture`` :827, ``prepare_attn`` :898) over ``PAD_SLOT_ID``
   slots (``block_table.py:262 get_dummy_slot_mappings``). The dummy batches are each
-  runner's (``Runner.dummy_batch``): all decode tokens.
-- **Padding** (``Runner.step_batch``): a step padded to its capture size gets metadata
+  runner's (``ReproducedLoop.dummy_batch``): all decode tokens.
+- **Padding** (``ReproducedLoop.step_batch``): a step padded to its capture size gets metadata
   over the padded counts under FULL and over the real ones under PIECEWISE and eager
   (V1 ``pad_attn``; V2 ``model_states/default.py:179-186``); V1's slot mapping spans
   the real tokens unless FULL, V2's always spans the padded ones. Padded request rows
   get the null block, ``seq_len`` 0 and empty queries; padded token rows slot -1.
-- **Metadata** (``Runner.metadata``): what ``DeepseekSparseSWAMetadataBuilder.build``
+- **Metadata** (``ReproducedLoop.metadata``): what ``DeepseekSparseSWAMetadataBuilder.build``
   makes (its Triton kernels are in torch here), with vLLM's own
   ``split_decodes_and_prefills``; prefill fields for the prefill path.
 
@@ -74,332 +40,34 @@ are captured here by the breakable wrapper under a FULL forward context (vLLM's
 FULL-mode bypass makes the whole forward one captured segment), where vLLM's V1 uses
 ``CUDAGraphWrapper``: the same ops in one graph. ``tests/vllm/test_vllm_contract.py``
 pins every vLLM function stood in for here.
-
-The region: ``eager_region=None`` keeps vLLM's own choice (``_prepare_and_attn_eager``
-under V1, ``_prepare_and_attn`` under V2, attention.py:323-328); ``narrow`` and
-``wide`` force one on every layer.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 import types
-from typing import Any, Iterator
+from typing import Any
 
 import torch
-from torch import nn
 
-from capturelint.options import CUDAGraphMode, EagerRegion
-from capturelint.options import Runner as RunnerName  # this module's Runner is the step loop
-from capturelint.adapters import vllm_layers
+from capturelint.adapters.vllm import layers as vllm_layers
+from capturelint.adapters.vllm.model import (
+    MAX_BLOCKS,
+    MAX_REQS,
+    MAX_TOKENS,
+    PAD_SLOT_ID,
+    SWA_BLOCK,
+    WINDOW,
+    build_model,
+    runner_env,
+)
+from capturelint.adapters.vllm.workload import RunSpec, Scheduled, prompts, workload
+from capturelint.options import Runner
 from capturelint.runtime import frames
 
 frames.register_runtime_file(__file__)
 
-VOCAB = 96
-HIDDEN = 256
-HEADS = 8
-WINDOW = 8
-SWA_BLOCK = 64
-PAD_SLOT_ID = -1
-DEFAULT_CAPTURE_SIZES = (2, 4)
-DEFAULT_BATCH_SIZES = (1, 2, 3, 3, 2, 1)
-PROMPT_LENS = (2, 3)  # request r's prompt has PROMPT_LENS[r % 2] tokens
-MAX_TOKENS = vllm_layers.MAX_TOKENS  # scheduler_config.max_num_batched_tokens (vllm_config): the largest capture size
-MAX_REQS = vllm_layers.MAX_REQS  # scheduler_config.max_num_seqs: the largest batch
-MAX_BLOCKS = 4  # block-table columns per request: max_model_len (256) tokens
 NULL_BLOCK_ID = 0  # vLLM's block 0 is reserved for padding rows (gpu_model_runner.py:2302-2304)
-COMPRESS_TYPES = {1: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
-
-
-def hf_config(num_layers: int, ratios: tuple[int, ...] | None = None) -> types.SimpleNamespace:
-    """The model's configuration, in the fields DeepSeek V4's ``__init__`` reads."""
-    ratios = ratios or (1,) * num_layers
-    return types.SimpleNamespace(
-        hidden_size=HIDDEN, num_attention_heads=HEADS, q_lora_rank=64, o_lora_rank=64, head_dim=512,
-        qk_rope_head_dim=64, o_groups=2, sliding_window=WINDOW, num_hidden_layers=num_layers,
-        layer_types=[COMPRESS_TYPES[r] for r in ratios],
-        compress_rates={"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
-        rms_norm_eps=1e-6, max_position_embeddings=1024, rope_theta=10000.0, compress_rope_theta=160000.0,
-        rope_parameters={"rope_theta": 10000.0, "rope_type": "default"},
-        index_topk=vllm_layers.INDEX_TOPK, index_n_heads=4, index_head_dim=128, model_type="deepseek_v4",
-        architectures=["DeepseekV4ForCausalLM"], vocab_size=VOCAB,
-    )
-
-
-_distributed_ready = False
-
-
-def vllm_config(num_layers: int, runner: RunnerName, ratios: tuple[int, ...] | None = None) -> Any:
-    """A fresh ``VllmConfig`` (each build registers its layers by name in it)."""
-    from vllm.config import VllmConfig
-
-    vc = VllmConfig()
-    mc = types.SimpleNamespace(hf_config=hf_config(num_layers, ratios), max_model_len=256, is_moe=False,
-                               dtype=torch.bfloat16, runner=str(runner), sleep_mode_offload_cudagraph=False,
-                               enable_sleep_mode=False)
-    object.__setattr__(vc, "model_config", mc)
-    # None trips an assert in the indexer's metadata builder (v1/attention/backends/mla/indexer.py:919).
-    vc.attention_config.sparse_mla_prefill_workspace_factor = 5
-    vc.scheduler_config.max_num_batched_tokens = MAX_TOKENS
-    vc.scheduler_config.max_num_seqs = MAX_REQS
-    vc.kernel_config.enable_jit_warmup = False  # Triton/CuTe JIT warmup registrations: no kernels to warm here
-    return vc
-
-
-def _ensure_distributed(vc: Any) -> None:
-    """vLLM's layers need a model-parallel group: a gloo world of one, once per process."""
-    global _distributed_ready
-    if _distributed_ready:
-        return
-    from vllm.distributed import parallel_state as ps
-
-    if not ps.model_parallel_is_initialized():
-        if not torch.distributed.is_initialized():
-            # A world of one needs no rendezvous: an in-memory store, no file left behind
-            # (vLLM's own init would make a FileStore of a ``file://`` method). vLLM
-            # then takes the initialized world as it is.
-            torch.distributed.init_process_group(backend="gloo", store=torch.distributed.HashStore(), world_size=1,
-                                                 rank=0)
-        ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, distributed_init_method="env://",
-                                        backend="gloo")
-        ps.initialize_model_parallel(1, 1)
-    from vllm.v1.worker import workspace
-
-    if workspace._manager is None:  # the runners make it in __init__ (gpu_model_runner.py)
-        workspace.init_workspace_manager(torch.device("cpu"))
-    _distributed_ready = True
-
-
-@contextlib.contextmanager
-def _runner_env(runner: RunnerName) -> Iterator[None]:
-    """``VLLM_USE_V2_MODEL_RUNNER`` for the block: what selects the runner in
-    ``VllmConfig.use_v2_model_runner`` (config/vllm.py:731-750); without Triton vLLM
-    would otherwise choose V1. ``VLLM_USE_BREAKABLE_CUDAGRAPH=1``: the breakable
-    graphs this adapter runs (V1 wraps with them only then, gpu_model_runner.py
-    :5130-5147, and its ``CudagraphDispatcher`` accepts PIECEWISE without a compiled
-    model only then, cudagraph_dispatcher.py:48-60)."""
-    wanted = {"VLLM_USE_V2_MODEL_RUNNER": "1" if runner is RunnerName.V2 else "0", "VLLM_USE_BREAKABLE_CUDAGRAPH": "1"}
-    saved = {name: os.environ.get(name) for name in wanted}
-    os.environ.update(wanted)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    """Parameters made in the block have ``dtype`` (vLLM's loader builds models so)."""
-    saved = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(saved)
-
-
-def build_attention(vc: Any, index: int, topk_buffer: torch.Tensor) -> nn.Module:
-    """One ``DeepseekV4FlashMLAAttention``, through vLLM's real ``__init__``."""
-    from vllm.models.deepseek_v4.nvidia.flashmla import DeepseekV4FlashMLAAttention
-
-    return DeepseekV4FlashMLAAttention(vc, prefix=f"model.layers.{index}.attn", topk_indices_buffer=topk_buffer)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float = 1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim, dtype=torch.bfloat16))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x / sqrt(mean(x^2) + eps) * weight``, in float32 (the norms are ours, not vLLM's)."""
-        xf = x.to(torch.float32)
-        y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return (y * self.weight.to(torch.float32)).to(x.dtype)
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, attn: nn.Module):
-        super().__init__()
-        self.norm = RMSNorm(HIDDEN)
-        self.attn = attn
-
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden + self.attn(positions, self.norm(hidden))
-
-
-class DecoderStack(nn.Module):
-    def __init__(self, layers: list[nn.Module]):
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, HIDDEN, dtype=torch.bfloat16)
-        self.layers = nn.ModuleList(DecoderLayer(a) for a in layers)
-        self.norm = RMSNorm(HIDDEN)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed(input_ids)
-        for layer in self.layers:
-            hidden = layer(positions, hidden)
-        return self.norm(hidden)
-
-
-class TinyDeepseekV4(nn.Module):
-    """Embedding, decoder layers around vLLM's attention, final norm, LM head. The
-    decoder is ``model``, so module scopes are vLLM's layer prefixes
-    (``model.layers.0.attn``)."""
-
-    def __init__(self, layers: list[nn.Module]):
-        super().__init__()
-        self.model = DecoderStack(layers)
-        self.lm_head = nn.Linear(HIDDEN, VOCAB, bias=False, dtype=torch.bfloat16)
-
-    @property
-    def layers(self) -> nn.ModuleList:
-        return self.model.layers
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.model(input_ids, positions)).float()
-
-
-def _use_cpu_gemm(model: nn.Module) -> None:
-    """vLLM's linear layers on a CPU call ``layer.cpu_linear``, which weight loading
-    sets (``dispatch_cpu_unquantized_gemm``); give them its fallback, ``F.linear``."""
-    from vllm.model_executor.layers.linear import LinearBase
-
-    for m in model.modules():
-        if isinstance(m, LinearBase):
-            m.cpu_linear = torch.nn.functional.linear
-
-
-def _randomize(model: nn.Module, seed: int) -> None:
-    """Random weights: vLLM allocates parameters uninitialised (the loader fills them)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in sorted(model.named_parameters()):
-            if name.endswith("norm.weight") or name.endswith("_norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
-            elif name.endswith("attn_sink"):
-                p.copy_(torch.randn(p.shape, generator=gen))
-            else:
-                fan_in = p.shape[-1] if p.dim() > 1 else 1
-                p.copy_(torch.randn(p.shape, generator=gen) / max(fan_in, 1) ** 0.5)
-
-
-@dataclasses.dataclass(frozen=True)
-class RunSpec:
-    """One configuration: runner, CUDA-graph mode, region (``per-runner``: vLLM's own
-    choice), size, seed, and the workload: ``capture_sizes`` (vLLM's
-    ``cudagraph_capture_sizes``) and ``batch_sizes`` (the requests running in each
-    step, cycled over ``steps``; see ``schedule``). ``batch``: the requests of the
-    speculative-decoding loops (``vllm_spec``), which run a fixed batch."""
-
-    runner: RunnerName = RunnerName.V1
-    mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE
-    eager_region: EagerRegion = EagerRegion.PER_RUNNER
-    layers: int = 3
-    steps: int = 6
-    seed: int = 0
-    capture_sizes: tuple[int, ...] = DEFAULT_CAPTURE_SIZES
-    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
-    batch: int = 2
-
-
-def build_model(spec: RunSpec) -> tuple[TinyDeepseekV4, Any]:
-    """The tiny model under the runner's ``VllmConfig``; caches allocated and bound."""
-    from vllm.config import set_current_vllm_config
-
-    vc = vllm_config(spec.layers, spec.runner, vllm_layers.layer_ratios(spec.layers))
-    with _runner_env(spec.runner), set_current_vllm_config(vc), _default_dtype(torch.bfloat16):
-        _ensure_distributed(vc)
-        # the model-level top-k buffer (nvidia/model.py:848): [max tokens, index_topk]
-        topk = torch.zeros(MAX_TOKENS, vllm_layers.INDEX_TOPK, dtype=torch.int32)
-        attns = [build_attention(vc, i, topk) for i in range(spec.layers)]
-        model = TinyDeepseekV4(attns)
-    _use_cpu_gemm(model)
-    _randomize(model, spec.seed)
-    model.requires_grad_(False)  # vLLM serves under inference mode
-    for attn in attns:
-        force_region(attn, spec.eager_region)
-    return model, vc
-
-
-def force_region(attn: nn.Module, region: EagerRegion) -> None:
-    """``narrow``/``wide``: that region on ``attn``; ``per-runner`` keeps vLLM's choice."""
-    if region is EagerRegion.NARROW:
-        attn._prepare_and_attn_fn = attn._prepare_and_attn
-    elif region is EagerRegion.WIDE:
-        attn._prepare_and_attn_fn = attn._prepare_and_attn_eager
-
-
-def region_of(model: TinyDeepseekV4) -> str:
-    """The region the layers run with: ``wide`` or ``narrow`` (or ``mixed``)."""
-    names = {layer.attn._prepare_and_attn_fn.__name__ for layer in model.layers}
-    kinds = {str(EagerRegion.WIDE if n == "_prepare_and_attn_eager" else EagerRegion.NARROW) for n in names}
-    return kinds.pop() if len(kinds) == 1 else "mixed"
-
-
-MAX_SEQ = MAX_BLOCKS * SWA_BLOCK  # a request finishes when it holds this many tokens
-
-
-@dataclasses.dataclass(frozen=True)
-class Scheduled:
-    """One request's share of a step: ``query_len`` tokens from position ``start`` (the
-    tokens it computed before). ``query_len`` 1 after the first step: a decode."""
-
-    req: int
-    start: int
-    query_len: int
-
-
-def schedule(batch_sizes: tuple[int, ...], steps: int, long_context: int | None = None) -> list[tuple[Scheduled, ...]]:
-    """The workload: step ``i`` runs ``batch_sizes[i % len(batch_sizes)]`` requests.
-
-    As a scheduler with continuous batching would: a request that joins is prefilled
-    whole in its first step (request ``r``'s prompt has ``PROMPT_LENS[r % 2]`` tokens,
-    from position 0) and then decodes one token per step. With ``long_context``, the
-    odd requests are long ones: their prompt begins at position ``long_context``, every
-    position before its last token is a stand-in prefill of the caches, and they join
-    with a decode of that token; when the batch shrinks the oldest requests
-    leave, and a request that reaches ``MAX_SEQ`` tokens leaves and another joins. The
-    batch is ordered decodes first, then the joining prefills (vLLM reorders it so,
-    ``split_decodes_and_prefills``). A step that grows the batch is a mixed
-    prefill-decode step (the first one a prefill-only step)."""
-    running: list[tuple[int, int]] = []  # (request, tokens computed)
-    next_req = 0
-    out = []
-    for i in range(steps):
-        want = batch_sizes[i % len(batch_sizes)]
-        running = [r for r in running if r[1] < MAX_SEQ]
-        running = running[len(running) - want:] if len(running) > want else running
-        batch = [Scheduled(req, computed, 1) for req, computed in running]
-        while len(batch) < want:
-            prompt = PROMPT_LENS[next_req % len(PROMPT_LENS)]
-            long = long_context is not None and next_req % 2 == 1
-            batch.append(Scheduled(next_req, long_context if long else 0, prompt))
-            next_req += 1
-        running = [(s.req, s.start + s.query_len) for s in batch]
-        out.append(tuple(batch))
-    return out
-
-
-def workload(spec: RunSpec) -> list[tuple[Scheduled, ...]]:
-    """``spec``'s steps: with compressed layers, long requests join near their
-    boundaries (``vllm_layers.START_POSITION``; module docstring)."""
-    compressed = any(r > 1 for r in vllm_layers.layer_ratios(spec.layers))
-    return schedule(spec.batch_sizes, spec.steps, vllm_layers.START_POSITION if compressed else None)
-
-
-def prompts(steps: list[tuple[Scheduled, ...]], seed: int) -> dict[int, torch.Tensor]:
-    """Each request's prompt (request ``r``: ``PROMPT_LENS[r % 2]`` random tokens)."""
-    gen = torch.Generator().manual_seed(seed + 1)
-    return {r: torch.randint(0, VOCAB, (PROMPT_LENS[r % len(PROMPT_LENS)],), generator=gen)
-            for r in sorted({s.req for step in steps for s in step})}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -431,13 +99,11 @@ class Batch:
     def num_reqs(self) -> int:
         return len(self.scheduled)
 
-
 def uniform_decode(scheduled: tuple[Scheduled, ...]) -> bool:
     """V1's ``_is_uniform_decode`` (gpu_model_runner.py:3620-3637): every request
     schedules ``uniform_decode_query_len`` (1) token."""
     max_query_len = max(s.query_len for s in scheduled)
     return max_query_len == 1 and sum(s.query_len for s in scheduled) == max_query_len * len(scheduled)
-
 
 class Buffers:
     """The runner's persistent buffers, and the SWA metadata builder's (what captured
@@ -494,7 +160,6 @@ class Buffers:
                 blocks = self.block_table.long()[rows, pos // SWA_BLOCK]
                 self.slot_mapping[:n] = blocks * SWA_BLOCK + pos % SWA_BLOCK
 
-
 def swa_indices_and_lens(buffers: Buffers, out_indices: torch.Tensor, out_lens: torch.Tensor, num_tokens: int,
                          token_offset: int) -> None:
     """vLLM's Triton ``_compute_swa_indices_and_lens_kernel`` (sparse_swa.py:1057-1132),
@@ -516,7 +181,6 @@ def swa_indices_and_lens(buffers: Buffers, out_indices: torch.Tensor, out_lens: 
         blocks = buffers.block_table.long()[req, window // SWA_BLOCK]
         out_indices[row, 0, : len(window)] = (blocks * SWA_BLOCK + window % SWA_BLOCK).to(torch.int32)
         out_lens[row] = len(window)
-
 
 def resolved_cudagraph_mode(vc: Any, mode: Any) -> Any:
     """The ``cudagraph_mode`` vLLM runs DeepSeek V4 with when ``mode`` is configured:
@@ -544,9 +208,8 @@ def resolved_cudagraph_mode(vc: Any, mode: Any) -> Any:
     finally:
         cc.cudagraph_mode = saved
 
-
-class Runner:
-    """A model runner's capture and step loop; see the module docstring."""
+class ReproducedLoop:
+    """A model runner's capture and step loop, reproduced; see the module docstring."""
 
     def __init__(self, spec: RunSpec, graphs: bool = True):
         from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphWrapper
@@ -554,14 +217,14 @@ class Runner:
 
         self.spec = spec
         self.steps = workload(spec)
-        self.model, self.vc = build_model(spec)
+        self.model, self.vc = build_model(spec.runner, spec.layers, spec.seed, spec.eager_region)
         self.buffers = Buffers()
         self.caches = self._bind_caches()
         self.mode = VllmMode[spec.mode.value] if graphs else VllmMode.NONE
         self.dispatcher = self._dispatcher()
         # V1 wraps for PIECEWISE dispatch only (gpu_model_runner.py:5139); V2 for any
         # non-NONE mode (cudagraph_utils.py:570). FULL: see the module docstring.
-        runtime_mode = VllmMode.PIECEWISE if spec.runner is RunnerName.V1 and self.mode is VllmMode.PIECEWISE else None
+        runtime_mode = VllmMode.PIECEWISE if spec.runner is Runner.V1 and self.mode is VllmMode.PIECEWISE else None
         self.wrapper = BreakableCUDAGraphWrapper(self.model, self.vc, runtime_mode=runtime_mode)
         self.prompts = prompts(self.steps, spec.seed)
 
@@ -578,14 +241,14 @@ class Runner:
         cc.cudagraph_mode = self.mode
         cc.post_init_cudagraph_sizes()
         self.cudagraph_mode = resolved_cudagraph_mode(self.vc, self.mode)
-        with _runner_env(self.spec.runner):
+        with runner_env(self.spec.runner):
             dispatcher = CudagraphDispatcher(self.vc)
         dispatcher.initialize_cudagraph_keys(self.cudagraph_mode, uniform_decode_query_len=1)
         return dispatcher
 
     def _bind_caches(self) -> list[tuple[str, torch.Tensor]]:
         """Every layer's SWA cache (request ``r`` owns blocks ``1 + MAX_BLOCKS*r ...``,
-        block 0 is the null block), the compressed layers' caches (``vllm_layers``), and
+        block 0 is the null block), the compressed layers' caches (``layers``), and
         the stand-in prefill of each request's positions before its first step."""
         caches = []
         requests = 1 + max(s.req for step in self.steps for s in step)
@@ -629,7 +292,7 @@ class Runner:
         full = self._full(mode)
         reqs_padded = descriptor.num_reqs if full and descriptor.num_reqs is not None else len(scheduled)
         batch = Batch(scheduled, descriptor.num_tokens, reqs_padded, max_query_len, padded_metadata=full,
-                      padded_slots=full or self.spec.runner is RunnerName.V2)
+                      padded_slots=full or self.spec.runner is Runner.V2)
         return batch, mode, descriptor
 
     def dummy_batch(self, descriptor: Any, mode: Any, warmup: bool) -> Batch:
@@ -650,7 +313,7 @@ class Runner:
         uniform = bool(getattr(descriptor, "uniform", False))
         reqs = tokens if uniform else min(tokens, MAX_REQS)
         lens = [tokens // reqs] * reqs
-        if self.spec.runner is RunnerName.V1:
+        if self.spec.runner is Runner.V1:
             lens[-1] += tokens % reqs
             max_query_len = 1 if uniform else tokens
             starts = [max_query_len - q for q in lens]
@@ -738,7 +401,7 @@ class Runner:
         from vllm.config import set_current_vllm_config
         from vllm.forward_context import set_forward_context
 
-        from capturelint.adapters.vllm import real_rows
+        from capturelint.adapters.vllm.bridge import real_rows
 
         n = batch.num_tokens_padded
         with set_current_vllm_config(self.vc), set_forward_context(attn_metadata, self.vc, num_tokens=n,
@@ -761,7 +424,7 @@ class Runner:
 
         if self.mode is VllmMode.NONE:
             return
-        v1 = self.spec.runner is RunnerName.V1
+        v1 = self.spec.runner is Runner.V1
         warmups = 1  # V1: cudagraph_num_of_warmups, which VllmConfig sets to 1 with graphs on (config/vllm.py:2011)
         for mode, descriptors in self.dispatcher.get_capture_descs():
             with_metadata = not v1 or self._full(mode)
@@ -798,12 +461,4 @@ class Runner:
         return {"model": self.model, "runner": self.buffers, "caches": self.caches}
 
 
-def compare(graphs: torch.Tensor, eager: torch.Tensor) -> tuple[float, float]:
-    """Greedy-token agreement and max logit error of a graph run against an eager one."""
-    agree = float((graphs.argmax(-1) == eager.argmax(-1)).float().mean())
-    diff = (graphs.double() - eager.double()).abs().max()
-    return agree, float("inf") if diff.isnan() else float(diff)
-
-
-__all__ = ["Batch", "Buffers", "RunSpec", "Runner", "Scheduled", "TinyDeepseekV4", "build_attention", "build_model",
-           "compare", "force_region", "hf_config", "prompts", "region_of", "schedule", "uniform_decode", "vllm_config", "workload"]
+__all__ = ["Batch", "Buffers", "ReproducedLoop", "resolved_cudagraph_mode", "swa_indices_and_lens", "uniform_decode"]

@@ -9,15 +9,15 @@ Options, resolved like the bundled engine's (command line over settings over def
 - ``--eager-region``: ``per-runner`` (default) keeps vLLM's own choice
   (attention.py:323-328), ``narrow`` / ``wide`` force ``_prepare_and_attn`` /
   ``_prepare_and_attn_eager`` on every layer;
-- ``--layers`` (default 3: one layer of each kind, ``vllm_layers``), ``--steps`` (engine steps, default 6), ``--seed``;
-- the workload (``vllm_runners.schedule``): ``--capture-sizes`` (vLLM's
+- ``--layers`` (default 3: one layer of each kind, ``layers``), ``--steps`` (engine steps, default 6), ``--seed``;
+- the workload (``workload.schedule``): ``--capture-sizes`` (vLLM's
   ``cudagraph_capture_sizes``, default 2,4; each at most the runner's
   ``max_num_batched_tokens``, 64) and ``--batch-sizes`` (the requests running in each
   step, cycled over ``--steps``, default 1,2,3,3,2,1: a prefill step, a mixed
   prefill-decode step, decode batches padded to their capture size and ones that fill
   it, with long requests joining at the compressors' boundaries when the model has
   compressed layers; each at most ``max_num_seqs``, 16).
-- ``--spec mtp|dspark``: speculative decoding (``vllm_spec``): each step is the target's
+- ``--spec mtp|dspark``: speculative decoding (``runners.spec``): each step is the target's
   verify forward and the draft's forwards, their graphs captured as each runner
   captures them, over a fixed batch (``--capture-sizes``/``--batch-sizes`` are
   refused) and sliding-window target layers (``--layers`` 1, its default; more is
@@ -36,7 +36,7 @@ import re
 from typing import TYPE_CHECKING, Any, Callable
 
 from capturelint.adapters.common import CheckPlan, layer_scope_group, region_map_of, resolve_plan, run_plan, slots
-from capturelint.adapters.vllm_invariants import default_invariants
+from capturelint.adapters.vllm.invariants import default_invariants
 from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
 from capturelint.harness import TwinResult
@@ -72,7 +72,7 @@ DSPARK_V1_REFUSAL = ("--spec dspark needs --runner v2: vLLM 0.33.0 runs DSpark o
 
 def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
     """The plan of a vLLM check; options that describe the bundled engine are refused.
-    The default invariants are vLLM's (``vllm_invariants``): the bundled engine's region
+    The default invariants are vLLM's (``invariants``): the bundled engine's region
     decisions, selecting vLLM's functions."""
     if options.platform != "cuda":
         raise CapturelintError(f"--platform {options.platform} picks the bundled engine's default runner; --engine vllm "
@@ -100,7 +100,7 @@ def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
         return (f"--engine vllm checks the PIECEWISE and FULL graphs; mode {mode} is a dispatch policy over them, use "
                 "--mode PIECEWISE,FULL")
 
-    from capturelint.adapters.vllm_runners import MAX_REQS, MAX_TOKENS
+    from capturelint.adapters.vllm.model import MAX_REQS, MAX_TOKENS
 
     if options.spec:
         for option, given in (("--capture-sizes", options.capture_sizes), ("--batch-sizes", options.batch_sizes)):
@@ -148,7 +148,7 @@ def forward_context_probe() -> ContextSnapshot:
 
 
 def _spec(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Any:
-    from capturelint.adapters.vllm_runners import RunSpec
+    from capturelint.adapters.vllm.workload import RunSpec
 
     workload = {name: value for name, value in (("capture_sizes", plan.capture_sizes), ("batch_sizes", plan.batch_sizes))
                 if value is not None}
@@ -164,7 +164,7 @@ _MISSING_OP = re.compile(r"'_OpNamespace' '(\w+)' object has no attribute '(\w+)
 def missing_op(e: BaseException) -> CapturelintError | None:
     """The one-line error for a ``torch.ops`` kernel vLLM called that does not exist
     here, found in ``e`` or its causes; None when ``e`` is something else."""
-    from capturelint.adapters.vllm_kernels import missing_kernel_error
+    from capturelint.adapters.vllm.kernels.reference import missing_kernel_error
 
     while e is not None:
         m = _MISSING_OP.search(str(e)) if isinstance(e, AttributeError) else None
@@ -180,27 +180,41 @@ RUNNER_IMPL_ENV = "CAPTURELINT_VLLM_RUNNER_IMPL"
 
 def real_runner(runner: Runner, mode: CUDAGraphMode) -> bool:
     """Whether vLLM's own model runner drives this configuration
-    (``vllm_real_runner``: PIECEWISE graphs, V1 and V2) rather than ``vllm_runners``' reproduction of
+    (``runners.real``: PIECEWISE graphs, V1 and V2) rather than ``reproduced``' reproduction of
     its capture conditions (FULL graphs, and PIECEWISE with ``shim``): the internal switch
     ``CAPTURELINT_VLLM_RUNNER_IMPL``, ``real`` (the default) or ``shim``."""
-    from capturelint.adapters import vllm_real_runner
+    from capturelint.adapters.vllm.runners import real
 
     impl = os.environ.get(RUNNER_IMPL_ENV, "real")
     if impl not in ("real", "shim"):
         raise CapturelintError(f"{RUNNER_IMPL_ENV}={impl!r} is not a runner implementation; use real or shim")
-    return impl == "real" and vllm_real_runner.supports(runner, mode)
+    return impl == "real" and real.supports(runner, mode)
+
+
+def step_loop(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Any:
+    """The step loop of one configuration: the speculative-decoding loop of ``--spec``,
+    vLLM's own model runner (``runners.real``) where it drives the configuration, else
+    the model runner's capture conditions reproduced (``runners.reproduced``)."""
+    if plan.spec:
+        from capturelint.adapters.vllm.runners.spec import LOOPS
+
+        return LOOPS[plan.spec]
+    if real_runner(runner, mode):
+        from capturelint.adapters.vllm.runners.real import VllmRunnerLoop
+
+        return VllmRunnerLoop
+    from capturelint.adapters.vllm.runners.reproduced import ReproducedLoop
+
+    return ReproducedLoop
 
 
 def configuration(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Configuration:
     """Build the tiny model for one runner and mode (inside ``cpu_shim``, and for vLLM's
-    own runner inside ``vllm_real_runner.runner_context``)."""
-    from capturelint.adapters.vllm_runners import Runner, compare, region_of
-    from capturelint.adapters.vllm_spec import RUNNERS
+    own runner inside ``runners.real.runner_context``)."""
+    from capturelint.adapters.vllm.model import compare, region_of
 
-    if not plan.spec and real_runner(runner, mode):
-        from capturelint.adapters.vllm_real_runner import RealRunner as Runner
     spec = _spec(plan, runner, mode)
-    loop = RUNNERS[plan.spec] if plan.spec else Runner  # the step loop: decode steps, or verify and draft steps
+    loop = step_loop(plan, runner, mode)
     engine = loop(spec)
 
     def twin(output: Any) -> TwinResult:
@@ -218,10 +232,10 @@ def check_one(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode, shadow: bool
     """Build and check one configuration under ``cpu_shim``; a ``torch.ops`` kernel vLLM
     calls without a reference here (while building, running or in the eager twin) is the
     one-line error that names it."""
-    from capturelint.adapters.vllm import cpu_shim
-    from capturelint.adapters.vllm_real_runner import runner_context
+    from capturelint.adapters.vllm.install import cpu_shim
+    from capturelint.adapters.vllm.runners.real import runner_context
 
-    real = not plan.spec and real_runner(runner, mode)  # the speculative loops are vllm_spec's
+    real = not plan.spec and real_runner(runner, mode)  # the speculative loops are runners.spec's
     with cpu_shim(), runner_context(runner) if real else contextlib.nullcontext():
         try:
             return check_configuration(configuration(plan, runner, mode), plan.codes, shadow=shadow, static=static)
@@ -236,7 +250,7 @@ def run_check(plan: CheckPlan, progress: Callable[[str], None] | None = None, sh
               static: bool = False, keep_captures: bool = False) -> Report:
     """Run the plan's configurations, each under ``cpu_shim`` (``plan.jobs`` at once: vLLM
     is imported before the workers are forked, and each worker builds its own model)."""
-    from capturelint.adapters.vllm import require_vllm
+    from capturelint.adapters.vllm.install import require_vllm
 
     require_vllm()
     return run_plan(plan, check_one, progress, shadow, static, keep_captures, title="vLLM · ")
@@ -252,7 +266,7 @@ def suggest_slots(plan: CheckPlan) -> list[Slot]:
     so ``_prepare_and_attn_fn`` binds the functions made breaks at that moment; breaks
     are made with vLLM's own ``eager_break_during_capture``, the decorator its runtime
     knows (whose replays discard return values)."""
-    from capturelint.adapters.vllm import require_vllm
+    from capturelint.adapters.vllm.install import require_vllm
     from capturelint.suggest import BreakDecorator
 
     require_vllm()  # for the CPU target, before anything of vLLM is imported
