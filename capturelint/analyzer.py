@@ -422,14 +422,16 @@ class Analyzer:
         return self._hooked.get(hook, [])
 
     def rules_checked(self, also: Iterable[str] = ()) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """The codes of the structural rules (all but the numerical oracle's) that had
+        """The codes of the structural rules (all but the numerical oracle's and the
+        suppression comments') that had
         something to check in this run, and of those that had nothing: a rule checked
         when one of its check methods was called (a step rule after a shadowed step, an
         invariant rule on a capture an invariant applies to), or is in ``also`` (what the
         runtime checks for the rules without calling them: a bare graph's freed inputs
         before each replay, ``check_stale``; its rebound holders and graph-memory reads, ``check_bare``)."""
         ran = self.hooks_run | set(also)
-        structural = [r for r in self.rules if r.condition is not Condition.NUMERICAL]
+        # the numerical oracle's rule and the suppression comments' (run on the report) are not structural
+        structural = [r for r in self.rules if r.condition not in (Condition.NUMERICAL, Condition.SUPPRESSION)]
         return (tuple(sorted(r.code for r in structural if r.hooks & ran)),
                 tuple(sorted(r.code for r in structural if not r.hooks & ran)))
 

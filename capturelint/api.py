@@ -118,7 +118,8 @@ def _max_candidates(value: Any) -> int:
 
 
 CHECK_OWN = {"config": None, "static": False, "strict": False, "require_oracle": False, "baseline": None,
-             "max_eager_growth": None, "shard": None}  # check's own keywords, and their defaults
+             "max_eager_growth": None, "shard": None, "accept_findings": None,
+             "update_accepted": False}  # check's own keywords, and their defaults
 
 
 def check_options(caller: str, **options: Any) -> tuple[dict[str, Any], EngineOptions]:
@@ -145,7 +146,7 @@ def plan_for(settings: Settings, options: EngineOptions) -> CheckPlan:
 
 def check(*, config: str | None = None, static: bool = False, strict: bool = False, require_oracle: bool = False,
           baseline: str | None = None, max_eager_growth: float | None = None, shard: str | None = None,
-          **options: Any) -> Report:
+          accept_findings: str | None = None, update_accepted: bool = False, **options: Any) -> Report:
     """Check that CUDA-graph replay computes what eager execution computes, as
     ``capturelint check`` does, and return the ``capturelint.report.Report``: its
     ``findings``, its ``configs`` (runner, mode, region, numerical evidence and
@@ -164,22 +165,31 @@ def check(*, config: str | None = None, static: bool = False, strict: bool = Fal
             print(f.code, f.capture_frame, f.message)
         check(target="tests/my_engine.py:targets").assert_clean()
         check(runner="all", baseline="regions.json", max_eager_growth=5).assert_clean()
+
+    ``accept_findings`` is the accepted-findings file (``capturelint.waivers``: a file
+    that does not exist is recorded with the check's findings, ``update_accepted``
+    rewrites it); inline ``# capturelint: ignore[CODE]`` comments always apply. The
+    report's ``waived`` lists the findings they accepted.
     """
     own, parsed = check_options("check()", config=config, static=static, strict=strict, require_oracle=require_oracle,
-                                baseline=baseline, max_eager_growth=max_eager_growth, shard=shard, **options)
+                                baseline=baseline, max_eager_growth=max_eager_growth, shard=shard,
+                                accept_findings=accept_findings, update_accepted=update_accepted, **options)
     settings = registry.load_settings(own["config"])
     return check_with(settings, parsed, static=own["static"], strict=own["strict"],
                       require_oracle=own["require_oracle"], baseline=own["baseline"],
-                      max_eager_growth=own["max_eager_growth"], shard=own["shard"])
+                      max_eager_growth=own["max_eager_growth"], shard=own["shard"],
+                      accept_findings=own["accept_findings"], update_accepted=own["update_accepted"])
 
 
 def check_with(settings: Settings, options: EngineOptions, *, static: bool = False, strict: bool = False,
                require_oracle: bool = False, baseline: str | None = None, max_eager_growth: float | None = None,
-               shard: str | None = None, keep_captures: bool = False) -> Report:
+               shard: str | None = None, keep_captures: bool = False, accept_findings: str | None = None,
+               update_accepted: bool = False) -> Report:
     """``check`` over loaded ``settings`` and parsed ``options`` (the CLI's entry);
     ``keep_captures`` keeps each configuration's capture streams in the report, for a
     format that draws them (``--format html``; the configurations then run in this
     process, as ``show``'s do)."""
+    from capturelint.acceptance import accepted_path, apply, check_writable, whole_check
     from capturelint.shard import ShardInfo, fingerprint, parse_shard, require_selection
 
     target = options.target
@@ -199,6 +209,12 @@ def check_with(settings: Settings, options: EngineOptions, *, static: bool = Fal
         raise CapturelintError("--baseline gates the regions of a full check; drop --static, or drop --baseline")
     if target is not None and (baseline is not None or max_eager_growth is not None):
         raise CapturelintError("--baseline and --max-eager-growth gate the bundled engine's regions, not --target; drop them")
+    accept_file = accepted_path(accept_findings, settings.accept_findings)
+    if update_accepted and accept_file is None:
+        raise CapturelintError("--update-accepted rewrites the accepted-findings file, and none is given; add "
+                               "--accept-findings FILE (or accept-findings in settings)")
+    if accept_file is not None:
+        check_writable(accept_file, update_accepted, shard_of is not None)
     if target is None and max_eager_growth is not None and baseline_path is None:
         raise CapturelintError("--max-eager-growth is the budget of --baseline, and no baseline is given; "
                                "add --baseline FILE (or baseline in settings), or drop it")
@@ -233,6 +249,10 @@ def check_with(settings: Settings, options: EngineOptions, *, static: bool = Fal
         shaped = dataclasses.replace(plan, shard=None, jobs=1, reuse=True)
         check_id = fingerprint(__version__, shaped, static, fallback_uri(settings))
         report.shard = ShardInfo(shard_of[0], shard_of[1], tuple(labels), check_id)
+    recorded = apply(report, plan.codes, whole=whole_check(options, static), accept_file=accept_file,
+                     update=update_accepted)
+    if recorded is not None:
+        say(f"capturelint: {recorded.message()}")
     empty = report.empty_invariants
     if empty:
         text = (f"invariant(s) {', '.join(empty)} applied to captured graphs but selected no op: the selector "

@@ -156,6 +156,11 @@ CHECK: tuple[OptionSpec, ...] = (
           "snapshot.", WHAT, metavar="FILE"),
     _spec("max_eager_growth", percent_value, "With --baseline: fail when eager ops per step grow by more than PCT "
           "percent.", WHAT, metavar="PCT", number=float, default=0),
+    _spec("accept_findings", text_value("a path", '"capturelint-accepted.json"'), "Accept the findings this file "
+          "lists (keyed by fingerprint, no line numbers): they are counted, not failed on. A FILE that does not exist "
+          "is written with this check's findings.", WHAT, metavar="FILE"),
+    _spec("update_accepted", switch_value, "Rewrite the --accept-findings file with this check's findings: new ones "
+          "added, those that no longer occur dropped.", WHAT, key=None, kind=Kind.SWITCH, default=False),
     _spec("config", text_value("a path", '"pyproject.toml"'), "Read [tool.capturelint] from this file instead of the "
           "nearest pyproject.toml.", WHAT, key=None, metavar="PYPROJECT"),
     _spec("format", text_choice(FORMATS), "Report format.", REPORT, choices=FORMATS, default="rich"),

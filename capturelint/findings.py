@@ -2,6 +2,19 @@
 numerical results. Every output format (Rich, JSON, SARIF, GitHub annotations) renders
 these records and nothing else.
 
+**Location.** Every finding names the line a developer edits (``Finding.location``):
+the assignment that re-bound a captured input, the allocation that replaced it, the
+branch condition whose choice differed, the line that took a view a later replay
+rewrote, where a rule found one (``Finding.edit``, with its ``LineRole``);
+else the captured op's line, else the step's. Every format puts it first (the rich
+problem line, JSON ``location``, SARIF's first location, the GitHub annotation); the
+op's own lines stay beside it (``capture_frame``, ``shadow_frame``).
+
+**Keys.** This module is the one place a finding is keyed: ``Finding.sort_key`` (the
+output order), ``cause_key``/``group_id`` (one problem across layers and
+configurations) and ``fingerprint`` (one hazard across runs, with no line number: the
+SARIF ``partialFingerprints`` and the ``--accept-findings`` file both key by it).
+
 **Groups.** One cause usually shows in many findings: the same captured branch in every
 layer, under every mode that captures it. ``group_findings`` (a pure function, the one
 grouping every format uses) gathers the findings that share their rule, their source
@@ -22,6 +35,29 @@ from typing import Any, Iterable
 from capturelint.runtime.protocol import Frame
 
 
+class LineRole(enum.Enum):
+    """Which line a finding's ``location`` is; the value is the JSON word."""
+
+    CAPTURE = "capture"  # the captured op's line (the default)
+    STEP = "step"  # the step-side op's line (a finding without a capture-side one)
+    REBINDING = "re-binding"  # the assignment that replaced a captured input
+    ALLOCATION = "allocation"  # the allocation of the tensor that replaced a captured input
+    BRANCH = "branch"  # the condition whose choice differed between capture and step
+    VIEW = "view"  # the line that took a view of graph memory a later replay rewrote
+    COMMENT = "comment"  # an inline suppression comment (CL902, CL903)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclasses.dataclass(frozen=True)
+class EditLine:
+    """The line to change that a rule found, and what that line is."""
+
+    frame: Frame
+    role: LineRole
+
+
 class Condition(enum.Enum):
     """The replay-equivalence conditions of docs/replay-model.md."""
 
@@ -34,6 +70,7 @@ class Condition(enum.Enum):
     R7 = "R7"  # graph memory, read outside the graph, holds the value meant (bare graphs)
     NUMERICAL = "numerical"
     DECLARED = "declared"  # a declared region invariant (capturelint.invariants), not a replay condition
+    SUPPRESSION = "suppression"  # an inline suppression comment itself (capturelint.waivers), not the engine
 
     def __str__(self) -> str:
         return self.value
@@ -52,6 +89,8 @@ class Finding:
     ``capture_stack`` is the engine frames on the stack of the captured op (or of the
     break's call) at capture, innermost first, up to the captured callable: the
     functions ``capturelint suggest`` tries as eager breaks. It is not part of the JSON.
+    ``edit`` is the line to change where a rule found one other than the op's
+    (``location`` reads it, see the module docstring).
     """
 
     code: str
@@ -74,9 +113,29 @@ class Finding:
     allocation_frame: Frame | None = None  # where the step's replacement tensor was allocated (CL104)
     capture_stack: tuple[Frame, ...] = dataclasses.field(default=(), compare=False, repr=False)
     invariant: str | None = None  # the id of the declared invariant violated (CL2xx)
+    edit: EditLine | None = None  # the line to change, where a rule found one other than the op's
+
+    @property
+    def location(self) -> Frame | None:
+        """The line a developer edits: ``edit``'s, else the capture side's, else the
+        step side's (``None``: the numerical oracle's CL901)."""
+        return self.edit.frame if self.edit is not None else self.capture_frame or self.shadow_frame
+
+    @property
+    def location_role(self) -> LineRole | None:
+        if self.edit is not None:
+            return self.edit.role
+        return LineRole.CAPTURE if self.capture_frame else LineRole.STEP if self.shadow_frame else None
+
+    def lines(self) -> tuple[Frame, ...]:
+        """Every source line the report names for this finding: its location, the
+        capture side, the step side and the re-allocation, each once (an inline
+        suppression on any of them applies, ``capturelint.waivers``)."""
+        frames = (self.location, self.capture_frame, self.shadow_frame, self.allocation_frame)
+        return tuple(dict.fromkeys(f for f in frames if f is not None))
 
     def sort_key(self) -> tuple:
-        frame = self.capture_frame or self.shadow_frame or Frame("", 0, "")
+        frame = self.location or Frame("", 0, "")
         return (self.runner, self.mode, frame.file, frame.line, self.code, self.graph, self.segment_index, self.scope, self.op,
                 self.tensor or "", self.invariant or "")
 
@@ -97,6 +156,7 @@ class Finding:
             "capture_frame": self.capture_frame.to_json() if self.capture_frame else None,
             "shadow_frame": self.shadow_frame.to_json() if self.shadow_frame else None,
             "allocation_frame": self.allocation_frame.to_json() if self.allocation_frame else None,
+            "location": _location_json(self),
             "message": self.message,
             "steps": list(self.steps),
             "occurrences": self.occurrences,
@@ -115,12 +175,26 @@ class Finding:
             capture_frame=_frame(doc["capture_frame"]), shadow_frame=_frame(doc["shadow_frame"]),
             message=doc["message"], steps=tuple(doc["steps"]), occurrences=doc["occurrences"],
             allocation_frame=_frame(doc["allocation_frame"]), invariant=doc.get("invariant"),
+            edit=_edit(doc.get("location")),
         )
 
 
 def _frame(doc: dict[str, Any] | None) -> Frame | None:
     """A ``Frame`` from its JSON (file, line, function), or ``None``."""
     return None if doc is None else Frame(doc["file"], doc["line"], doc["function"])
+
+
+def _location_json(f: Finding) -> dict[str, Any] | None:
+    """``{"file", "line", "function", "role"}`` of ``f.location``, or ``None``."""
+    frame = f.location
+    return None if frame is None else {**frame.to_json(), "role": str(f.location_role)}
+
+
+def _edit(doc: dict[str, Any] | None) -> EditLine | None:
+    """The ``edit`` a JSON ``location`` says: one whose role is not the op's own line."""
+    if doc is None or doc["role"] in (LineRole.CAPTURE.value, LineRole.STEP.value):
+        return None
+    return EditLine(Frame(doc["file"], doc["line"], doc["function"]), LineRole(doc["role"]))
 
 
 # ------------------------------------------------------------------------ groups
@@ -133,8 +207,8 @@ def cause_key(f: Finding) -> tuple[str, ...]:
     ``model.layers.*.attn.kv_cache``). Scope, graph, configuration, replay steps and
     the message's counts and op lists are evidence of one occurrence, not the cause,
     and are left out: they differ from layer to layer for one and the same branch."""
-    return (f.code, f.invariant or "", _where(f.capture_frame), _where(f.shadow_frame), _where(f.allocation_frame),
-            abstract_indices(f.op), abstract_indices(f.tensor or ""))
+    return (f.code, f.invariant or "", _where(f.location), _where(f.capture_frame), _where(f.shadow_frame),
+            _where(f.allocation_frame), abstract_indices(f.op), abstract_indices(f.tensor or ""))
 
 
 def group_id(f: Finding) -> str:
@@ -242,9 +316,22 @@ def _sentence(text: str, upper: bool = True) -> str:
 
 
 def where(f: Finding) -> str:
-    """``path:line`` of a finding: its capture-side frame, else its step-side one, or
-    ``<no source line>`` (the numerical oracle's CL901)."""
-    return _where(f.capture_frame or f.shadow_frame) or "<no source line>"
+    """``path:line`` of a finding's ``location`` (the line to change), or ``<no
+    source line>`` (the numerical oracle's CL901)."""
+    return _where(f.location) or "<no source line>"
+
+
+def fingerprint(f: Finding) -> str:
+    """The identity of a finding across runs (32 hex digits): a hash of its code, the
+    file of its op's line (capture side, else step side), its scope, op and tensor (and
+    declared invariant), and no line number, so it survives edits that move code; the
+    same hazard under several runners, modes or graphs shares it. SARIF's
+    ``partialFingerprints`` and the ``--accept-findings`` file key findings by it."""
+    frame = f.capture_frame or f.shadow_frame
+    parts = (f.code, frame.file if frame else "", f.scope, f.op, f.tensor or "")
+    if f.invariant is not None:  # two invariants may flag the same op
+        parts += (f.invariant,)
+    return hashlib.sha256("\x1f".join(parts).encode("utf-8")).hexdigest()[:32]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,8 +352,8 @@ class FindingGroup:
 
     @property
     def frame(self) -> Frame | None:
-        """Where the group is located: the capture-side frame, else the step-side one."""
-        return self.first.capture_frame or self.first.shadow_frame
+        """Where the group is located: its first finding's ``location``."""
+        return self.first.location
 
     @property
     def where(self) -> str:
@@ -291,6 +378,8 @@ class FindingGroup:
         members, per set of configurations (runner/mode) they were found in."""
         by_config: dict[str, list[str]] = {}
         for f in self.findings:
+            if not f.runner and not f.mode:  # a suppression comment's finding: of no configuration
+                continue
             graphs = by_config.setdefault(f"{f.runner}/{f.mode}", [])
             if f.graph and f.graph not in graphs:
                 graphs.append(f.graph)
@@ -309,7 +398,8 @@ class FindingGroup:
         scopes = self.scopes()
         seen = "; ".join(p for p in (invariant, scopes if scopes != "<top>" else "", self.graphs()) if p)
         what = self.parts.what.rstrip(".")
-        return f"{self.where}: {self.code} {what} [{f'{n} findings: ' if n > 1 else ''}{seen}]"
+        about = f"{f'{n} findings: ' if n > 1 else ''}{seen}"
+        return f"{self.where}: {self.code} {what}" + (f" [{about}]" if about else "")
 
 
 def group_findings(findings: Iterable[Finding]) -> list[FindingGroup]:

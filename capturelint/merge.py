@@ -25,6 +25,12 @@ report, so a stable sort of the inputs' results by runner and mode gives the uns
 order. The shard object leaves the run's properties; the configurations' ``checked``
 records are joined in the merged configuration order, as the unsharded check lists them.
 
+**Suppressions.** Each report carries the suppression comments its check read, with the
+codes that matched a finding (JSON ``waivers``; SARIF: the run's ``properties``); the
+merged report joins them and judges them again (``capturelint.acceptance.rejudge``):
+a comment is unused when no shard used it, and only when the shards are of a check that
+judges (``capturelint.waivers``), so the merged report is the unsharded check's.
+
 **Exit status**, as ``check``'s: 1 when the merged report has findings, 0 otherwise.
 Every problem with an input is one line naming the file (exit 2).
 """
@@ -32,14 +38,17 @@ Every problem with an input is one line naming the file (exit 2).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from capturelint import __version__
+from capturelint.acceptance import joined, rejudge
 from capturelint.errors import CapturelintError
 from capturelint.inputs import InputProblem, parse_json, read_text
 from capturelint.limits import MAX_REPORT_BYTES
+from capturelint.findings import Condition, Finding
 from capturelint.report import JSON_VERSION, Checked, ConfigReport, Report, not_compared_clause
 from capturelint.shard import ShardInfo
+from capturelint.waivers import Waivers
 
 SARIF_VERSION = "2.1.0"
 
@@ -232,7 +241,10 @@ def merge_json(inputs: Sequence[Input]) -> Report:
             raise CapturelintError(f"merge: {i.path} and {inputs[0].path} hold different declared invariants; merge "
                                    "reports of checks with the same invariants in force")
     configs: list[ConfigReport] = [reports[i.path].configs[at] for i, at in placed]
-    return Report(configs, invariants=first.invariants, static=first.static)
+    merged = Report(configs, invariants=first.invariants, static=first.static,
+                    waivers=joined([reports[i.path].waivers for i in inputs]))
+    rejudge(merged)  # the comments judged over every shard: as the unsharded check judges them
+    return merged
 
 
 # --------------------------------------------------------------------- SARIF
@@ -262,8 +274,11 @@ def _checked(i: Input) -> list[dict[str, Any]]:
     return (i.doc["runs"][0].get("properties") or {}).get("checked", [])
 
 
-def merge_sarif(inputs: Sequence[Input]) -> dict[str, Any]:
-    """One SARIF log of every input's results (module docstring)."""
+def merge_sarif(inputs: Sequence[Input], render_result: Callable[[Finding, int], dict[str, Any]] | None = None
+                ) -> dict[str, Any]:
+    """One SARIF log of every input's results (module docstring); ``render_result``
+    (the SARIF reporter's, handed in by the command: the check pipeline renders nothing)
+    writes the results of the suppression comments judged over every input."""
     try:
         placed = order(inputs, _sarif_labels)
         checked = [_checked(i)[at] for i, at in placed] if all(_checked(i) for i in inputs) else []
@@ -282,6 +297,18 @@ def merge_sarif(inputs: Sequence[Input]) -> dict[str, Any]:
                 if r["ruleId"] not in index:
                     raise ValueError(f"result of rule {r['ruleId']} has no rule in the log")
                 results.append(dict(r, ruleIndex=index[r["ruleId"]]))
+        # the suppression comments' results are judged again over every input (a shard's say nothing of
+        # unused comments, and each shard found the invalid ones its source held)
+        waivers = joined([Waivers.from_json(p["waivers"]) if "waivers" in p else None
+                          for p in ((i.doc["runs"][0].get("properties") or {}) for i in inputs)])
+        if render_result is not None:
+            results = [r for r in results if r["properties"]["condition"] != str(Condition.SUPPRESSION)]
+            judged = Report([], waivers=waivers)
+            rejudge(judged)
+            for f in judged.suppression_findings:
+                if f.code not in index:
+                    raise ValueError(f"result of rule {f.code} has no rule in the log")
+            results = [render_result(f, index[f.code]) for f in judged.suppression_findings] + results
         results.sort(key=lambda r: (r["properties"]["runner"], r["properties"]["mode"]))
     except (KeyError, TypeError, AttributeError, IndexError) as e:
         raise CapturelintError(f"merge: a SARIF input is not a well-formed capturelint log ({_one_line(e)}); write "
@@ -292,9 +319,15 @@ def merge_sarif(inputs: Sequence[Input]) -> dict[str, Any]:
     run = dict(log["runs"][0])
     run["tool"] = dict(run["tool"], driver=dict(run["tool"]["driver"], rules=[rules[c] for c in sorted(rules)]))
     run["results"] = results
-    properties = {k: v for k, v in (run.get("properties") or {}).items() if k not in ("shard", "checked")}
+    properties = {k: v for k, v in (run.get("properties") or {}).items()
+                  if k not in ("shard", "checked", "waivers", "suppressed", "accepted")}
     if checked:
         properties["checked"] = checked
+    counts = [sum((i.doc["runs"][0].get("properties") or {}).get(k, 0) for i in inputs) for k in ("suppressed", "accepted")]
+    if any(counts):
+        properties["suppressed"], properties["accepted"] = counts
+    if waivers is not None and not waivers.empty:
+        properties["waivers"] = waivers.to_json()
     if properties:
         run["properties"] = properties
     else:

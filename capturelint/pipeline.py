@@ -29,6 +29,7 @@ from capturelint.regions import graph_map
 from capturelint.report import Checked, ConfigReport, Report
 from capturelint.runtime.emulated import emulate_cuda
 from capturelint.records import ContextProbe, ScopeGroup
+from capturelint.waivers import traced_files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +115,8 @@ def check_configuration(config: Configuration, codes: frozenset[str], shadow: bo
                       result.twin is not None)
     return ConfigReport(label.runner, label.mode, config.eager_region, result.findings, numerical, graphs,
                         captures=result.captures, note=note, eager_region_option=config.eager_region_option,
-                        invariant_selected=result.invariant_selected, static=static, checked=checked)
+                        invariant_selected=result.invariant_selected, static=static, checked=checked,
+                        traced=traced_files(result.captures))
 
 
 def check_all(configs: Iterable[Configuration], codes: frozenset[str], shadow: bool = True,

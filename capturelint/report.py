@@ -16,6 +16,13 @@ no shadow, and no eager twin was given) is named with what it did check: "struct
 rules only, replay NOT compared with eager". With the rules that would report a
 divergence deselected, the summary says that replay differs and where, even though the
 exit status (what the user asked for) stays 0.
+
+**Suppressed and accepted findings** (``capturelint.waivers``) leave a configuration's
+``findings`` for its ``waived`` list: they do not fail the check, every format counts
+them, and the JSON lists them under ``suppressed`` (each finding with its
+``suppression``: ``inline`` at a comment, or ``accepted`` in the file). A configuration
+with waived findings is never said to match eager execution. The findings about the
+comments themselves (CL902, CL903) belong to no configuration: ``suppression_findings``.
 """
 
 from __future__ import annotations
@@ -30,9 +37,11 @@ from capturelint import __version__
 from capturelint.findings import Finding, FindingGroup, Numerical, group_findings
 from capturelint.regions import GraphMap
 from capturelint.shard import ShardInfo
+from capturelint.waivers import AcceptedEntry, Waived, WaiverKind, Waivers
 
 if TYPE_CHECKING:
     from capturelint.records import Stream
+    from capturelint.runtime.protocol import Frame
 
 JSON_VERSION = 1
 
@@ -119,6 +128,8 @@ class ConfigReport:
     invariant_selected: dict[str, int] = dataclasses.field(default_factory=dict)  # applied invariants: ops selected
     static: bool = False  # captures only: replay equivalence was not checked
     checked: Checked = Checked()  # what the check looked at and compared
+    waived: list[Waived] = dataclasses.field(default_factory=list)  # findings suppressed or accepted
+    traced: tuple[Frame, ...] = dataclasses.field(default=(), repr=False)  # a frame per file its captures ran
 
     @property
     def label(self) -> str:
@@ -145,6 +156,7 @@ class ConfigReport:
             "graphs": [g.to_json() for g in sorted(self.graphs, key=graph_order)],
             "note": self.note,
             "checked": self.checked.to_json(),
+            **({"suppressed": len(self.waived)} if self.waived else {}),
         }
 
     def unchecked_text(self) -> str | None:
@@ -184,6 +196,8 @@ class Report:
     invariants: tuple[Any, ...] = ()  # the declared invariants in force (capturelint.invariants.Invariant)
     static: bool = False  # check --static: captures only, replay equivalence not checked
     shard: ShardInfo | None = None  # check --shard K/N: which shard of which plan (capturelint.shard)
+    waivers: Waivers | None = None  # the suppression comments and accepted findings (capturelint.waivers)
+    suppression_findings: list[Finding] = dataclasses.field(default_factory=list)  # CL902, CL903: of no configuration
 
     def invariant_selection(self) -> dict[str, int | None]:
         """Per invariant in force: the ops it selected over every capture it applied to
@@ -202,10 +216,51 @@ class Report:
 
     @property
     def findings(self) -> list[Finding]:
-        out: list[Finding] = []
+        """The findings that fail the check: the configurations' and the suppression
+        comments' (CL902, CL903)."""
+        out: list[Finding] = list(self.suppression_findings)
         for c in self.configs:
             out.extend(c.findings)
         return sorted(out, key=Finding.sort_key)
+
+    @property
+    def waived(self) -> list[Waived]:
+        """The findings suppressed inline or accepted, in ``Finding.sort_key`` order."""
+        out: list[Waived] = []
+        for c in self.configs:
+            out.extend(c.waived)
+        return sorted(out, key=lambda w: w.finding.sort_key())
+
+    def waived_counts(self) -> tuple[int, int]:
+        """How many findings were suppressed inline, and how many accepted."""
+        kinds = [w.kind for w in self.waived]
+        return kinds.count(WaiverKind.INLINE), kinds.count(WaiverKind.ACCEPTED)
+
+    @property
+    def judged(self) -> bool:
+        """Whether this report may call a suppression unused or an accepted finding gone
+        (``capturelint.waivers``): a whole check, and no shard of one."""
+        return self.waivers is not None and self.waivers.whole and self.shard is None and not self.static
+
+    def checked_codes(self) -> set[str]:
+        """The rules that had something to check in some configuration (the numerical
+        oracle's when some configuration compared numbers)."""
+        codes = {code for c in self.configs for code in c.checked.rules}
+        if any(c.numerical is not None for c in self.configs):
+            codes.add("CL901")
+        return codes
+
+    def stale_accepted(self) -> tuple[AcceptedEntry, ...]:
+        """Accepted findings that no longer occur (only a report that ``judged`` says)."""
+        return self.waivers.stale(self.judged, self.checked_codes()) if self.waivers is not None else ()
+
+    def waived_text(self) -> str:
+        """``2 findings suppressed, 3 accepted`` (empty when none)."""
+        inline, accepted = self.waived_counts()
+        parts = [f"{_count(inline, 'finding')} suppressed"] if inline else []
+        if accepted:
+            parts.append(f"{accepted} accepted" if parts else f"{_count(accepted, 'finding')} accepted")
+        return ", ".join(parts)
 
     @property
     def groups(self) -> list[FindingGroup]:
@@ -228,6 +283,7 @@ class Report:
             "version": JSON_VERSION,
             "capturelint_version": __version__,
             "findings": [f.to_json() for f in self.findings],
+            "suppressed": [w.to_json() for w in self.waived],
             "numerical": [c.numerical.to_json() for c in self.configs if c.numerical is not None],
             "configurations": [c.to_json() for c in self.configs],
             "summary": self.summary_json(),
@@ -245,6 +301,8 @@ class Report:
             doc["static"] = True
         if self.shard is not None:
             doc["shard"] = self.shard.to_json()
+        if self.waivers is not None and not self.waivers.empty:
+            doc["waivers"] = {**self.waivers.to_json(), "no_longer_occur": [e.to_json() for e in self.stale_accepted()]}
         return doc
 
     @classmethod
@@ -268,7 +326,11 @@ class Report:
                                         checked=Checked.from_json(c["checked"])))
         # findings: sorted over the whole report; each configuration says how many are its own
         remaining = {id(c): c_doc["findings"] for c, c_doc in zip(configs, doc["configurations"])}
+        suppression_findings = []
         for f in (Finding.from_json(f) for f in doc["findings"]):
+            if not f.runner and not f.mode:  # a suppression comment's (CL902, CL903): of no configuration
+                suppression_findings.append(f)
+                continue
             owner = next((c for c in configs if (c.runner, c.mode) == (f.runner, f.mode) and remaining[id(c)] > 0), None)
             if owner is None:
                 raise ValueError(f"finding {f.code} of {f.runner}/{f.mode} has no configuration to belong to")
@@ -276,6 +338,17 @@ class Report:
             remaining[id(owner)] -= 1
         if any(remaining.values()):
             raise ValueError("the configurations' finding counts disagree with the findings listed")
+        remaining = {id(c): c_doc.get("suppressed", 0) for c, c_doc in zip(configs, doc["configurations"])}
+        for w in (Waived.from_json(w) for w in doc.get("suppressed", ())):
+            owner = next((c for c in configs if (c.runner, c.mode) == (w.finding.runner, w.finding.mode)
+                          and remaining[id(c)] > 0), None)
+            if owner is None:
+                raise ValueError(f"suppressed finding {w.finding.code} of {w.finding.runner}/{w.finding.mode} has no "
+                                 "configuration to belong to")
+            owner.waived.append(w)
+            remaining[id(owner)] -= 1
+        if any(remaining.values()):
+            raise ValueError("the configurations' suppressed counts disagree with the suppressed findings listed")
         start = 0  # numerical results are listed in configuration order
         for n in (Numerical.from_json(n) for n in doc["numerical"]):
             at = next((i for i in range(start, len(configs)) if (configs[i].runner, configs[i].mode) == (n.runner, n.mode)),
@@ -292,15 +365,20 @@ class Report:
                     raise ValueError(f"invariant {inv['id']} selected ops in a report of no configuration")
                 configs[0].invariant_selected[inv["id"]] = inv["selected_ops"]
         shard = ShardInfo.from_json(doc["shard"]) if "shard" in doc else None
-        return cls(configs, invariants=tuple(invariants), static=static, shard=shard)
+        waivers = Waivers.from_json(doc["waivers"]) if "waivers" in doc else None
+        return cls(configs, invariants=tuple(invariants), static=static, shard=shard, waivers=waivers,
+                   suppression_findings=suppression_findings)
 
     def summary_json(self) -> dict[str, Any]:
         by_code: dict[str, int] = {}
         for f in self.findings:
             by_code[f.code] = by_code.get(f.code, 0) + 1
+        inline, accepted = self.waived_counts()
         return {
             "findings": len(self.findings),
             "by_code": dict(sorted(by_code.items())),
+            "suppressed": inline,
+            "accepted": accepted,
             "configurations": len(self.configs),
             "diverged": [c.label for c in self.diverged],
             "not_compared": [c.label for c in self.not_compared],
@@ -366,7 +444,7 @@ class Report:
                 unreplayed.append(c.label)
             elif not c.checked.with_eager:
                 uncompared.append(f"{c.label} ({c.checked.not_compared()})")
-            elif c.findings:
+            elif c.findings or c.waived:  # a suppressed finding is still a finding: no "matches"
                 agree_but.append(c.label)
             else:
                 matches.append(c.label)
@@ -400,12 +478,17 @@ class Report:
         diverged = self.diverged
         uncompared = self.not_compared
         unreplayed = [c for c in self.configs if not c.checked.replayed]
+        waived = self.waived_text()
         if n == 0 and diverged:
             where = _cut([f"{c.label} ({c.numerical.describe()})" for c in diverged if c.numerical is not None])
+            why = ("the findings that explain it are suppressed or accepted" if waived
+                   else "the rules that report it are not selected (see --select and --ignore)")
             line = (
                 f"no findings in {configs} configuration{'s' * (configs != 1)}, but replay DIFFERS from eager "
-                f"execution in {where}: the rules that report it are not selected (see --select and --ignore)"
+                f"execution in {where}: {why}"
             )
+        elif n == 0 and waived:  # nothing fails the check, but replay was not shown to match
+            line = f"no findings that fail the check in {configs} configuration{'s' * (configs != 1)}"
         elif n == 0 and self.static:
             line = (f"no findings in {configs} configuration{'s' * (configs != 1)} (static: declared invariants and "
                     "host syncs at capture only; replay equivalence was NOT checked)")
@@ -429,6 +512,12 @@ class Report:
             line += "; " + not_compared_clause([(c.label, c.checked) for c in uncompared], configs)
         if self.static and n:
             line += " (static: replay equivalence was NOT checked)"
+        if waived:
+            line += f"; {waived}"
+        stale = self.stale_accepted()
+        if stale:
+            line += (f"; {_count(len(stale), 'accepted finding')} no longer occur{'s' * (len(stale) == 1)} "
+                     f"(--update-accepted drops {'it' if len(stale) == 1 else 'them'})")
         if self.region_changes is not None:
             line += "; " + self.region_changes.summary_line()
         if self.shard is not None:

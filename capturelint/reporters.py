@@ -119,16 +119,23 @@ def _check_sarif(report: Any, options: Options) -> str:
                                               for c in report.configs]}
     if report.shard is not None:
         properties["shard"] = report.shard.to_json()
+    if report.waivers is not None and not report.waivers.empty:  # what merge needs to judge the comments again
+        properties["waivers"] = report.waivers.to_json()
+    inline, accepted = report.waived_counts()
+    if inline or accepted:
+        properties["suppressed"], properties["accepted"] = inline, accepted
     return dumps_json(to_sarif(report.findings, list(options.rules), __version__, fallback_uri=options.fallback_uri,
-                               run_properties=properties))
+                               run_properties=properties, waived=report.waived))
 
 
 def _check_github(report: Any, options: Options) -> str:
     from capturelint.formats.github import to_github
 
     # a configuration that compared nothing is a warning, so a clean run does not read as a pass
+    notices = [("findings accepted", f"{report.waived_text()}, not failed on: capturelint check --verbose or "
+                                     "--format json lists each with the comment or file that accepts it")] if report.waived else []
     return to_github(report.findings, [(f"replay not compared with eager ({c.label})", c.unchecked_text())
-                                       for c in report.not_compared])
+                                       for c in report.not_compared], notices)
 
 
 def _check_html(report: Any, options: Options) -> str:

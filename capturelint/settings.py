@@ -14,6 +14,7 @@ found means every setting is unset. Printed form::
     ignore = ["CL105"]
     baseline = "capturelint-baseline.json"   # relative to this file's directory
     max-eager-growth = 10                    # percent
+    accept-findings = "capturelint-accepted.json"  # findings accepted (check --accept-findings), relative to this file
     layers = 4
     steps = 8
     seed = 0
@@ -69,8 +70,8 @@ class Settings:
     """The settings of one project; ``None`` for every key the file does not set.
 
     Values are parsed (``capturelint.options``: lists become tuples, runners, modes and
-    the eager region their values); ``baseline`` is resolved against the directory of
-    ``source``; ``source`` is the file read, or ``None``. ``family`` holds the engine
+    the eager region their values); ``baseline`` and ``accept_findings`` are resolved
+    against the directory of ``source``; ``source`` is the file read, or ``None``. ``family`` holds the engine
     families' own settings by option name (``(("kernels", "triton"),)``), ``engine_keys``
     the keys that configure an engine, as the file spells them, in its order.
     """
@@ -82,6 +83,7 @@ class Settings:
     ignore: tuple[str, ...] | None = None
     baseline: Path | None = None
     max_eager_growth: float | None = None
+    accept_findings: Path | None = None
     layers: int | None = None
     steps: int | None = None
     seed: int | None = None
@@ -229,8 +231,9 @@ def _settings(path: Path, table: dict[str, Any], specs: Sequence[OptionSpec] = (
                                    f"{spec.key}")
         written[spec.name] = key
         values[spec.name] = parse_option(dataclasses.replace(spec, key=key), value, Surface.SETTINGS, where)
-    if "baseline" in values:
-        values["baseline"] = (path.resolve().parent / values["baseline"]).resolve()
+    for name in ("baseline", "accept_findings"):  # relative to the file
+        if name in values:
+            values[name] = (path.resolve().parent / values[name]).resolve()
     if "invariant_table" in values:
         from capturelint.invariants import parse_invariants  # parses without torch
 

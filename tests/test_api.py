@@ -28,7 +28,7 @@ def test_narrow_v1_reports_cl101_and_assert_clean_names_it(cached_configurations
     # one entry per problem, as the terminal report prints it: where, what, why, fix
     (cl101,) = [g for g in report.groups if g.code == "CL101"]
     assert f"\n{cl101.line()}\n  why: {cl101.parts.why}\n  fix: {cl101.parts.fix}\n" in text
-    assert "capturelint/engine/dsv4/attention.py:305: CL101 replay re-issues the recorded ops" in text
+    assert "capturelint/engine/dsv4/attention.py:302: CL101 replay re-issues the recorded ops" in text  # its branch
     assert "[model.layers.0.attn; mixed/32 in v1/PIECEWISE]" in text
     assert "compared:\n  v1/PIECEWISE (eager region narrow): rules CL101-CL107" in text
     assert text.endswith(report.summary_line())
@@ -126,7 +126,7 @@ def test_suggest_default_is_the_searchs():
     ("check", dict(max_eager_growth="x"), "max_eager_growth must be a percentage (a number >= 0), got 'x'"),
     ("check", dict(jobs="2"), "jobs must be an integer from 1 to 256, got '2'"),
     ("check", dict(capture_sizes="2,x", engine="vllm"), "capture_sizes takes positive integers separated by commas"),
-    ("check", dict(bogus=1), "check() has no option 'bogus'; its options are baseline, batch_sizes,"),
+    ("check", dict(bogus=1), "check() has no option 'bogus'; its options are accept_findings, baseline,"),
     ("check", dict(mode="FULL", modes="FULL"), "check() got mode twice (also as modes); give it once"),
     ("check", dict(engine="vllm", kernels="triton"), "kernels configures engine='bundled', and engine='vllm' does not "
                                                       "read it, so it would be ignored; drop kernels"),

@@ -1,4 +1,4 @@
-"""The promises of the README's "Errors, interrupts and output files" hold under faults
+"""The promises of docs/errors.md ("Errors, interrupts and output files") hold under faults
 of input files, output files, standard streams and signals (issue 16).
 
 One test (or a few) per row of the issue's table, numbered as there (N7 ... N16), then

@@ -8,17 +8,17 @@ in no room fails until it is placed:
 - **runtime** (``runtime/``: protocol, op-schema reader, frame walker, the emulated
   primitive, the breakable runtime);
 - **base**: the package root, ``errors``, ``limits``, ``output``, ``options``, ``inputs``
-  (bounded reading), ``interrupts`` (signals): values and plumbing that every room above
-  the runtime may import;
+  (bounded reading), ``interrupts`` (signals), ``sources`` (the engine's source read
+  for reports): values and plumbing that every room above the runtime may import;
 - **engine** (``engine/``): the bundled DeepSeek V4 server, with its own CLI group
   ``engine.cli`` (``commands.COMMANDS`` names it by a string; no command imports it);
 - **model**, the report model: the capture record ``records``, ``findings``, the region
-  graph ``graph``, ``regions``, ``report``, ``shard``, the region map file ``snapshot``
-  and ``region_changes``: what reporters render;
+  graph ``graph``, ``regions``, ``report``, ``shard``, the region map file ``snapshot``,
+  ``region_changes`` and ``waivers`` (suppressions, accepted findings): what reporters render;
 - **reporters**: ``reporters``, ``formats/``, ``render/``;
 - the check pipeline, lowest first: **tracer** (``tracer``, ``objects``), **analyzer**,
   **rules** (``rules/``, ``invariants``), **check** (``harness``, ``pipeline``,
-  ``settings``, ``common_options``, ``suggest``, ``baseline``, ``merge``);
+  ``settings``, ``common_options``, ``suggest``, ``baseline``, ``merge``, ``acceptance``);
 - **adapters** (``adapters/``, and ``target``, the public face of the target adapter);
 - **api** (``api``, ``pytest_plugin``): the Python API the commands are a layer over, and
   the pytest plugin over it;
@@ -74,16 +74,17 @@ KNOWN_ENGINE_SWITCHES: tuple[tuple[str, str], ...] = ()
 ROOMS: dict[str, tuple[str, ...]] = {
     "runtime": ("capturelint.runtime",),
     "base": (ROOT, "capturelint.errors", "capturelint.limits", "capturelint.output", "capturelint.options",
-             "capturelint.inputs", "capturelint.interrupts"),
+             "capturelint.inputs", "capturelint.interrupts", "capturelint.sources"),
     "engine": ("capturelint.engine",),
     "model": ("capturelint.records", "capturelint.findings", "capturelint.graph", "capturelint.regions",
-              "capturelint.report", "capturelint.shard", "capturelint.snapshot", "capturelint.region_changes"),
+              "capturelint.report", "capturelint.shard", "capturelint.snapshot", "capturelint.region_changes",
+              "capturelint.waivers"),
     "reporters": ("capturelint.reporters", "capturelint.formats", "capturelint.render"),
     "tracer": ("capturelint.tracer", "capturelint.objects"),
     "analyzer": ("capturelint.analyzer",),
     "rules": ("capturelint.rules", "capturelint.invariants"),
     "check": ("capturelint.harness", "capturelint.pipeline", "capturelint.settings", "capturelint.suggest",
-              "capturelint.baseline", "capturelint.merge", "capturelint.common_options"),
+              "capturelint.baseline", "capturelint.merge", "capturelint.acceptance", "capturelint.common_options"),
     "adapters": ("capturelint.adapters", "capturelint.target"),
     "api": ("capturelint.api", "capturelint.pytest_plugin"),
     "commands": ("capturelint.commands",),

@@ -40,7 +40,7 @@ def test_a_failing_project_shows_the_findings(pytester):
     result.assert_outcomes(failed=1)
     text = result.stdout.str()
     assert "AssertionError: " in text
-    assert "capturelint/engine/dsv4/attention.py:305: CL101 replay re-issues the recorded ops" in text
+    assert "capturelint/engine/dsv4/attention.py:302: CL101 replay re-issues the recorded ops" in text  # its branch
     assert "  fix: Move the branching code into an eager break" in text
     assert "v1/PIECEWISE (eager region narrow)" in text
 

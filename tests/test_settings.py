@@ -136,8 +136,8 @@ def test_unknown_key(tmp_path):
     message = str(info.value)
     assert "\n" not in message
     assert message.startswith(f"{path.resolve()}: [tool.capturelint] unknown key 'runnr'; did you mean 'runner'? ")
-    assert ("known keys: baseline, batch-sizes, break-outputs, capture-sizes, eager-region, engine, format, "
-            "fresh-metadata, ignore, invariants, jobs, kernels, layers, max-eager-growth, mode, platform, "
+    assert ("known keys: accept-findings, baseline, batch-sizes, break-outputs, capture-sizes, eager-region, engine, "
+            "format, fresh-metadata, ignore, invariants, jobs, kernels, layers, max-eager-growth, mode, platform, "
             "require-oracle, runner, seed, select, spec, steps, vllm-runner-impl") in message
 
 

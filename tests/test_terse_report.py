@@ -49,7 +49,7 @@ def seed(capsys, cached_configurations, monkeypatch):
 
 
 def where(f: dict) -> str:
-    frame = f["capture_frame"] or f["shadow_frame"]
+    frame = f["location"]  # the line to change: CL101's branch condition
     return f"{frame['file']}:{frame['line']}"
 
 

@@ -26,8 +26,8 @@ from capturelint.rules import rule_infos
 @click.command(cls=GroupedCommand)
 @shared_options("target")
 @engine_options
-@shared_options("select", "ignore", "invariants", "static", "baseline", "max_eager_growth", "format", "output",
-                "verbose", "exit_zero", "strict", "require_oracle", "shard")
+@shared_options("select", "ignore", "invariants", "static", "baseline", "max_eager_growth", "accept_findings",
+                "update_accepted", "format", "output", "verbose", "exit_zero", "strict", "require_oracle", "shard")
 def check(**kw: Any) -> int:
     """Check that CUDA-graph replay of the bundled engine computes what eager execution
     computes, under each runner and CUDA-graph mode.
@@ -40,6 +40,9 @@ def check(**kw: Any) -> int:
     eager twin is not compared with eager execution, and the report says so
     (--require-oracle makes it an error).
 
+    A finding is accepted by a `# capturelint: ignore[CODE]` comment on its line or
+    by the --accept-findings file: it is counted and listed, and does not fail.
+
     Exit status: 0 clean, 1 findings (or region growth over budget with --baseline),
     2 usage, configuration or internal error, 130 interrupted.
     """
@@ -51,9 +54,11 @@ def check(**kw: Any) -> int:
     rep.preflight()
     report = api.check_with(settings, command_options(kw), static=bool(kw["static"]), strict=bool(kw["strict"]),
                             require_oracle=bool(kw["require_oracle"]), baseline=kw["baseline"],
-                            max_eager_growth=kw["max_eager_growth"], shard=kw["shard"], keep_captures=rep.captures)
+                            max_eager_growth=kw["max_eager_growth"], shard=kw["shard"], keep_captures=rep.captures,
+                            accept_findings=kw["accept_findings"], update_accepted=bool(kw["update_accepted"]))
     fallback = api.fallback_uri(settings)
-    hint = suggest_hint(kw)
+    # suggest finds eager regions: no hint where only suppression comments are reported
+    hint = suggest_hint(kw) if any(f.runner or f.mode for f in report.findings) else None
     emit(rep, report, output, Options(verbose=bool(kw["verbose"]), fallback_uri=fallback, hint=hint,
                                       rules=rule_infos()))
     if not (rep.summary and is_stdout(output)):

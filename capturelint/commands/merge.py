@@ -48,7 +48,9 @@ def merge(reports: tuple[str, ...], fmt: str | None, output: str | None, exit_ze
                                    "reports of the shards (check --format json) for other formats")
         from capturelint.report import dumps_json
 
-        log = merge_sarif(inputs)
+        from capturelint.formats.sarif import result_of
+
+        log = merge_sarif(inputs, result_of)
         text = dumps_json(log)
         if is_stdout(output):
             write_stdout(text)

@@ -11,7 +11,7 @@ from capturelint.rules import RULES, rule
 
 
 def rules_table_markdown() -> str:
-    """The README's rule table, generated from the rule classes."""
+    """The rule table of docs/rules.md, generated from the rule classes."""
     lines = ["| code | name | condition | what it reports |", "|---|---|---|---|"]
     for r in RULES:
         lines.append(f"| {r.code} | {r.name} | {r.condition} | {r.summary} |")

@@ -50,6 +50,10 @@ def run(script: str, args: tuple[str, ...], **kw: Any) -> int:
     for text in plan.warnings:
         warn(text)
     report = registry.run_check(registry.load(plan), keep_captures=rep.captures)
+    from capturelint.acceptance import apply
+
+    # the script's inline suppressions apply, as check's do; a script's run is the whole check of it
+    apply(report, plan.codes, whole=kw["invariants"] is None)
     missing = report.oracle_missing("--require-oracle" if require_oracle else "[tool.capturelint] require-oracle")
     if missing is not None and (require_oracle or settings.require_oracle):
         raise CapturelintError(missing)

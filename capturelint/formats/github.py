@@ -8,12 +8,15 @@ Printed form::
     ::error file=engine/model.py,line=42,title=CL101 baked-control-flow::capture recorded ...%0A%0A
     Same cause in 8 findings: model.layers.{0..3}.attn; mixed/32 in v1/PIECEWISE, v1/FULL_AND_PIECEWISE
     ::warning title=replay not compared with eager (torch/cudagraph)::replay NOT compared ...
+    ::notice title=findings accepted::2 findings suppressed, 1 accepted: they do not fail the check; ...
 
 (the first line is one line). The annotation of a group carries the message of its
 first finding, and, for a group of several, where else the cause was seen.
 
-A finding is located at its capture-side frame, else its shadow-side frame; without
-either the annotation has a title only. Escaping follows the Actions toolkit
+A finding is located at its ``location``, the line to change (``capturelint.findings``:
+a re-binding, an allocation or a branch condition where a rule found one, else the
+capture-side frame, else the shadow-side one); without one the annotation has a title
+only. Escaping follows the Actions toolkit
 (``@actions/core`` ``command.ts``): in the message ``%``, ``\\r`` and ``\\n`` become
 ``%25``, ``%0D`` and ``%0A``; in property values ``:`` and ``,`` also become ``%3A`` and
 ``%2C``, so a multi-line message stays one workflow command.
@@ -26,13 +29,16 @@ from typing import Sequence
 from capturelint.findings import Finding, FindingGroup, group_findings
 
 
-def to_github(findings: Sequence[Finding], warnings: Sequence[tuple[str, str]] = ()) -> str:
+def to_github(findings: Sequence[Finding], warnings: Sequence[tuple[str, str]] = (),
+              notices: Sequence[tuple[str, str]] = ()) -> str:
     """One annotation line per group of findings (``group_findings``, in the order of
     their first findings' ``Finding.sort_key``), then one ``::warning`` line per
-    ``(title, message)`` of ``warnings`` (what the check could not compare), each
-    ending in a newline; the empty string for neither."""
+    ``(title, message)`` of ``warnings`` (what the check could not compare) and one
+    ``::notice`` line per one of ``notices`` (the findings suppressed or accepted, as
+    counted), each ending in a newline; the empty string for none."""
     lines = [group_annotation(g) for g in group_findings(findings)]
     lines += [f"::warning title={escape_property(title)}::{escape_data(message)}" for title, message in warnings]
+    lines += [f"::notice title={escape_property(title)}::{escape_data(message)}" for title, message in notices]
     return "".join(line + "\n" for line in lines)
 
 
@@ -49,7 +55,7 @@ def group_annotation(group: FindingGroup) -> str:
 def annotation(finding: Finding, message: str | None = None) -> str:
     """The ``::error`` workflow command of one finding (no trailing newline), with
     ``message`` instead of the finding's own when given."""
-    frame = finding.capture_frame or finding.shadow_frame
+    frame = finding.location
     props: list[tuple[str, str]] = []
     if frame is not None and frame.file and not frame.file.startswith("<"):
         props.append(("file", frame.file))

@@ -16,15 +16,25 @@ still says whether replay was compared with eager) and, for a shard, its ``shard
      "partialFingerprints": {"capturelint/v1": "3f2a..."},
      "properties": {"runner": "v1", "mode": "PIECEWISE", "graph": "decode/4", ..., "group": "1fcd90973aaf"}}
 
-**Location.** The primary location is the capture-side frame; a finding without one is
-located at its shadow-side frame, and one with neither at ``fallback_uri`` if given. The shadow frame is also given as a related location
-whenever both sides are known. Relative paths are relative to ``%SRCROOT%`` (the
+**Location.** The primary location is the finding's ``location``, the line to change
+(``capturelint.findings``: a re-binding, an allocation or a branch condition where a
+rule found one, else the capture-side frame, else the shadow-side one); a finding with
+none is located at ``fallback_uri`` if given. The op's own lines follow as related
+locations: the capture side when it is not the primary one, the shadow side whenever
+it is not the primary one, and the re-allocation line when it is not. Relative paths are relative to ``%SRCROOT%`` (the
 checked project); absolute paths become ``file://`` URIs; frames that name no file
 (``<string>``, ``<unknown>``) give no location.
 
-**Fingerprint.** ``partialFingerprints["capturelint/v1"]`` hashes the code, the file,
+**Fingerprint.** ``partialFingerprints["capturelint/v1"]`` is
+``capturelint.findings.fingerprint``: it hashes the code, the file of the op's line,
 the scope, the op and the tensor, and no line number, so an alert survives edits that
 move code; the same hazard found under several runners or modes shares a fingerprint.
+
+**Suppressions.** A finding suppressed by an inline comment or accepted by the
+accepted-findings file (``capturelint.waivers``) is a result too, with the standard
+``suppressions``: ``[{"kind": "inSource", "status": "accepted", "location": <the
+comment>, "justification": <the text after it>}]``, or ``[{"kind": "external", ...,
+"justification": "accepted in FILE"}]``; code scanning shows it as dismissed.
 
 **Group.** ``properties.group`` is the finding's group id
 (``capturelint.findings.group_id``): the results of one cause (the same rule, source
@@ -39,7 +49,6 @@ dictionary, and ``json.dumps`` of it gives the same bytes.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from pathlib import Path, PurePath
@@ -47,7 +56,8 @@ from typing import Any, Sequence
 from urllib.parse import quote
 
 from capturelint.errors import CapturelintError
-from capturelint.findings import Finding, Frame, RuleInfo, group_id
+from capturelint.findings import Finding, Frame, RuleInfo, fingerprint, group_id
+from capturelint.waivers import Waived, WaiverKind
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA_URI = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
@@ -63,6 +73,7 @@ def to_sarif(
     *,
     fallback_uri: str | None = None,
     run_properties: dict[str, Any] | None = None,
+    waived: Sequence[Waived] = (),
 ) -> dict[str, Any]:
     """A SARIF 2.1.0 log of ``findings``; ``rules`` must contain the rule of every
     finding (extra rules are listed too, so the log documents the whole rule set).
@@ -72,17 +83,22 @@ def to_sarif(
     numerical oracle's); without it they have no location, which the SARIF schema
     allows but GitHub code scanning rejects ("expected at least one location").
     ``run_properties`` become the run's ``properties`` (a shard's ``shard`` object,
-    ``capturelint.shard``)."""
+    ``capturelint.shard``). ``waived`` are the findings suppressed inline or accepted
+    (``capturelint.waivers``): results too, each with its ``suppressions``."""
     descriptors, index = _rules(rules)
     results = []
-    for finding in sorted(findings, key=Finding.sort_key):
+    entries = [(f, None) for f in findings] + [(w.finding, w) for w in waived]
+    for finding, waiver in sorted(entries, key=lambda e: e[0].sort_key()):
         if finding.code not in index:
             known = ", ".join(sorted(index)) or "none"
             raise CapturelintError(
                 f"finding {finding.code} ({finding.name}) has no rule in the SARIF rule list "
                 f"(rules given: {known}); pass every registered rule to to_sarif"
             )
-        results.append(_result(finding, index[finding.code], fallback_uri))
+        result = _result(finding, index[finding.code], fallback_uri)
+        if waiver is not None:
+            result["suppressions"] = [_suppression(waiver)]
+        results.append(result)
     run: dict[str, Any] = {
         "tool": {
             "driver": {
@@ -96,16 +112,6 @@ def to_sarif(
     if run_properties:
         run["properties"] = dict(run_properties)
     return {"$schema": SARIF_SCHEMA_URI, "version": SARIF_VERSION, "runs": [run]}
-
-
-def fingerprint(finding: Finding) -> str:
-    """Stable identity of a finding across runs: a hash of code, file, scope, op and
-    tensor (32 hex digits)."""
-    frame = finding.capture_frame or finding.shadow_frame
-    parts = (finding.code, frame.file if frame else "", finding.scope, finding.op, finding.tensor or "")
-    if finding.invariant is not None:  # two invariants may flag the same op
-        parts += (finding.invariant,)
-    return hashlib.sha256("\x1f".join(parts).encode("utf-8")).hexdigest()[:32]
 
 
 def _rules(rules: Sequence[RuleInfo]) -> tuple[list[dict[str, Any]], dict[str, int]]:
@@ -142,27 +148,25 @@ def _result(finding: Finding, rule_index: int, fallback_uri: str | None) -> dict
         "level": "error",
         "message": {"text": finding.message},
     }
-    primary = _location(finding.capture_frame) or _location(finding.shadow_frame)
+    frame = finding.location
+    primary = _location(frame)
     if primary is None and fallback_uri is not None:
         primary = _location(Frame(fallback_uri, 1, ""))
     if primary is not None:
         result["locations"] = [primary]
-    if finding.capture_frame is not None and finding.shadow_frame is not None:
-        related = _location(finding.shadow_frame)
-        if related is not None:
-            related = {
-                "id": 1,
-                **related,
-                "message": {"text": f"shadow (eager) side: {finding.shadow_frame.function}"},
-            }
-            result["relatedLocations"] = [related]
-    allocated = _location(finding.allocation_frame) if finding.allocation_frame is not None else None
-    if allocated is not None:
-        result.setdefault("relatedLocations", []).append({
-            "id": len(result.get("relatedLocations", [])) + 1,
-            **allocated,
-            "message": {"text": f"the step's tensor is re-allocated here: {finding.allocation_frame.function}"},
-        })
+    related = []
+    if finding.edit is not None and finding.capture_frame is not None:  # the op recorded, beside the line to change
+        related.append((finding.capture_frame, f"captured op: {finding.capture_frame.function}"))
+    if finding.shadow_frame is not None and finding.shadow_frame != frame:
+        related.append((finding.shadow_frame, f"shadow (eager) side: {finding.shadow_frame.function}"))
+    if finding.allocation_frame is not None and finding.allocation_frame != frame:
+        related.append((finding.allocation_frame,
+                        f"the step's tensor is re-allocated here: {finding.allocation_frame.function}"))
+    for where, text in related:
+        located = _location(where)
+        if located is not None:
+            result.setdefault("relatedLocations", []).append(
+                {"id": len(result.get("relatedLocations", [])) + 1, **located, "message": {"text": text}})
     result["partialFingerprints"] = {FINGERPRINT_KEY: fingerprint(finding)}
     result["properties"] = {
         "runner": finding.runner,
@@ -182,6 +186,27 @@ def _result(finding: Finding, rule_index: int, fallback_uri: str | None) -> dict
     if finding.invariant is not None:
         result["properties"]["invariant"] = finding.invariant
     return result
+
+
+def result_of(finding: Finding, rule_index: int) -> dict[str, Any]:
+    """The result of one finding that has a source line, as ``to_sarif`` writes it
+    (``capturelint merge`` writes the suppression comments' results with it)."""
+    return _result(finding, rule_index, None)
+
+
+def _suppression(w: Waived) -> dict[str, Any]:
+    """A SARIF ``suppression``: ``inSource`` at the comment that accepts the finding,
+    ``external`` for the accepted-findings file."""
+    if w.kind is WaiverKind.INLINE:
+        file, _, line = w.where.rpartition(":")
+        out: dict[str, Any] = {"kind": "inSource", "status": "accepted"}
+        located = _location(Frame(file, int(line), "")) if line.isdigit() else None
+        if located is not None:
+            out["location"] = located
+        if w.reason:
+            out["justification"] = w.reason
+        return out
+    return {"kind": "external", "status": "accepted", "justification": f"accepted in {w.where}"}
 
 
 def _location(frame: Frame | None) -> dict[str, Any] | None:

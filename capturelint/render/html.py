@@ -32,15 +32,13 @@ from __future__ import annotations
 import dataclasses
 import html
 import io
-import os
 import re
-import sys
 from typing import TYPE_CHECKING, Any
 
 from capturelint import __version__
 from capturelint.findings import Finding, FindingGroup, group_findings, group_id, where
-from capturelint.inputs import InputProblem, read_text
 from capturelint.runtime.protocol import Frame, SegmentKind
+from capturelint.sources import SourceFiles
 
 if TYPE_CHECKING:
     from capturelint.region_changes import RegionChanges, RegionDiff
@@ -48,8 +46,6 @@ if TYPE_CHECKING:
     from capturelint.report import ConfigReport, Report
 
 CONTEXT = 3  # source lines shown on each side of a finding's line
-MAX_SOURCE_BYTES = 8 * 2**20  # a source file larger than this is not embedded
-PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def esc(value: Any) -> str:
@@ -82,6 +78,7 @@ def check_html(report: Report) -> str:
         _verdict_section("capturelint check", headline, tone, report.verdict_line(), report.summary_line()),
         _compared_section(report.configs, report.static),
         _findings_section(findings, ids, _Sources()),
+        _waived_section(report),
         _regions_section(report_views(report), ids),
     ]
     if report.region_changes is not None:
@@ -147,6 +144,8 @@ def _verdict(report: Report) -> tuple[str, str]:
         return "Regions changed beyond the baseline's budget", "fail"
     if report.diverged:
         return "Replay differs from eager execution", "fail"
+    if report.waived:  # nothing fails, yet replay was not shown to match
+        return f"No findings that fail the check ({report.waived_text()})", "warn"
     if report.static:
         return "No findings (static check: replay equivalence not checked)", "warn"
     if report.not_compared or any(not c.checked.replayed for c in report.configs):
@@ -233,7 +232,10 @@ def _finding(f: Finding, fid: str, sources: _Sources, group: str) -> str:
     seen = ""
     if f.steps:
         seen = f"seen at replay steps {', '.join(map(str, f.steps))}" + (f" ({f.occurrences} times)" if f.occurrences > 1 else "")
-    frames = [("capture", f.capture_frame), ("step", f.shadow_frame), ("re-allocated at", f.allocation_frame)]
+    frames = [(f"line to change ({f.edit.role})", f.edit.frame)] if f.edit is not None else []
+    frames += [(label, frame) for label, frame in (("capture", f.capture_frame), ("step", f.shadow_frame),
+                                                   ("re-allocated at", f.allocation_frame))
+               if f.edit is None or frame != f.edit.frame]
     return (
         f'<article class="finding" id="{fid}"><h3><a class="anchor" href="#{fid}">#</a> '
         f'<span class="code">{esc(f.code)}</span> {esc(f.name)} <span class="cond">[{esc(f.condition)}]</span></h3>'
@@ -247,39 +249,26 @@ def _finding(f: Finding, fid: str, sources: _Sources, group: str) -> str:
     )
 
 
-class _Sources:
-    """Source files read when the report is written, each once: the lines around a
-    frame's, with that line marked. A frame recorded by this run knows its file's
-    absolute path; one read back from JSON has the path findings show, looked up
-    relative to the working directory, the folder holding capturelint and the import
-    path (installed packages show their import path, ``vllm/...``)."""
+def _waived_section(report: Report) -> str:
+    """The findings suppressed inline or accepted, each with what accepts it, and the
+    accepted findings that no longer occur; empty when there are none."""
+    stale = report.stale_accepted()
+    if not report.waived and not stale:
+        return ""
+    items = "".join(f'<li><code>{esc(where(w.finding))}</code>: <b class="code">{esc(w.finding.code)}</b> '
+                    f"{esc(w.finding.name)} · {esc(w.finding.scope)} · {esc(w.finding.runner)}/{esc(w.finding.mode)} "
+                    f"<i>{esc(w.describe())}</i></li>" for w in report.waived)
+    gone = "".join(f"<li>{esc(e.describe())}</li>" for e in stale)
+    title = "; ".join(p for p in (report.waived_text(), f"{len(stale)} accepted no longer found" if stale else "") if p)
+    return (f'<section id="suppressed"><h2>Not failed on ({esc(title)})</h2>'
+            + (f'<ol class="suppressed">{items}</ol>' if items else "")
+            + (f'<p>Accepted, no longer found (<code>--update-accepted</code> drops them):</p><ul>{gone}</ul>'
+               if gone else "") + "</section>")
 
-    def __init__(self) -> None:
-        self.files: dict[str, list[str] | str] = {}
 
-    def lines(self, frame: Frame) -> list[str] | str:
-        """The file's lines, or why they cannot be shown."""
-        key = frame.source or frame.file
-        if key not in self.files:
-            self.files[key] = self._read(frame)
-        return self.files[key]
-
-    @staticmethod
-    def _read(frame: Frame) -> list[str] | str:
-        if os.path.isabs(frame.file):
-            candidates = [frame.file]
-        else:
-            roots = [os.getcwd(), PACKAGE_ROOT] + [p for p in sys.path if p and os.path.isabs(p)]
-            candidates = [os.path.join(root, frame.file) for root in roots]
-        if frame.source:
-            candidates.insert(0, frame.source)
-        path = next((c for c in candidates if os.path.isfile(c)), None)
-        if path is None:
-            return "its file is not on this machine (looked beside the working directory and on the import path)"
-        try:
-            return read_text(path, MAX_SOURCE_BYTES).splitlines()
-        except InputProblem as e:
-            return f"its file {e.problem}"
+class _Sources(SourceFiles):
+    """Source files read when the report is written (``capturelint.sources``): the
+    lines around a frame's, with that line marked."""
 
     def excerpt(self, label: str, frame: Frame) -> str:
         head = f'<figcaption>{esc(label)}: <code>{esc(frame.file)}:{frame.line}</code> in {esc(frame.function)}</figcaption>'

@@ -104,6 +104,16 @@ def render_concise(report: Report, console: Console) -> None:
         from capturelint.render.changes import region_changes_panel
 
         console.print(region_changes_panel(report.region_changes))
+    waived, stale = report.waived_text(), report.stale_accepted()
+    if waived or stale:
+        console.print()
+    if waived:
+        console.print(Text(f"{waived}, not failed on: --verbose lists each with the comment or file that accepts it",
+                           style="dim"), soft_wrap=True)
+    for e in stale[:5]:
+        console.print(Text(f"accepted, no longer found: {e.describe()}", style="dim"), soft_wrap=True)
+    if len(stale) > 5:
+        console.print(Text(f"... and {len(stale) - 5} more accepted findings no longer found", style="dim"))
     if groups:
         n, codes = len(report.findings), sorted({g.code for g in groups})
         console.print()
@@ -160,16 +170,39 @@ def render_evidence(report: Report, console: Console) -> None:
         if not cfg.findings and cfg.diverged:
             parts.append(Text("no findings, but replay differs from eager execution: the rules that report it are "
                               "not selected", style="red"))
+        elif not cfg.findings and cfg.waived:
+            parts.append(Text(f"no findings that fail the check ({len(cfg.waived)} suppressed or accepted, listed "
+                              "below)", style="yellow"))
         elif not cfg.findings:
             parts.append(Text("no findings", style="green" if unchecked is None else "yellow"))
         border = "red" if cfg.findings or cfg.diverged else "green" if unchecked is None else "yellow"
         console.print(Panel(Group(*parts), title=title, title_align="left", border_style=border))
+    if report.suppression_findings:  # of no configuration: the suppression comments'
+        console.print(Panel(Group(*(render_finding(f) for f in report.suppression_findings)),
+                            title="suppression comments", title_align="left", border_style="red"))
+    if report.waived or report.stale_accepted():
+        console.print(waived_panel(report))
     if report.region_changes is not None:  # the gate's panel
         from capturelint.render.changes import region_changes_panel
 
         console.print(region_changes_panel(report.region_changes))
     style = "bold red" if report.failed or report.diverged else "bold yellow" if report.not_compared else "bold green"
     console.print(Text(report.summary_line(), style=style))
+
+
+def waived_panel(report: Report) -> Panel:
+    """The findings suppressed inline or accepted, each with what accepts it, and the
+    accepted findings that no longer occur."""
+    parts: list[Any] = []
+    for w in report.waived:
+        t = render_finding(w.finding)
+        t.append(f"  {w.describe()}\n", style="yellow")
+        parts.append(t)
+    for e in report.stale_accepted():
+        parts.append(Text(f"accepted, no longer found: {e.describe()}", style="dim"))
+    title = "; ".join(p for p in (report.waived_text(), f"{len(report.stale_accepted())} no longer found"
+                                  if report.stale_accepted() else "") if p)
+    return Panel(Group(*parts), title=f"not failed on: {title}", title_align="left", border_style="yellow")
 
 
 def render_finding(f: Finding) -> Text:
@@ -179,11 +212,14 @@ def render_finding(f: Finding) -> Text:
     t.append(f"[{f.condition}] ", style="dim")
     t.append(f"{f.scope} · {f.op}" + (f" · {f.tensor}" if f.tensor else ""), style="bold")
     t.append(f"\n  segment {f.segment} ({f.runtime_mode})" if f.segment else "")
+    t.append(f"\n  runner {f.runner} · mode {f.mode}" if not f.segment and (f.runner or f.mode) else "")
+    if f.edit is not None:
+        t.append(f"\n  line to change ({f.edit.role}): {f.edit.frame}")
     if f.capture_frame:
         t.append(f"\n  capture: {f.capture_frame}")
     if f.shadow_frame:
         t.append(f"\n  step:    {f.shadow_frame}")
-    if f.allocation_frame:
+    if f.allocation_frame and (f.edit is None or f.allocation_frame != f.edit.frame):
         t.append(f"\n  re-allocated at: {f.allocation_frame}")
     if f.steps:
         t.append(f"\n  seen at replay steps {', '.join(map(str, f.steps))}" + (f" ({f.occurrences} times)" if f.occurrences > 1 else ""), style="dim")
@@ -191,4 +227,4 @@ def render_finding(f: Finding) -> Text:
     return t
 
 
-__all__ = ["render_concise", "render_evidence", "render_finding", "render_rich"]
+__all__ = ["render_concise", "render_evidence", "render_finding", "render_rich", "waived_panel"]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from capturelint.errors import CapturelintError
-from capturelint.findings import RuleInfo
+from capturelint.findings import Finding, RuleInfo
 from capturelint.rules.base import Rule
 from capturelint.rules.cl101_baked_control_flow import BakedControlFlow
 from capturelint.rules.cl102_baked_host_value import BakedHostValue
@@ -21,13 +23,19 @@ from capturelint.rules.cl201_declared_eager_captured import DeclaredEagerCapture
 from capturelint.rules.cl202_declared_captured_eager import DeclaredCapturedEager
 from capturelint.rules.cl203_eager_budget_exceeded import EagerBudgetExceeded
 from capturelint.rules.cl901_unexplained_divergence import UnexplainedDivergence
+from capturelint.rules.cl902_unused_suppression import UnusedSuppression
+from capturelint.rules.cl903_invalid_suppression import InvalidSuppression
+
+if TYPE_CHECKING:
+    from capturelint.waivers import SuppressionView
 
 # In code order; the order is not significant (the rules are pure: ``Rule``), and the
 # analyzer calls each rule where it has a check method (``Rule.hooks``).
 RULES: tuple[type[Rule], ...] = (
     BakedControlFlow, BakedHostValue, BakedShape, StaleInput, EscapedEagerOutput, HostSyncInCapture,
     StaleBreakArgument, StaleInputHeld, OutputOverwritten, CaptureOutputConsumed, PoolMemoryShared, EventAcrossCapture,
-    DeclaredEagerCaptured, DeclaredCapturedEager, EagerBudgetExceeded, UnexplainedDivergence,
+    DeclaredEagerCaptured, DeclaredCapturedEager, EagerBudgetExceeded, UnexplainedDivergence, UnusedSuppression,
+    InvalidSuppression,
 )
 # What ``check --static`` runs: the rules that judge a capture alone (no shadow, no twin).
 STATIC_CODES: frozenset[str] = frozenset(r.code for r in RULES if r.hooks & {"check_capture", "check_region"})
@@ -39,6 +47,16 @@ def rule(code: str) -> type[Rule]:
         return BY_CODE[code.upper()]
     except KeyError:
         raise CapturelintError(f"unknown rule code {code!r}; run 'capturelint rules' to list the codes") from None
+
+
+def suppression_findings(view: SuppressionView, codes: frozenset[str]) -> list[Finding]:
+    """The findings of the selected suppression rules (CL902, CL903) on the comments
+    of ``view`` (``capturelint.waivers``)."""
+    out: list[Finding] = []
+    for r in RULES:
+        if r.code in codes and "check_suppressions" in r.hooks:
+            out.extend(r().check_suppressions(view))
+    return sorted(out, key=Finding.sort_key)
 
 
 def rule_infos() -> tuple[RuleInfo, ...]:
@@ -67,4 +85,4 @@ def select_codes(select: list[str] | None, ignore: list[str] | None) -> frozense
     return frozenset(chosen - (expand(ignore, "--ignore") if ignore else set()))
 
 
-__all__ = ["RULES", "STATIC_CODES", "BY_CODE", "Rule", "rule", "select_codes"]
+__all__ = ["RULES", "STATIC_CODES", "BY_CODE", "Rule", "rule", "select_codes", "suppression_findings"]

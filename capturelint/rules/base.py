@@ -11,12 +11,14 @@ if TYPE_CHECKING:  # the rule registry imports without torch (``capturelint rule
     from capturelint.analyzer import BareView, HazardView, RegionView, RunLabel, RunOutcome, StepView
     from capturelint.runtime.protocol import StaleInputEvent
     from capturelint.records import OpRecord, Stream
+    from capturelint.waivers import SuppressionView
 
 DOC_SECTIONS = ("What it does", "Why is this bad?", "Example", "Use instead", "Limitations")
 
 # The check methods a rule may implement, one per point of a run where the analyzer
 # calls rules (``Rule.hooks``).
-HOOKS = ("check", "check_capture", "check_region", "check_stale", "check_bare", "check_hazard", "check_run")
+HOOKS = ("check", "check_capture", "check_region", "check_stale", "check_bare", "check_hazard", "check_run",
+         "check_suppressions")
 
 
 class Rule:
@@ -34,8 +36,10 @@ class Rule:
     capture), ``check_region`` (a capture's region graph against the declared
     invariants that apply to it), ``check_stale`` (a freed input of a graph without a
     shadow), ``check_bare`` (another event of such a graph: ``analyzer.BareView``),
-    ``check_hazard`` (a hazard the emulated runtime saw happen) and
-    ``check_run`` (the whole run of a configuration). ``hooks`` names the
+    ``check_hazard`` (a hazard the emulated runtime saw happen),
+    ``check_run`` (the whole run of a configuration) and ``check_suppressions`` (the
+    inline suppression comments of the source the check ran, once its findings are
+    matched to them: ``capturelint.waivers``). ``hooks`` names the
     ones a rule implements: the analyzer calls a rule only there.
 
     A rule is pure: it reads the (frozen) view it is handed and returns findings, so
@@ -86,6 +90,10 @@ class Rule:
 
     def check_run(self, outcome: RunOutcome) -> Iterator[Finding]:
         """The whole run: a capture stopped by a host sync, the numerical oracle."""
+        return iter(())
+
+    def check_suppressions(self, view: SuppressionView) -> Iterator[Finding]:
+        """The inline suppression comments, matched to the check's findings."""
         return iter(())
 
     @classmethod

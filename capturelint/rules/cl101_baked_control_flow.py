@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Iterator
 
-from capturelint.findings import Condition, Finding
+from capturelint.findings import Condition, EditLine, Finding, LineRole
 from capturelint.rules.base import Rule, cut, where
+from capturelint.sources import branch_line
 
 if TYPE_CHECKING:
     from capturelint.analyzer import StepView
+    from capturelint.records import OpRecord
 
 
 class BakedControlFlow(Rule):
@@ -69,7 +72,13 @@ class BakedControlFlow(Rule):
     ## Limitations
     Compares the sampled steps only: a branch that real steps take rarely (a long
     context, a rare batch shape) is caught when the workload reaches it. Ops are
-    compared by overload and module scope, not by kernel configuration.
+    compared by overload and module scope, not by kernel configuration. The finding is
+    located at the branch condition where the two sides parted: in the innermost
+    function both sides run, the first `if`, `elif`, `while`, `for`, conditional
+    expression or `match` whose arms hold one side's op line and not the other's. Where
+    the step's op runs in a function the capture never entered, or no branch statement
+    separates the two lines (an early `return` in a callee), it is located at the
+    captured op.
     """
 
     def check(self, view: StepView) -> Iterator[Finding]:
@@ -88,7 +97,7 @@ class BakedControlFlow(Rule):
                 capture_breaks=cut([s.name for s in cap.segments if s.name]),
                 step_breaks=cut([s.name for s in sh.segments if s.name]),
             )
-            yield self.finding(view, first, c_op, s_op, None, message)
+            yield _at_branch(self.finding(view, first, c_op, s_op, None, message), c_op, s_op)
         for al in view.alignments:
             d = al.divergence
             if d is None:
@@ -101,11 +110,20 @@ class BakedControlFlow(Rule):
                 missing=d.missing, missing_ops=_names(d.missing_ops), extra=d.extra, extra_ops=_names(d.extra_ops),
                 context=self._context_note(view),
             )
-            yield self.finding(view, al.index, c, s, None, message)
+            yield _at_branch(self.finding(view, al.index, c, s, None, message), c, s)
 
     def _context_note(self, view: StepView) -> str:
         c, s = view.capture.context, view.shadow.context
         return "" if c.key == s.key else self.context_note.format(capture=c.describe(), step=s.describe())
+
+
+def _at_branch(f: Finding, capture_op: OpRecord | None, shadow_op: OpRecord | None) -> Finding:
+    """``f`` located at the branch condition where the two sides parted
+    (``capturelint.sources.branch_line``), where one is found."""
+    if capture_op is None or shadow_op is None:
+        return f
+    branch = branch_line(capture_op.stack or (capture_op.frame,), shadow_op.frame)
+    return f if branch is None else dataclasses.replace(f, edit=EditLine(branch, LineRole.BRANCH))
 
 
 def _names(ops: tuple[str, ...]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Iterator
 
-from capturelint.findings import Condition, Finding
+from capturelint.findings import Condition, EditLine, Finding, LineRole
 from capturelint.rules.base import Rule, where
 
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ class StaleInput(Rule):
     allocated_note = " (the step's tensor is allocated at {at}, in {function})"
     moved_note = "; {name} now holds a new tensor{allocated}"
     freed_allocated_note = ", allocated at {at} ({function})"
+    rebound_note = ", re-bound at {at}"
     doc = """
     ## What it does
     For every captured op aligned with the step's op, checks that each tensor argument
@@ -68,7 +69,10 @@ class StaleInput(Rule):
     A tensor that is refreshed in place but with the wrong values is not detected here;
     the numerical oracle catches it (and CL901 reports that no rule did). The line that
     re-allocated the step's tensor is named when the allocation ran between steps,
-    where the tracer watches allocations.
+    where the tracer watches allocations; for a bare graph, the assignment that re-bound
+    the name that held the captured tensor is named as CL108 finds it (the source of
+    the functions running at the replay), and is the finding's location, else the
+    allocation line is.
     """
 
     def check(self, view: StepView) -> Iterator[Finding]:
@@ -92,7 +96,8 @@ class StaleInput(Rule):
                 used=problem.shadow_name, reason=problem.reason, allocated=note,
             )
             yield dataclasses.replace(self.finding(view, m.alignment.index, c, m.shadow_op, problem.shadow_name, message),
-                                      allocation_frame=allocated)
+                                      allocation_frame=allocated,
+                                      edit=EditLine(allocated, LineRole.ALLOCATION) if allocated is not None else None)
 
     def check_stale(self, label: RunLabel, capture: Stream, event: StaleInputEvent) -> Iterator[Finding]:
         readers = [op for op in capture.ops if any(u.storage == event.storage for u in op.inputs)]
@@ -100,20 +105,27 @@ class StaleInput(Rule):
             return
         first = readers[0]
         use = next(u for u in first.inputs if u.storage == event.storage)
-        name = capture.name_of(event.storage, first.scope) or f"tensor {use.arg} of {first.op}"
-        # The attribute that held the storage at capture holds its replacement now.
-        holder = name if name in capture.names_now else None
-        replacement = capture.names_now.get(holder) if holder else None
+        name = event.holder or capture.name_of(event.storage, first.scope) or f"tensor {use.arg} of {first.op}"
+        # The name that held the storage at capture holds its replacement now: the
+        # runtime's holders say which and where it was re-bound; else the tracer's roots.
+        replacement = event.replacement
+        if replacement is None:
+            replacement = capture.names_now.get(name)
         allocated = capture.allocated_at(replacement) if replacement is not None else None
         at = self.freed_allocated_note.format(at=where(allocated), function=allocated.function) if allocated else ""
+        if event.rebound_at is not None and where(event.rebound_at) != where(allocated):  # one line says both
+            at += self.rebound_note.format(at=where(event.rebound_at))
+        moved = self.moved_note.format(name=name, allocated=at) if replacement is not None else ""
         message = self.freed_message.format(
             op=first.op, graph=capture.graph, at=where(first.frame), name=name, arg=use.arg,
-            also=self._also(len(readers) - 1), moved=self.moved_note.format(name=name, allocated=at),
+            also=self._also(len(readers) - 1), moved=moved,
         )
+        edit = (EditLine(event.rebound_at, LineRole.REBINDING) if event.rebound_at is not None
+                else EditLine(allocated, LineRole.ALLOCATION) if allocated is not None else None)
         seg = f"{capture.graph} #{event.segment} captured"
         yield Finding(self.code, self.name, self.condition, label.runner, label.mode, capture.graph, capture.runtime_mode,
                       seg, event.segment, first.op, first.scope or "<top>", name, first.frame, None, message,
-                      allocation_frame=allocated)
+                      allocation_frame=allocated, edit=edit)
 
     def _also(self, others: int) -> str:
         return self.readers_note.format(others=others, s="s" * (others != 1)) if others else ""

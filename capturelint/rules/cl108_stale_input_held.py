@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from capturelint.findings import Condition, Finding
+from capturelint.findings import Condition, EditLine, Finding, LineRole
 from capturelint.rules.base import Rule, cut, where
 
 if TYPE_CHECKING:
@@ -72,6 +72,10 @@ class StaleInputHeld(Rule):
         if not isinstance(event, HeldInputEvent) or not view.readers:
             return
         first, capture = view.readers[0], view.capture
+        allocated = capture.allocated_at(event.replacement)
+        # the line to change: the re-binding, else the allocation of the new tensor
+        edit = (EditLine(event.rebound_at, LineRole.REBINDING) if event.rebound_at is not None
+                else EditLine(allocated, LineRole.ALLOCATION) if allocated is not None else None)
         geometry = f"{event.dtype}{list(event.shape)}"
         rebound = self.rebound_note.format(at=where(event.rebound_at)) if event.rebound_at else ""
         held = self.held_note.format(holders=cut(list(event.held_by))) if event.held_by else self.held_elsewhere
@@ -82,4 +86,4 @@ class StaleInputHeld(Rule):
         yield Finding(self.code, self.name, self.condition, view.label.runner, view.label.mode, capture.graph,
                       capture.runtime_mode, f"{capture.graph} #{event.segment} captured", event.segment, first.op,
                       first.scope or "<top>", event.holder, first.frame, event.rebound_at, message,
-                      steps=(event.replay,), allocation_frame=capture.allocated_at(event.replacement))
+                      steps=(event.replay,), allocation_frame=allocated, edit=edit)

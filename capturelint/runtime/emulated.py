@@ -834,7 +834,7 @@ class EmulatedCUDAGraph:
         self._replays += 1
         if self._holders is not None:
             self._holders.refresh()  # before looking for freed inputs: a stale snapshot holds old locals
-        poison_freed(self._borrowed, self.info, segment, self.poisoned)
+        poison_freed(self._borrowed, self.info, segment, self.poisoned, self._holders)
         if self._holders is not None:
             announce_rebound(self._holders, self.info, segment, self._replays)
         with torch.no_grad():
@@ -899,14 +899,23 @@ class EmulatedCUDAGraph:
                 f.write(f"{c.func}\n")
 
 
-def poison_freed(borrowed: BorrowedTensors, info: protocol.GraphInfo, segment: int, poisoned: set[StorageId]) -> None:
+def poison_freed(borrowed: BorrowedTensors, info: protocol.GraphInfo, segment: int, poisoned: set[StorageId],
+                 found: holders.Holders | None = None) -> None:
     """Before a replay: poison every borrowed storage the program has freed, as the
-    caching allocator would have reused it, and announce each once."""
+    caching allocator would have reused it, and announce each once, with the holder
+    the program re-bound away from it and the line that did, where the capture found
+    the holders (``found``: a bare graph's)."""
     for sid, st, dtype in borrowed.freed():
         poison_storage(st, dtype)
         if sid not in poisoned:
             poisoned.add(sid)
-            event = protocol.StaleInputEvent(info, segment, sid, str(dtype).removeprefix("torch."))
+            replaced = found.replaced(sid) if found is not None else None
+            if replaced is None:
+                event = protocol.StaleInputEvent(info, segment, sid, str(dtype).removeprefix("torch."))
+            else:
+                holder, now = replaced
+                event = protocol.StaleInputEvent(info, segment, sid, str(dtype).removeprefix("torch."), holder.label,
+                                                 now.untyped_storage()._cdata, holders.rebinding_line(holder))
             protocol.announce("on_stale_input", event)
 
 

@@ -21,7 +21,8 @@ was not written since the previous replay, is re-bound. "Not written" is read of
 captured tensor's version counter, which every in-place write through it or a view of
 it bumps.
 
-**The re-binding line.** Python has no cheap hook on an assignment, so the line is
+**The re-binding line.** CL108 names it, and so does CL104 when the re-bound tensor
+was freed (``Holders.replaced``). Python has no cheap hook on an assignment, so the line is
 found in the source: ``rebinding_line`` reads the functions running at the replay, the
 replay's caller outwards, and takes the assignment to the holder's name (``.static_x =``,
 ``x =``) nearest before the running line (else after it: a loop); failing that, the one
@@ -190,6 +191,16 @@ class Holders:
                 continue
             self._reported.add(h.label)
             yield h, v, self._held_by(h, [o.label for o in self._holders if o is not h and holds(o, h.storage)])
+
+    def replaced(self, storage: int) -> tuple[Holder, torch.Tensor] | None:
+        """The holder that held ``storage`` at capture and holds another tensor now
+        (the program re-bound it; the captured tensor may be gone), with that tensor;
+        ``None`` when no holder of it was re-bound."""
+        for h in self._holders:
+            v = h.value() if h.storage == storage and h.mutable else None
+            if isinstance(v, torch.Tensor) and _storage(v) not in (storage, None):
+                return h, v
+        return None
 
     def _held_by(self, h: Holder, known: list[str]) -> tuple[str, ...]:
         """Who holds ``h``'s captured tensor now: the holders found at capture that

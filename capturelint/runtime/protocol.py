@@ -225,12 +225,20 @@ class StaleInputEvent:
     """At a replay, a graph found that nothing outside the graphs holds a storage it
     reads: the engine dropped it (re-allocated the tensor), so on a GPU the graph reads
     memory the allocator has handed to someone else. ``storage`` is the storage's
-    identity (``untyped_storage()._cdata``); ``dtype`` how the graph reads it."""
+    identity (``untyped_storage()._cdata``); ``dtype`` how the graph reads it.
+
+    For a bare graph whose holders the capture found (``runtime.holders``): ``holder``
+    is the name that held the storage at capture and holds another tensor now
+    (``replacement``, a storage identity), ``rebound_at`` the assignment that most
+    likely re-bound it (``None`` where none was found)."""
 
     graph: GraphInfo
     segment: int
     storage: int
     dtype: str
+    holder: str | None = None
+    replacement: int | None = None
+    rebound_at: Frame | None = None
 
 
 @dataclasses.dataclass(frozen=True)

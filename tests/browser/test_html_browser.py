@@ -91,7 +91,7 @@ def test_a_reviewer_sees_the_verdict_findings_and_diagram(browser, report, tmp_p
         article = driver.find_element(By.ID, f"finding-{i}")
         message = article.find_element(By.CSS_SELECTOR, ".message")
         assert message.is_displayed() and message.text == f["message"]
-        frame = f["capture_frame"]
+        frame = f["location"]  # the line to change (CL101: its branch) heads the finding and its first excerpt
         assert f"{frame['file']}:{frame['line']}" in article.find_element(By.CSS_SELECTOR, ".where").text
         marked = article.find_element(By.CSS_SELECTOR, "mark.line")
         assert marked.is_displayed() and marked.get_attribute("data-n") == str(frame["line"])

@@ -16,6 +16,8 @@ def test_branch_on_missing_metadata_in_a_captured_segment_is_reported_at_both_li
     assert f.op == "aten.mul.Tensor"  # what the capture recorded (the dummy-run branch)
     assert (f.capture_frame.file, f.capture_frame.line) == ("tests/toy_engine.py", 43)
     assert (f.shadow_frame.file, f.shadow_frame.line) == ("tests/toy_engine.py", 45)
+    # the line to change: the condition that chose the dummy-run branch (`elif md is None:`)
+    assert (f.location.file, f.location.line, str(f.location_role)) == ("tests/toy_engine.py", 42, "branch")
     assert f.segment == "mixed/4 #0 captured"
     assert "attn_metadata was None" in f.message  # the context that explains it
     assert f.steps[0] == 1 and f.occurrences == runner.steps - 1

@@ -11,6 +11,8 @@ def test_metadata_tensor_reallocated_per_step_is_named():
     assert f.condition.value == "R4"
     assert f.tensor == "attn_metadata['bias']"
     assert "re-allocated" in f.message and f.capture_frame.line == 47
+    # the line to change: where the runner re-allocates the tensor every step (`bias = values.clone()`)
+    assert (f.location.line, str(f.location_role)) == (126, "allocation") and f.location == f.allocation_frame
     assert runner.max_error() > 0.1
 
 

@@ -53,6 +53,7 @@ def test_a_rebound_attribute_whose_captured_tensor_a_list_keeps_is_named(tmp_pat
     assert f["capture_frame"]["line"] == line_of(path, "self.static_y = self.model(self.static_x)")
     assert f["shadow_frame"]["line"] == line_of(path, "self.static_x = batch + 0")  # the re-binding line
     assert f["allocation_frame"]["line"] == line_of(path, "self.static_x = batch + 0")
+    assert f["location"] == {**f["shadow_frame"], "role": "re-binding"}  # the line to change
     assert "held by runner.inputs[0]" in f["message"] and "float32[2, 4]" in f["message"]
     assert f"replay 1 (at {f['shadow_frame']['file']}:{line_of(path, 'self.graph.replay()')})" in f["message"]
     assert f["steps"] == [1] and doc["numerical"] == []  # rules only, no eager twin: nothing numerical compared
@@ -67,6 +68,9 @@ def test_a_captured_tensor_nothing_holds_any_more_is_cl104_not_cl108(tmp_path, c
     code, doc = check(capsys, write(tmp_path, RUNNER), "freed")
     assert code == 1 and codes(doc) == ["CL104"]
     assert doc["findings"][0]["tensor"] == "runner.static_x"  # named without roots, by the capture's holders
+    # found as CL108 finds it, though the old tensor is gone: the re-binding is the line to change
+    assert doc["findings"][0]["location"]["line"] == line_of(tmp_path / "prog.py", "self.static_x = batch + 0")
+    assert doc["findings"][0]["location"]["role"] == "re-binding"
 
 
 def test_a_rebound_name_whose_captured_tensor_is_still_refreshed_in_place_is_clean(tmp_path, capsys):
