@@ -245,7 +245,7 @@ def step_loop(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Any:
     """The step loop of one configuration: the speculative-decoding loop of ``--spec``,
     vLLM's own model runner (``runners.real``) where it drives the configuration, else
     the model runner's capture conditions reproduced (``runners.reproduced``)."""
-    arch, runner = _arch(runner, plan)
+    arch, _ = _arch(runner, plan)
     if _generic(arch):
         from capturelint.adapters.vllm import generic
 
@@ -309,6 +309,7 @@ def check_one(plan: CheckPlan, runner: Any, mode: Any, shadow: bool = True, stat
     from capturelint.pipeline import check_configuration
 
     arch, plain = _arch(runner, plan)
+    mode = CUDAGraphMode(str(mode))  # a --model all configuration's mode is its label
     real = real_runner(plan, runner, mode)
     with contextlib.ExitStack() as stack:
         stack.enter_context(cpu_shim())

@@ -29,9 +29,11 @@ capture would record as copies of capture-time values. Both references are writt
 tensor ops with no host read (the request of each row by ``searchsorted``, the keys by
 gathering the block table's slots, masked), so they are capture-safe; they compute in
 float32 (the kernel's accumulator) and cast once to the output's dtype, where the
-kernel casts the probabilities to the cache's dtype before ``P @ V``: the two agree to
-bf16 rounding (``tests/vllm/test_paged_attention.py`` runs vLLM's kernels in Triton's
-interpreter against them).
+kernel casts the probabilities to the cache's dtype before ``P @ V``.
+``tests/vllm/test_paged_attention.py`` runs vLLM's ``unified_attention`` in Triton's
+interpreter against the attention reference (fp32: the interpreter computes bf16 tiles
+wrongly) and checks the cache write against its documented semantics (its launcher asks
+a CUDA device for its capability).
 
 Limits: a bf16/fp16/fp32 cache (``kv_cache_dtype="auto"``); no ALiBi, attention sinks,
 multimodal prefix ranges, R-SWA, chunked lookback, per-token-head quantisation or
