@@ -36,7 +36,7 @@ from capturelint.output import file_console, is_stdout, stdout_console, write_fi
 class Options:
     """What a command passes to its reporters (each uses what applies to it)."""
 
-    verbose: bool = False  # check, rich: the evidence (every finding and graph structure), not one line per problem
+    verbose: bool = False  # check, rich: the concise report, then the evidence (every graph structure and finding)
     ops: bool = False  # show: expand scopes to their ops
     title: str | None = None  # diff, rich: the panel's title
     fallback_uri: str | None = None  # check, sarif: where findings without a source line point
