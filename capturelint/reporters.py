@@ -42,6 +42,7 @@ class Options:
     fallback_uri: str | None = None  # check, sarif: where findings without a source line point
     hint: str | None = None  # check, rich: the last line of a report with findings
     rules: tuple[Any, ...] = ()  # check, sarif: the rule set (findings.RuleInfo) the log documents
+    command: str = "check"  # check, html: the command its header names (run, merge)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +142,7 @@ def _check_github(report: Any, options: Options) -> str:
 def _check_html(report: Any, options: Options) -> str:
     from capturelint.render.html import check_html
 
-    return check_html(report)
+    return check_html(report, options.command)
 
 
 # -------------------------------------------------------------------------- show

@@ -65,7 +65,8 @@ def merge(reports: tuple[str, ...], fmt: str | None, output: str | None, exit_ze
         warn(f"invariant(s) {', '.join(empty)} applied to captured graphs but selected no op: the selector "
              "probably does not say what was meant; see capturelint invariants --explain ID")
     rep = reporter("check", fmt or "json")
-    emit(rep, report, output, Options(verbose=verbose, fallback_uri=_fallback_uri(config_path), rules=rule_infos()))
+    emit(rep, report, output, Options(verbose=verbose, fallback_uri=_fallback_uri(config_path), rules=rule_infos(),
+                                      command="merge"))
     if not (rep.summary and is_stdout(output)):
         say(report.summary_line())
     if exit_zero:
