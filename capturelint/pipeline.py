@@ -105,7 +105,7 @@ def check_configuration(config: Configuration, codes: frozenset[str], shadow: bo
             raise CapturelintError(
                 f"{who} captured {len(result.captures)} graph(s) but replayed none, "
                 "so no step could be checked and the check would prove nothing; use a mode that captures graphs and "
-                "a workload that replays them (more steps)"
+                "a workload that replays them: steps after the capture (more steps) that fit a captured graph's size"
             )
         twin = result.twin
         if twin is not None or result.shadowed_steps:  # otherwise nothing was compared: no oracle to report
