@@ -94,7 +94,7 @@ def _html_dot(alternative: str) -> Callable[[], None]:
 
 
 def _check_rich(report: Any, console: Any, options: Options) -> None:
-    from capturelint.render.report import render_rich
+    from capturelint.render.check import render_rich
 
     render_rich(report, console, options.verbose)
     if options.hint and report.findings:

@@ -639,7 +639,7 @@ def test_minor_eager_break_names_are_whole_on_80_columns(capsys, memo_runs, monk
 
     from capturelint.adapters.registry import make_plan, run_check
     from capturelint.adapters.registry import engine_options
-    from capturelint.render.report import render_rich
+    from capturelint.render.check import render_rich
     from capturelint.settings import Settings
 
     plan = make_plan(Settings(), engine_options(runner="v1", modes=("PIECEWISE",), eager_region="wide", layers=2, steps=6))
