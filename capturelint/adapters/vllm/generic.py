@@ -43,7 +43,7 @@ from typing import Any, Iterator
 import torch
 
 from capturelint.adapters.vllm.model import compare, default_dtype, ensure_distributed, randomize, runner_env, use_cpu_gemm
-from capturelint.adapters.vllm.runners.real import _MODEL_FIELDS, VllmRunnerLoop
+from capturelint.adapters.vllm.runners import real
 from capturelint.adapters.vllm.workload import RunSpec, schedule
 from capturelint.options import CUDAGraphMode, Runner
 from capturelint.runtime import frames
@@ -80,7 +80,7 @@ def hf_config(arch: GenericArch, layers: int) -> Any:
     return getattr(transformers, arch.config_class)(num_hidden_layers=layers, architectures=[arch.name], **TINY)
 
 
-MODEL_FIELDS = {**_MODEL_FIELDS, "use_mla": False, "model": "capturelint/tiny-generic-attention"}
+MODEL_FIELDS = {**real.MODEL_FIELDS, "use_mla": False, "model": "capturelint/tiny-generic-attention"}
 
 
 def vllm_config(arch: GenericArch, layers: int, runner: Runner) -> Any:
@@ -169,7 +169,7 @@ def attention_backend() -> Iterator[None]:
         selector._cached_get_attn_backend.cache_clear()
 
 
-class GenericRunnerLoop(VllmRunnerLoop):
+class GenericRunnerLoop(real.VllmRunnerLoop):
     """vLLM's own runner (``runners.real``) over vLLM's model of a generic-attention
     architecture (``ARCH``, set per architecture by ``loop_for``)."""
 

@@ -194,7 +194,7 @@ def supports(runner: Runner, mode: CUDAGraphMode) -> bool:
     return mode is CUDAGraphMode.PIECEWISE
 
 
-_MODEL_FIELDS = dict(
+MODEL_FIELDS = dict(
     runner_type="generate", enable_prompt_embeds=False, is_multimodal_raw_input_only_model=False,
     is_mm_prefix_lm=False, uses_mrope=False, mrope_num_dims=0, supports_multimodal_inputs=False,
     is_encoder_decoder=False, logprobs_mode="raw_logprobs", use_fp64_gumbel=False, logits_processors=None,
@@ -204,7 +204,7 @@ _MODEL_FIELDS = dict(
 )
 
 
-def _configure(vc: Any, spec: RunSpec, graphs: bool, fields: dict[str, Any] = _MODEL_FIELDS,
+def _configure(vc: Any, spec: RunSpec, graphs: bool, fields: dict[str, Any] = MODEL_FIELDS,
                block_size: int = vllm_layers.COMPRESSED_BLOCK) -> None:
     """What a CUDA platform would have left in the configuration (see the module
     docstring); ``fields`` and ``block_size`` are the model family's."""
@@ -373,7 +373,7 @@ class VllmRunnerLoop:
     # The model family's hooks (``generic.GenericRunnerLoop`` overrides them): the fields
     # of the model configuration the runner reads, the KV block size a CUDA platform takes
     # from the family's attention backend, the workload, the model, the stand-in prefill.
-    MODEL_FIELDS = _MODEL_FIELDS
+    MODEL_FIELDS = MODEL_FIELDS
     DRIVES_FULL = False  # FULL graphs: the reproduction's for DeepSeek V4 (module docstring), vLLM's for generic
     BLOCK_SIZE = vllm_layers.COMPRESSED_BLOCK
 
