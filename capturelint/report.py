@@ -130,6 +130,7 @@ class ConfigReport:
     checked: Checked = Checked()  # what the check looked at and compared
     waived: list[Waived] = dataclasses.field(default_factory=list)  # findings suppressed or accepted
     traced: tuple[Frame, ...] = dataclasses.field(default=(), repr=False)  # a frame per file its captures ran
+    target: str | None = None  # a user's target: the source it came from (capturelint.adapters.target.Source.name)
 
     @property
     def label(self) -> str:
@@ -157,6 +158,7 @@ class ConfigReport:
             "note": self.note,
             "checked": self.checked.to_json(),
             **({"suppressed": len(self.waived)} if self.waived else {}),
+            **({"target": self.target} if self.target is not None else {}),
         }
 
     def unchecked_text(self) -> str | None:
@@ -198,6 +200,12 @@ class Report:
     shard: ShardInfo | None = None  # check --shard K/N: which shard of which plan (capturelint.shard)
     waivers: Waivers | None = None  # the suppression comments and accepted findings (capturelint.waivers)
     suppression_findings: list[Finding] = dataclasses.field(default_factory=list)  # CL902, CL903: of no configuration
+    subject: dict[str, Any] | None = None  # what was checked: {"engine": "bundled"}, {"targets": [...]} (subject_text)
+
+    def subject_text(self) -> str | None:
+        """What was checked, in words: ``engine bundled``, ``targets tests/t.py:targets``,
+        ``script x.py`` (``None``: not known, a report read back without it)."""
+        return subject_text(self.subject)
 
     def invariant_selection(self) -> dict[str, int | None]:
         """Per invariant in force: the ops it selected over every capture it applied to
@@ -301,6 +309,8 @@ class Report:
             doc["static"] = True
         if self.shard is not None:
             doc["shard"] = self.shard.to_json()
+        if self.subject is not None:
+            doc["subject"] = self.subject
         if self.waivers is not None and not self.waivers.empty:
             doc["waivers"] = {**self.waivers.to_json(), "no_longer_occur": [e.to_json() for e in self.stale_accepted()]}
         return doc
@@ -323,7 +333,7 @@ class Report:
         for c in doc["configurations"]:
             configs.append(ConfigReport(c["runner"], c["mode"], c["eager_region"], [], None,
                                         [GraphMap.from_json(g) for g in c["graphs"]], note=c["note"], static=static,
-                                        checked=Checked.from_json(c["checked"])))
+                                        checked=Checked.from_json(c["checked"]), target=c.get("target")))
         # findings: sorted over the whole report; each configuration says how many are its own
         remaining = {id(c): c_doc["findings"] for c, c_doc in zip(configs, doc["configurations"])}
         suppression_findings = []
@@ -367,7 +377,7 @@ class Report:
         shard = ShardInfo.from_json(doc["shard"]) if "shard" in doc else None
         waivers = Waivers.from_json(doc["waivers"]) if "waivers" in doc else None
         return cls(configs, invariants=tuple(invariants), static=static, shard=shard, waivers=waivers,
-                   suppression_findings=suppression_findings)
+                   suppression_findings=suppression_findings, subject=doc.get("subject"))
 
     def summary_json(self) -> dict[str, Any]:
         by_code: dict[str, int] = {}
@@ -520,11 +530,23 @@ class Report:
                      f"(--update-accepted drops {'it' if len(stale) == 1 else 'them'})")
         if self.region_changes is not None:
             line += "; " + self.region_changes.summary_line()
+        subject = self.subject_text()
+        if subject is not None:
+            line += f" [{subject}]"
         if self.shard is not None:
             total = len(self.shard.configurations)
             line += (f" (shard {self.shard.index}/{self.shard.count} of {total} configuration{'s' * (total != 1)}: "
                      "capturelint merge joins the shards' reports)")
         return line
+
+
+def subject_text(subject: dict[str, Any] | None) -> str | None:
+    """A report's subject in words (``Report.subject_text``)."""
+    if not subject:
+        return None
+    if "targets" in subject:
+        return "targets " + ", ".join(subject["targets"])
+    return ", ".join(f"{key} {value}" for key, value in subject.items())
 
 
 def not_compared_clause(items: list[tuple[str, Checked]], configs: int) -> str:

@@ -57,8 +57,7 @@ def check(**kw: Any) -> int:
                             max_eager_growth=kw["max_eager_growth"], shard=kw["shard"], keep_captures=rep.captures,
                             accept_findings=kw["accept_findings"], update_accepted=bool(kw["update_accepted"]))
     fallback = api.fallback_uri(settings)
-    # suggest finds eager regions: no hint where only suppression comments are reported
-    hint = suggest_hint(kw) if any(f.runner or f.mode for f in report.findings) else None
+    hint = suggest_hint(kw) if suggestable(report) else None
     emit(rep, report, output, Options(verbose=bool(kw["verbose"]), fallback_uri=fallback, hint=hint,
                                       rules=rule_infos()))
     if not (rep.summary and is_stdout(output)):
@@ -66,6 +65,15 @@ def check(**kw: Any) -> int:
     if kw["exit_zero"]:
         return EXIT_CLEAN
     return EXIT_FINDINGS if report.failed else EXIT_CLEAN
+
+
+def suggestable(report: Any) -> bool:
+    """Whether ``capturelint suggest`` can help with the report's findings: it moves eager
+    regions of graphs it re-runs in pieces (capturelint's runtime, the engines), so not
+    for findings of a suppression comment alone, nor of a configuration whose graphs are
+    all bare ``torch.cuda.CUDAGraph``\\ s (no region to move: its search would end in no
+    candidate)."""
+    return any(c.findings and (c.checked.shadowed_steps or not c.checked.bare_replays) for c in report.configs)
 
 
 def suggest_hint(kw: dict[str, Any]) -> str:
