@@ -53,6 +53,7 @@ from capturelint.adapters.common import (
 )
 from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
+from capturelint.hosting import called, exit_call
 from capturelint.harness import TwinResult
 from capturelint.options import EngineOptions, Surface
 from capturelint.pipeline import Configuration, check_all, check_configuration
@@ -246,8 +247,8 @@ def _shown_path(path: Path, root: Path | None) -> str:
 
 def _exited(asked: str, where: str, e: SystemExit) -> CapturelintError:
     return CapturelintError(
-        f"{asked}: {where} called sys.exit({e.code!r}), so the check could not finish and has no verdict; "
-        "remove the sys.exit call (or guard it with if __name__ == '__main__')"
+        f"{asked}: {where} called {called(e)}, so the check could not finish and has no verdict; "
+        f"remove the {exit_call(e)} call (or guard it with if __name__ == '__main__')"
     )
 
 
