@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from capturelint import __version__
@@ -193,9 +194,19 @@ def check(*, config: str | None = None, static: bool = False, strict: bool = Fal
                                 accept_findings=accept_findings, update_accepted=update_accepted, **options)
     settings = registry.load_settings(own["config"])
     return check_with(settings, parsed, static=own["static"], strict=own["strict"],
-                      require_oracle=own["require_oracle"], baseline=own["baseline"],
+                      require_oracle=own["require_oracle"], baseline=from_root(own["baseline"], settings),
                       max_eager_growth=own["max_eager_growth"], shard=own["shard"],
                       accept_findings=own["accept_findings"], update_accepted=own["update_accepted"])
+
+
+def from_root(path: str | None, settings: Settings) -> str | None:
+    """A relative path given to the API, read against the project root (the folder of
+    the settings file), as the settings' own paths are: a test then finds its files
+    from wherever pytest was started. Without a settings file, against the working
+    directory."""
+    if path is None or settings.root is None or Path(path).is_absolute():
+        return path
+    return str(settings.root / path)
 
 
 def check_with(settings: Settings, options: EngineOptions, *, static: bool = False, strict: bool = False,

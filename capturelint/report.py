@@ -191,7 +191,7 @@ class InvariantRecord:
         return self.applies_to
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(repr=False)
 class Report:
     configs: list[ConfigReport]
     region_changes: Any = None  # filled by the gate (capturelint.snapshot)
@@ -201,6 +201,10 @@ class Report:
     waivers: Waivers | None = None  # the suppression comments and accepted findings (capturelint.waivers)
     suppression_findings: list[Finding] = dataclasses.field(default_factory=list)  # CL902, CL903: of no configuration
     subject: dict[str, Any] | None = None  # what was checked: {"engine": "bundled"}, {"targets": [...]} (subject_text)
+
+    def __repr__(self) -> str:
+        """The summary line, not every record (a test's failed ``assert`` prints it)."""
+        return f"<Report: {self.summary_line()}>"
 
     def subject_text(self) -> str | None:
         """What was checked, in words: ``engine bundled``, ``targets tests/t.py:targets``,
@@ -416,6 +420,7 @@ class Report:
         """Raise ``AssertionError`` when the check ``failed`` (findings, or region growth
         over the baseline's budget), its message the ``failure_text``: a test's one line
         ``capturelint.api.check(...).assert_clean()`` fails with the findings to read."""
+        __tracebackhide__ = True  # a failing test shows its findings, not capturelint's frames
         if self.failed:
             raise AssertionError(self.failure_text())
 

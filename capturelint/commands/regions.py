@@ -103,6 +103,7 @@ AGAINST = {  # diff's --against-* options: a shared option's spec, for the other
 
 @click.command(cls=GroupedCommand)
 @click.argument("snapshots", nargs=-1, metavar="[OLD.json [NEW.json]]", type=click.Path(dir_okay=False))
+@shared_options("target")
 @engine_options
 @spec_option(AGAINST["runner"])
 @spec_option(AGAINST["mode"])
@@ -155,7 +156,8 @@ def diff(snapshots: tuple[str, ...], against_runner: tuple[Runner, ...] | None, 
         if snapshots:
             before = load_snapshot(snapshots[0])  # fail on a bad file before running anything
             with ProgressReporter(len(left.configurations)) as progress:
-                result = diff_by_key(before, registry.record_regions(left, progress), snapshots[0], "the current engine")
+                now = "the current targets" if left.sources else "the current engine"
+                result = diff_by_key(before, registry.record_regions(left, progress), snapshots[0], now)
         else:
             right = resolve_plan(settings, {**kw, **against}, also_given=tuple(against))
             with ProgressReporter(len(left.configurations) + len(right.configurations)) as progress:
@@ -195,6 +197,7 @@ def _describe_side(kw: dict[str, Any]) -> str:
 # --------------------------------------------------------------------- snapshot
 
 @click.command(cls=GroupedCommand)
+@shared_options("target")
 @engine_options
 @_option("-o", "--output", metavar="FILE", group=REPORT,
          help="Write the snapshot to FILE (atomically, after the run; default: stdout).")

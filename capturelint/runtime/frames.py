@@ -111,9 +111,9 @@ def set_display_root(root: str | None) -> None:
 
 
 def display_path(filename: str) -> str:
-    """``filename`` as shown in findings: relative to the folder that holds the
-    ``capturelint`` package, to the project root (``set_display_root``) or to the
-    working directory when below one, else absolute."""
+    """``filename`` as shown in findings: relative to the project root
+    (``set_display_root``), to the folder that holds the ``capturelint`` package or to
+    the working directory when below one, else absolute."""
     shown = _display_cache.get(filename)
     if shown is None:
         absolute = os.path.abspath(filename)
@@ -124,10 +124,10 @@ def display_path(filename: str) -> str:
         installed = installed_path(absolute)
         if installed is not None:
             shown = installed
-        elif absolute.startswith(package_root + os.sep):
-            shown = os.path.relpath(absolute, package_root)
         elif _display_root is not None and absolute.startswith(_display_root + os.sep):
             shown = os.path.relpath(absolute, _display_root)
+        elif absolute.startswith(package_root + os.sep):
+            shown = os.path.relpath(absolute, package_root)
         elif absolute.startswith(cwd + os.sep):
             shown = os.path.relpath(absolute, cwd)
         else:
