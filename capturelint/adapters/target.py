@@ -37,7 +37,6 @@ import dataclasses
 import importlib
 import importlib.util
 import os
-import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -306,7 +305,7 @@ def _import(where: str, asked: str, paths: tuple[str, ...] = ()) -> Any:
             sys.path.insert(0, entry)
     if where.endswith(".py"):
         shown_file = _shown_path(path.resolve(), None)
-        module_name = "capturelint_target_" + re.sub(r"\W", "_", shown_file.removesuffix(".py"))
+        module_name = f"capturelint_target_{path.stem}"
         loader_spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(loader_spec)  # type: ignore[arg-type]
         sys.modules[module_name] = module
@@ -372,8 +371,8 @@ def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
     keys = list(settings.engine_keys)
     if keys and settings.source is not None:
         warnings = (f"{shown(settings.source)}: [tool.capturelint] {', '.join(keys)} configure{'s' * (len(keys) == 1)} "
-                    "capturelint's engines and do not apply to targets (their Target objects say their runner, mode "
-                    "and workload)",)
+                    f"capturelint's engines and do not apply to {'--target' if options.target else 'targets'} (its "
+                    "Target objects say their runner, mode and workload)",)
     return CheckPlan(codes=resolve_codes(options, settings), engine=NAME,
                      invariants=resolve_invariants(settings, options.invariants_file),
                      sources=sources_of(settings, options), warnings=warnings)

@@ -29,8 +29,9 @@ from capturelint.rules import rule_infos
 @shared_options("select", "ignore", "invariants", "static", "baseline", "max_eager_growth", "accept_findings",
                 "update_accepted", "format", "output", "verbose", "exit_zero", "strict", "require_oracle", "shard")
 def check(**kw: Any) -> int:
-    """Check that CUDA-graph replay of the bundled engine computes what eager execution
-    computes, under each runner and CUDA-graph mode.
+    """Check that CUDA-graph replay computes what eager execution computes: of the
+    project's own targets when its pyproject.toml names them ([tool.capturelint]
+    targets), else of the bundled engine (--engine), under each runner and CUDA-graph mode.
 
     Its captures are also held to the declared region invariants (capturelint
     invariants lists them). With --static only the captures are checked (invariants, host syncs): fast, but

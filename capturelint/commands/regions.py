@@ -205,8 +205,9 @@ def _describe_side(kw: dict[str, Any]) -> str:
          "accepting every change, and say what changed (a file that is not a snapshot is refused).")
 def snapshot(output: str | None, update: str | None, **kw: Any) -> int:
     """Record the region map of every runner and mode (default: runners v1 and v2, all
-    four modes) as a stable, reviewable JSON file: per graph, its segments in order
-    (captured or eager break) and per module scope the count of each op.
+    four modes; a project's targets: each target, keyed by its spec, runner and mode) as
+    a stable, reviewable JSON file: per graph, its segments in order (captured or eager
+    break) and per module scope the count of each op.
 
     Use it as the baseline of `capturelint check --baseline FILE`; when a region change
     is intended, accept it with `capturelint snapshot --update FILE` and commit the file.
