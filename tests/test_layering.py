@@ -9,10 +9,10 @@ in no room fails until it is placed:
   primitive, the breakable runtime);
 - **base**: the package root, ``errors``, ``limits``, ``output``, ``options``, ``inputs``
   (bounded reading), ``interrupts`` (signals), ``sources`` (the engine's source read
-  for reports): values and plumbing that every room above the runtime may import;
+  for reports), ``lists`` (long lists cut at five): values and plumbing that every room above the runtime may import;
 - **engine** (``engine/``): the bundled DeepSeek V4 server, with its own CLI group
   ``engine.cli`` (``commands.COMMANDS`` names it by a string; no command imports it);
-- **model**, the report model: the capture record ``records``, ``findings``, the region
+- **model**, the report model: the capture record ``records``, ``findings`` and ``finding_keys``, the region
   graph ``graph``, ``regions``, ``report``, ``shard``, the region map file ``snapshot``,
   ``region_changes`` and ``waivers`` (suppressions, accepted findings): what reporters render;
 - **reporters**: ``reporters`` (the registry: each command's formats), ``formats/`` (what
@@ -76,9 +76,9 @@ KNOWN_ENGINE_SWITCHES: tuple[tuple[str, str], ...] = ()
 ROOMS: dict[str, tuple[str, ...]] = {
     "runtime": ("capturelint.runtime",),
     "base": (ROOT, "capturelint.errors", "capturelint.limits", "capturelint.output", "capturelint.options",
-             "capturelint.inputs", "capturelint.interrupts", "capturelint.sources"),
+             "capturelint.inputs", "capturelint.interrupts", "capturelint.sources", "capturelint.lists"),
     "engine": ("capturelint.engine",),
-    "model": ("capturelint.records", "capturelint.findings", "capturelint.graph", "capturelint.regions",
+    "model": ("capturelint.records", "capturelint.finding_keys", "capturelint.findings", "capturelint.graph", "capturelint.regions",
               "capturelint.report", "capturelint.shard", "capturelint.snapshot", "capturelint.region_changes",
               "capturelint.waivers"),
     "reporters": ("capturelint.reporters", "capturelint.formats", "capturelint.render"),

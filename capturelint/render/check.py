@@ -53,6 +53,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from capturelint.findings import Finding
+from capturelint.lists import and_more, shown
 from capturelint.regions import GraphMap
 from capturelint.report import Report, graph_order
 from capturelint.runtime.protocol import SegmentKind
@@ -110,10 +111,11 @@ def render_concise(report: Report, console: Console) -> None:
     if waived:
         console.print(Text(f"{waived}, not failed on: --verbose lists each with the comment or file that accepts it",
                            style="dim"), soft_wrap=True)
-    for e in stale[:5]:
+    listed, more = shown(stale)
+    for e in listed:
         console.print(Text(f"accepted, no longer found: {e.describe()}", style="dim"), soft_wrap=True)
-    if len(stale) > 5:
-        console.print(Text(f"... and {len(stale) - 5} more accepted findings no longer found", style="dim"))
+    if more:
+        console.print(Text(f"{and_more(more)} accepted findings no longer found", style="dim"))
     if groups:
         n, codes = len(report.findings), sorted({g.code for g in groups})
         console.print()
