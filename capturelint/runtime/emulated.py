@@ -111,8 +111,9 @@ current for the block). A stream joins the capture by waiting on an event record
 it (``side.wait_stream(current)``: a fork) and must be joined back (the capture stream
 waits on an event recorded on it after its last work) before ``capture_end``, or the
 capture fails as ``cudaStreamEndCapture`` does (``cudaErrorStreamCaptureUnjoined``).
-An event remembers the capture that recorded it until a replay of that graph records
-it for real; waiting on it from outside that capture (an eager break, after the graph,
+An event remembers the capture that recorded it: a record in a capture is a node
+internal to the graph, and replays do not record the event again (only an
+``Event(external=True)`` is recorded by each replay), so waiting on it from outside that capture (an eager break, after the graph,
 another captured segment), making a capturing stream wait on an event recorded outside
 it, or synchronizing with or querying a captured event from the host raise
 ``StreamCaptureError``, as CUDA refuses them ("It is invalid to merge two separate
@@ -654,10 +655,9 @@ class EmulatedCUDAGraph:
         self._pool_allocations: list[PoolAllocation] = []
         self._held: dict[StorageId, int] = {}
         # Streams and events (the module docstring): the stream the capture began on,
-        # the streams forked into it (and the line that forked each), the events it recorded.
+        # the streams forked into it (and the line that forked each).
         self._origin: EmulatedStream | None = None
         self._forks: dict[EmulatedStream, protocol.Frame] = {}
-        self._events: list[EmulatedEvent] = []
         self._begun_at = protocol.UNKNOWN_FRAME
         self._outsiders: set[EmulatedStream] = set()  # streams outside the capture that got work in it
 
@@ -844,9 +844,6 @@ class EmulatedCUDAGraph:
                 if c.outputs:
                     for dst, src in zip(c.outputs, op_info(c.func).fresh_outputs(out)):
                         dst.copy_(src)
-        for event in self._events:
-            if event.capture is self:
-                event.capture = None  # the graph's event-record node recorded it for real
         if self._pool_model is not None:
             self._pool_model.replayed(self, frames.user_frame(2))
         if bare:
@@ -865,7 +862,6 @@ class EmulatedCUDAGraph:
         if self._pool_model is not None:
             self._pool_model.forget(self)
             self._pool_model, self._pool_allocations = None, []
-        self._events = []
         if self._captured:
             for sid in self._allocated:
                 left = _graph_owned.get(sid, 0) - 1
@@ -990,8 +986,8 @@ class EmulatedStream:
 
 class EmulatedEvent:
     """An event stand-in that remembers where it was recorded: on which stream, in
-    which capture (``capture``: a captured record, until a replay of that graph records
-    it for real), at which line. Waiting on it across a capture boundary raises
+    which capture (``capture``: a captured record, which replays do not record again;
+    until the event is recorded outside a capture), at which line. Waiting on it across a capture boundary raises
     ``StreamCaptureError`` as CUDA refuses it (the module docstring)."""
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
@@ -1018,7 +1014,6 @@ class EmulatedEvent:
         self._frame = frames.user_frame(2)
         if stream._capture is not None:
             stream._tick = self._tick = next(_ticks)
-            stream._capture._events.append(self)
         else:
             self._tick = stream._tick
         self._seen = {**stream._seen, stream: self._tick}
