@@ -166,8 +166,9 @@ CHECK: tuple[OptionSpec, ...] = (
     _spec("format", text_choice(FORMATS), "Report format.", REPORT, choices=FORMATS, default="rich"),
     _spec("output", text_value("a path", '"report.json"'), "Write the report to FILE (atomically, after the run) "
           "instead of stdout; - is stdout.", REPORT, key=None, short="-o", metavar="FILE"),
-    _spec("verbose", switch_value, "Rich report: the evidence (a panel per runner and mode with every graph's "
-          "segments and every finding with its ops, source lines and replay steps) instead of one line per problem.",
+    _spec("verbose", switch_value, "Rich report: the default report, then the evidence (a panel per runner and "
+          "mode with every graph's segments, then per problem every finding with its ops, source lines and replay "
+          "steps).",
           REPORT, key=None, short="-v", kind=Kind.SWITCH, default=False),
     _spec("exit_zero", switch_value, "Exit 0 even when there are findings.", REPORT, key=None, kind=Kind.SWITCH,
           default=False),

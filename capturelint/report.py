@@ -4,7 +4,7 @@ JSON is byte-deterministic for a given command: sorted keys, no addresses, no
 timestamps, floats rounded; each finding carries its ``group``, the id of the problem
 it belongs to (``capturelint.findings.group_findings``; ``Report.groups``). The other
 formats are reporters (``capturelint.reporters``): the Rich form
-(``capturelint.render.report``) prints the ``verdict_line``, one entry per group and
+(``capturelint.render.check``) prints the ``verdict_line``, one entry per group and
 the one-line summary, and with ``--verbose`` every finding's evidence grouped by runner
 and mode.
 

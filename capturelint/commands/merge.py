@@ -20,7 +20,7 @@ FORMATS = formats("check")
               help="Output format (default: the inputs' format, json or sarif); SARIF inputs give SARIF only.")
 @click.option("-o", "--output", metavar="FILE", help="Write the merged report to FILE (atomically) instead of stdout; - is stdout.")
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
-@click.option("-v", "--verbose", is_flag=True, help="--format rich: the evidence (every finding with its ops, source lines and replay steps, every graph's segments) instead of one line per problem.")
+@click.option("-v", "--verbose", is_flag=True, help="--format rich: the default report, then the evidence (every graph's segments, every finding with its ops, source lines and replay steps).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), metavar="PYPROJECT",
               help="The settings the check read (SARIF locates findings without a source line at this file; default: "
                    "the nearest pyproject.toml).")
@@ -65,7 +65,8 @@ def merge(reports: tuple[str, ...], fmt: str | None, output: str | None, exit_ze
         warn(f"invariant(s) {', '.join(empty)} applied to captured graphs but selected no op: the selector "
              "probably does not say what was meant; see capturelint invariants --explain ID")
     rep = reporter("check", fmt or "json")
-    emit(rep, report, output, Options(verbose=verbose, fallback_uri=_fallback_uri(config_path), rules=rule_infos()))
+    emit(rep, report, output, Options(verbose=verbose, fallback_uri=_fallback_uri(config_path), rules=rule_infos(),
+                                      command="merge"))
     if not (rep.summary and is_stdout(output)):
         say(report.summary_line())
     if exit_zero:

@@ -58,7 +58,8 @@ def run(script: str, args: tuple[str, ...], **kw: Any) -> int:
     if missing is not None and (require_oracle or settings.require_oracle):
         raise CapturelintError(missing)
     fallback = str(settings.source.name) if settings.source else "pyproject.toml"
-    emit(rep, report, output, Options(verbose=bool(kw["verbose"]), fallback_uri=fallback, rules=rule_infos()))
+    emit(rep, report, output, Options(verbose=bool(kw["verbose"]), fallback_uri=fallback, rules=rule_infos(),
+                                      command="run"))
     if not (rep.summary and is_stdout(output)):
         say(report.summary_line() + "".join(f" ({c.note})" for c in report.configs if c.note))
     if kw["exit_zero"]:
