@@ -13,8 +13,9 @@ naming the path.
 
 **Files are written after the run**, once the report exists; ``check_output_path``
 refuses, before anything runs, a path that can never be written (a directory, a folder
-that does not exist or that this user may not write), so a long run does not end in a
-lost report. ``-`` names standard output.
+that does not exist, that this user may not write, or that refuses a new file: /sys,
+/proc, a read-only mount; it makes and removes a file there to know), so a long run does
+not end in a lost report. ``-`` names standard output.
 
 **Standard output never crashes a command.** ``GuardedStdout`` (installed by
 ``capturelint.cli.main``) turns a closed pipe (``capturelint check | head -1``) into
@@ -72,6 +73,21 @@ def check_output_path(output: str | None, option: str = "-o") -> None:
     if not os.access(folder, os.W_OK | os.X_OK):  # the file is replaced by a new one made in its folder
         raise CapturelintError(f"cannot write {output}: the folder {shown} is not writable; choose a writable path with "
                                f"{option}")
+    _probe(output, folder, shown, option)
+
+
+def _probe(output: str, folder: str, shown: str, option: str) -> None:
+    """Make and remove a file in ``folder``, as ``write_file`` will: a folder that
+    permissions call writable may still refuse new files (/sys, /proc, a read-only
+    mount, root's ``os.access`` that answers yes to everything)."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".capturelint-probe.", suffix=".tmp")
+    except OSError as e:
+        raise CapturelintError(f"cannot write {output}: the folder {shown} refuses new files ({e.strerror or e}); "
+                               f"choose a writable path with {option}") from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
 
 
 def _stat(path: str) -> os.stat_result | None:

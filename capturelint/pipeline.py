@@ -26,6 +26,7 @@ from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
 from capturelint.findings import Numerical
 from capturelint.harness import TwinResult, trace_run
+from capturelint.hosting import hosted
 from capturelint.regions import graph_map
 from capturelint.report import Checked, ConfigReport, Report
 from capturelint.runtime.emulated import emulate_cuda
@@ -105,7 +106,7 @@ def check_configuration(config: Configuration, codes: frozenset[str], shadow: bo
             raise CapturelintError(
                 f"{who} captured {len(result.captures)} graph(s) but replayed none, "
                 "so no step could be checked and the check would prove nothing; use a mode that captures graphs and "
-                "a workload that replays them (more steps)"
+                "a workload that replays them: steps after the capture (more steps) that fit a captured graph's size"
             )
         twin = result.twin
         if twin is not None or result.shadowed_steps:  # otherwise nothing was compared: no oracle to report
@@ -218,7 +219,8 @@ def _run_job(index: int) -> bytes | WorkerError:
     cannot be is an error of this job, not a broken pool."""
     _RUNNING[index] = os.getpid()
     try:
-        return pickle.dumps(_JOBS[index](), protocol=pickle.HIGHEST_PROTOCOL)
+        with hosted():  # os._exit in the job is its error, not a dead worker
+            return pickle.dumps(_JOBS[index](), protocol=pickle.HIGHEST_PROTOCOL)
     except BaseException as e:
         return WorkerError(type(e).__name__, str(e), isinstance(e, CapturelintError), traceback.format_exc())
     finally:

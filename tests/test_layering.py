@@ -8,7 +8,8 @@ in no room fails until it is placed:
 - **runtime** (``runtime/``: protocol, op-schema reader, frame walker, the emulated
   primitive, the breakable runtime);
 - **base**: the package root, ``errors``, ``limits``, ``output``, ``options``, ``inputs``
-  (bounded reading), ``interrupts`` (signals), ``sources`` (the engine's source read
+  (bounded reading), ``interrupts`` (signals), ``hosting`` (code a command runs can
+  neither end the process nor move its working folder), ``sources`` (the engine's source read
   for reports): values and plumbing that every room above the runtime may import;
 - **engine** (``engine/``): the bundled DeepSeek V4 server, with its own CLI group
   ``engine.cli`` (``commands.COMMANDS`` names it by a string; no command imports it);
@@ -76,7 +77,7 @@ KNOWN_ENGINE_SWITCHES: tuple[tuple[str, str], ...] = ()
 ROOMS: dict[str, tuple[str, ...]] = {
     "runtime": ("capturelint.runtime",),
     "base": (ROOT, "capturelint.errors", "capturelint.limits", "capturelint.output", "capturelint.options",
-             "capturelint.inputs", "capturelint.interrupts", "capturelint.sources"),
+             "capturelint.inputs", "capturelint.interrupts", "capturelint.sources", "capturelint.hosting"),
     "engine": ("capturelint.engine",),
     "model": ("capturelint.records", "capturelint.findings", "capturelint.graph", "capturelint.regions",
               "capturelint.report", "capturelint.shard", "capturelint.snapshot", "capturelint.region_changes",
