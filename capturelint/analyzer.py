@@ -355,8 +355,21 @@ def _with_mismatches(view: StepView) -> StepView:
                 continue
             if not problem.escaped:
                 failed.add(c.index)
-            locations.append(Mismatch(al, c, s, cu, su, problem, followon=followon(cu)))
+            locations.append(Mismatch(al, c, s, cu, su, problem, followon=followon(cu) or _other_path(view, al, cu, su)))
     return dataclasses.replace(view, host_values=host_values, geometries=tuple(geometries), locations=tuple(locations))
+
+
+def _other_path(view: StepView, al: SegmentAlignment, cu: TensorUse, su: TensorUse) -> bool:
+    """A pre-existing tensor read where the capture read another pre-existing one, in a
+    segment whose step took another path than its capture (R1): the ops were aligned
+    across two branches (a layer skipped by a Python coin, another layer's weights),
+    so the mismatch follows from the path, which CL101 reports; it is a re-allocation
+    only when the step's tensor was made after the capture began."""
+    if al.divergence is None:
+        return False
+    c_origin, s_origin = view.capture.origins.get(cu.storage), view.shadow.origins.get(su.storage)
+    return (c_origin is not None and c_origin.external and s_origin is not None and s_origin.external
+            and not view.shadow.allocated_after(su.storage, view.capture.allocation_mark))
 
 
 class FindingSet:

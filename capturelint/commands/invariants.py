@@ -10,6 +10,7 @@ import click
 
 from capturelint.adapters import registry
 from capturelint.commands.common import (
+    terminal_options,
     OTHER,
     REPORT,
     GroupedCommand,
@@ -34,6 +35,7 @@ from capturelint.lists import cut
               "query and the ops it selects under each runner and mode (captures the graphs: a static check).")
 @click.option("--format", "fmt", type=click.Choice(["rich", "json"]), default="rich", show_default=True,
               cls=SpecOption, group=REPORT)
+@terminal_options
 def invariants(explain_id: str | None, fmt: str, **kw: Any) -> int:
     """List the declared region invariants in force (bundled defaults, settings file,
     --invariants FILE) and where each comes from; --explain ID shows the graph query it

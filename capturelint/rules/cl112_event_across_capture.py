@@ -71,8 +71,9 @@ class EventAcrossCapture(Rule):
 
     ## Why is this bad?
     A capture records work without running it: an event recorded in a capture stands
-    for a graph node, not for completed work, so CUDA refuses waits on it from outside
-    the capture (vLLM #56785: an indexer's event recorded in a piecewise segment and
+    for a graph node, not for completed work, and replaying the graph does not record
+    it again (unless it was made with `torch.cuda.Event(external=True)`), so CUDA
+    refuses waits on it from outside the capture, before or after a replay (vLLM #56785: an indexer's event recorded in a piecewise segment and
     waited on after an eager break, `cudaErrorInvalidValue` at capture), and
     `cudaStreamEndCapture` fails with `cudaErrorStreamCaptureUnjoined` while a forked
     stream is not joined. Work on a stream that never branched out from the capture
