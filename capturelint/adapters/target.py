@@ -291,19 +291,18 @@ def _guarded(spec: str, where: str, fn: Callable[[], Any], compared: bool = Fals
 
 
 def _import(where: str, asked: str, paths: tuple[str, ...] = ()) -> Any:
-    """Import a target's file or module, its project's folders on ``sys.path`` first
-    (``Source.paths``: the project root and the ``pythonpath`` setting), as pytest does."""
-    entries = list(paths)
+    """Import a target's file or module with its project's folders on ``sys.path``
+    (``Source.paths``: the project root and the ``pythonpath`` setting) and, first, the
+    file's own folder, as pytest does."""
+    for entry in reversed(paths):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
     if where.endswith(".py"):
         path = Path(where)
         if not path.is_file():
             raise CapturelintError(f"{asked}: no file {_shown_path(path.resolve(), None)}; "
                                    "give a path to a .py file or a module name")
-        entries.append(str(path.resolve().parent))  # the file's folder too: it can import its neighbours
-    for entry in reversed(entries):
-        if entry not in sys.path:
-            sys.path.insert(0, entry)
-    if where.endswith(".py"):
+        sys.path.insert(0, str(path.resolve().parent))  # first: the file imports its neighbours
         shown_file = _shown_path(path.resolve(), None)
         module_name = f"capturelint_target_{path.stem}"
         loader_spec = importlib.util.spec_from_file_location(module_name, path)
