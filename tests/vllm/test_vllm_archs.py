@@ -42,6 +42,11 @@ def test_deepseek_v4_options_are_refused_with_another_model():
     assert done.returncode == 2 and "--eager-region forces DeepSeek V4's attention regions" in done.stderr
 
 
+def test_suggest_refuses_model_all():
+    done = _cli("suggest", "--engine", "vllm", "--model", "all")
+    assert done.returncode == 2 and "suggest finds the eager region of one architecture" in done.stderr, done.stderr
+
+
 def test_model_all_labels_each_architectures_configurations():
     from capturelint.adapters import registry
     from capturelint.adapters.vllm import archs
