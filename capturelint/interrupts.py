@@ -34,6 +34,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 from typing import Any, Iterator
 
 _exit = os._exit  # the process's own end, whatever code a command runs makes of os._exit (capturelint.hosting)
@@ -86,11 +87,8 @@ def _importing(frame: Any) -> bool:
     it): an exception raised there unwinds through the module's half-run code (torch's
     native initialisation turns it into a C++ exception that aborts the process, or an
     import swallows it), so the process ends at once instead; nothing is being written."""
-    while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
-            return True
-        frame = frame.f_back
-    return False
+    # the standard library's walker: runtime.frames, capturelint's, is above this room
+    return any(f.f_code.co_filename.startswith("<frozen importlib") for f, _ in traceback.walk_stack(frame))
 
 
 def _install(signums: tuple[int, ...]) -> dict[int, Any]:
