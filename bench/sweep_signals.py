@@ -53,7 +53,8 @@ def handlers_installed(pid: int) -> bool:
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
+    """No progress lines (off a terminal they go to standard error): the interrupt's line alone."""
+    return {**os.environ, "PYTHONPATH": str(ROOT), "CAPTURELINT_QUIET": "1"}
 
 
 def interrupt(command: list[str], delay: float, signum: int, cwd: Path | str = ROOT,
