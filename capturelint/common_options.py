@@ -24,6 +24,7 @@ import re
 from typing import Any
 
 from capturelint.limits import count_problem, jobs_problem, seed_problem
+from capturelint.output import COLORS
 from capturelint.options import (
     EagerRegion,
     Kind,
@@ -186,7 +187,18 @@ CHECK: tuple[OptionSpec, ...] = (
 """The options of a check that are not an engine's: rules, invariants, the report, speed."""
 
 SHARED: tuple[OptionSpec, ...] = ENGINE + CHECK
-BY_NAME = {spec.name: spec for spec in SHARED}
+
+TERMINAL: tuple[OptionSpec, ...] = (
+    _spec("quiet", switch_value, "No progress on stderr (also: CAPTURELINT_QUIET=1); the report and its summary are "
+          "printed as without it.", REPORT, key=None, short="-q", kind=Kind.SWITCH, default=False),
+    _spec("color", text_choice(COLORS), "Colour the output: auto (on a terminal; NO_COLOR turns it off, FORCE_COLOR "
+          "on, NO_COLOR winning), always or never.", REPORT, key=None, metavar="auto|always|never", choices=COLORS,
+          default="auto"),
+)
+"""How a command talks to the terminal (``capturelint.output.Terminal``): options of the
+command line only (no setting, no API keyword), for every command that prints a report."""
+
+BY_NAME = {spec.name: spec for spec in SHARED + TERMINAL}
 
 
 def shared(*names: str) -> tuple[OptionSpec, ...]:
@@ -199,5 +211,5 @@ def with_help(spec: OptionSpec, **changes: Any) -> OptionSpec:
     return dataclasses.replace(spec, **changes)
 
 
-__all__ = ["CHECK", "ENGINE", "FORMATS", "GROUPS", "REPORT", "SHARED", "SPEED", "WHAT", "BY_NAME", "codes_value",
+__all__ = ["CHECK", "ENGINE", "FORMATS", "GROUPS", "REPORT", "SHARED", "SPEED", "TERMINAL", "WHAT", "BY_NAME", "codes_value",
            "name_value", "percent_value", "shared", "with_help"]

@@ -40,7 +40,7 @@ class Options:
     ops: bool = False  # show: expand scopes to their ops
     title: str | None = None  # diff, rich: the panel's title
     fallback_uri: str | None = None  # check, sarif: where findings without a source line point
-    hint: str | None = None  # check, rich: the last line of a report with findings
+    hint: str | None = None  # check, suggest, rich: the last line (the command that finds, or applies, the fix)
     rules: tuple[Any, ...] = ()  # check, sarif: the rule set (findings.RuleInfo) the log documents
     command: str = "check"  # check, html: the command its header names (run, merge)
 
@@ -220,6 +220,10 @@ def _suggest_rich(report: Any, console: Any, options: Options) -> None:
     from capturelint.render.suggest import render_suggest
 
     render_suggest(report, console)
+    if options.hint:
+        from rich.text import Text
+
+        console.print(Text(options.hint, style="dim"), soft_wrap=True)
 
 
 def _suggest_json(report: Any, options: Options) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from capturelint.commands.common import say, warn
+from capturelint.commands.common import say, terminal_options, warn
 from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS, CapturelintError
 from capturelint.output import check_output_path, is_stdout, write_file, write_stdout
 from capturelint.rules import rule_infos
@@ -24,6 +24,7 @@ FORMATS = formats("check")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), metavar="PYPROJECT",
               help="The settings the check read (SARIF locates findings without a source line at this file; default: "
                    "the nearest pyproject.toml).")
+@terminal_options
 def merge(reports: tuple[str, ...], fmt: str | None, output: str | None, exit_zero: bool, verbose: bool,
           config_path: str | None) -> int:
     """Join the reports of the shards of one check (check --shard K/N, JSON or SARIF) into the report one unsharded check would have written.

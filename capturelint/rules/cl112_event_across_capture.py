@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from capturelint.findings import Condition, Finding
+from capturelint.findings import Condition, Finding, Site
 from capturelint.rules.base import Rule, where
 from capturelint.runtime.protocol import StreamCaptureEvent, StreamHazard
 
@@ -130,9 +130,10 @@ class EventAcrossCapture(Rule):
             message = self.uncaptured_message.format(**fields)
         else:
             message = self.freed_message.format(**fields)
-        yield Finding(self.code, self.name, self.condition, view.label.runner, view.label.mode, graph,
-                      e.graph.mode if e.graph is not None else "", segment, e.segment, e.op, "<top>", tensor,
-                      e.first, e.second, message)
+        site = Site(view.label.runner, view.label.mode, graph, e.graph.mode if e.graph is not None else "", segment,
+                    e.segment)
+        yield Finding.of(self, site, op=e.op, scope=None, tensor=tensor, capture_frame=e.first, shadow_frame=e.second,
+                         message=message)
 
     @staticmethod
     def _tensor(view: HazardView, e: StreamCaptureEvent) -> str | None:
