@@ -55,27 +55,69 @@ def warn(text: str) -> None:
 
 
 class ProgressReporter:
-    """A Rich progress bar on stderr over the configurations (one configuration too:
-    it can take a minute); silent when stderr is not a terminal."""
+    """Progress on stderr over the configurations of a run, where people wait (a
+    configuration takes from seconds to minutes); never on stdout, which carries the
+    report alone.
 
-    def __init__(self, total: int):
-        self.enabled = sys.stderr.isatty() and total >= 1
+    - On a terminal, a Rich bar (transient) that names every configuration running (all
+      of them under ``--jobs``), with the count finished and the time elapsed.
+    - Off a terminal (a CI log) while a command runs (``capturelint.output.TERMINAL``),
+      one plain line per configuration finished: what, its verdict, its seconds::
+
+          capturelint: runner v1 · PIECEWISE: 2 findings, replay DIFFERS (12.3 s) [1/4]
+
+    - ``unbounded`` (``suggest``, whose number of runs is not known ahead): a spinner
+      naming the run and the candidate being tried instead of a bar with a total, and off
+      a terminal a line per run started.
+    - Nothing with ``--quiet`` (or ``CAPTURELINT_QUIET=1``), and from the Python API
+      nothing off a terminal.
+
+    The check pipeline calls ``running(labels)`` and ``finished(label, report, seconds)``
+    (``capturelint.pipeline.run_all``); ``__call__(label)`` is the older protocol of a
+    callable that hears each configuration as it starts."""
+
+    def __init__(self, total: int, unbounded: bool = False):
+        from capturelint.output import TERMINAL
+
+        tty = sys.stderr.isatty()
+        self.bar = not TERMINAL.quiet and tty and total >= 1
+        self.lines = not TERMINAL.quiet and not tty and TERMINAL.lines and total >= 1
+        self.enabled = self.bar or self.lines
+        self.unbounded = unbounded
         self.progress: Any = None
         self.total = total
+        self.finished_count = 0
+        self.runs = 0
         self.task: Any = None
 
     def __enter__(self) -> "ProgressReporter":
-        if self.enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        if self.bar:
+            from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-            self.progress = Progress(
-                TextColumn("[bold]capturelint[/] {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                TimeElapsedColumn(), console=Console(stderr=True), transient=True,
-            )
+            if self.unbounded:
+                columns: tuple[Any, ...] = (SpinnerColumn(), TextColumn("[bold]capturelint[/] {task.description}"),
+                                            TimeElapsedColumn())
+            else:
+                columns = (TextColumn("[bold]capturelint[/] {task.description}"), BarColumn(),
+                           TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
+            self.progress = Progress(*columns, console=stderr_console(), transient=True)
             self.progress.__enter__()
-            self.task = self.progress.add_task("", total=self.total)
+            self.task = self.progress.add_task("", total=None if self.unbounded else self.total)
         return self
+
+    def running(self, labels: list[str]) -> None:
+        """The configurations running now (one, or ``--jobs`` of them)."""
+        if self.progress is not None and labels:
+            self.progress.update(self.task, description="checking " + ", ".join(labels))
+
+    def finished(self, label: str, report: Any, seconds: float) -> None:
+        """A configuration is done: ``report`` its ``ConfigReport``."""
+        self.finished_count += 1
+        if self.progress is not None:
+            self.progress.advance(self.task)
+        elif self.lines:
+            say(f"capturelint: {label}: {config_verdict(report)} ({seconds:.1f} s) "
+                f"[{self.finished_count}/{self.total}]")
 
     def __call__(self, description: str) -> None:
         if self.progress is not None:
@@ -83,16 +125,34 @@ class ProgressReporter:
                 self.progress.advance(self.task)
             self.progress.update(self.task, description=description)
 
-    def with_total(self, description: str, total: int) -> None:
-        """``__call__`` for a run whose number of steps grows as it goes (``suggest``)."""
-        if self.progress is not None and total != self.total:
-            self.total = total
-            self.progress.update(self.task, total=total)
-        self(description)
+    def trying(self, description: str, total: int | None = None) -> None:
+        """``suggest``: a run starts (``total``, the runs planned so far, grows as
+        candidates appear, so it is not shown)."""
+        self.runs += 1
+        if self.progress is not None:
+            self.progress.update(self.task, description=f"suggest run {self.runs}: {description}")
+        elif self.lines:
+            say(f"capturelint: suggest run {self.runs}: {description}")
 
     def __exit__(self, *exc: Any) -> None:
         if self.progress is not None:
             self.progress.__exit__(*exc)
+
+
+def config_verdict(report: Any) -> str:
+    """A configuration's verdict in a few words (a progress line): its findings, and
+    whether replay was compared with eager execution and matched."""
+    n = len(report.findings)
+    differs = report.diverged
+    if n:
+        return f"{n} finding{'s' * (n != 1)}" + (", replay DIFFERS from eager" if differs else "")
+    if differs:
+        return "replay DIFFERS from eager"
+    if report.static:
+        return "no findings (static: replay not compared)"
+    if not report.checked.with_eager:
+        return "no findings, replay NOT compared with eager"
+    return "no findings, replay matches eager"
 
 
 # --------------------------------------------------------------------- options
@@ -339,8 +399,8 @@ def suggest_with(settings: Settings, options: EngineOptions, *, max_candidates: 
     slots = registry.suggest_slots(registry.load(plan))
     from capturelint.suggest import suggest as find
 
-    with ProgressReporter(len(slots)) as progress:
-        return find(slots, max_candidates, progress.with_total)
+    with ProgressReporter(len(slots), unbounded=True) as progress:
+        return find(slots, max_candidates, progress.trying)
 
 
 __all__ = ["check", "check_options", "check_with", "engine_options", "show", "show_with", "suggest", "suggest_with"]

@@ -23,7 +23,8 @@ from typing import Any
 
 from capturelint.errors import CapturelintError
 from capturelint.inputs import InputProblem, read_bytes
-from capturelint.region_changes import RegionChanges, compare_maps, cut
+from capturelint.lists import cut
+from capturelint.region_changes import RegionChanges, compare_maps
 from capturelint.report import Report
 from capturelint.snapshot import RegionMap, load_snapshot, looks_like_snapshot, mode_order, region_map, write_snapshot
 

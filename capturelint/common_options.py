@@ -24,6 +24,7 @@ import re
 from typing import Any
 
 from capturelint.limits import count_problem, jobs_problem, seed_problem
+from capturelint.output import COLORS
 from capturelint.options import (
     EagerRegion,
     Kind,
@@ -166,8 +167,9 @@ CHECK: tuple[OptionSpec, ...] = (
     _spec("format", text_choice(FORMATS), "Report format.", REPORT, choices=FORMATS, default="rich"),
     _spec("output", text_value("a path", '"report.json"'), "Write the report to FILE (atomically, after the run) "
           "instead of stdout; - is stdout.", REPORT, key=None, short="-o", metavar="FILE"),
-    _spec("verbose", switch_value, "Rich report: the evidence (a panel per runner and mode with every graph's "
-          "segments and every finding with its ops, source lines and replay steps) instead of one line per problem.",
+    _spec("verbose", switch_value, "Rich report: the default report, then the evidence (a panel per runner and "
+          "mode with every graph's segments, then per problem every finding with its ops, source lines and replay "
+          "steps).",
           REPORT, key=None, short="-v", kind=Kind.SWITCH, default=False),
     _spec("exit_zero", switch_value, "Exit 0 even when there are findings.", REPORT, key=None, kind=Kind.SWITCH,
           default=False),
@@ -185,7 +187,18 @@ CHECK: tuple[OptionSpec, ...] = (
 """The options of a check that are not an engine's: rules, invariants, the report, speed."""
 
 SHARED: tuple[OptionSpec, ...] = ENGINE + CHECK
-BY_NAME = {spec.name: spec for spec in SHARED}
+
+TERMINAL: tuple[OptionSpec, ...] = (
+    _spec("quiet", switch_value, "No progress on stderr (also: CAPTURELINT_QUIET=1); the report and its summary are "
+          "printed as without it.", REPORT, key=None, short="-q", kind=Kind.SWITCH, default=False),
+    _spec("color", text_choice(COLORS), "Colour the output: auto (on a terminal; NO_COLOR turns it off, FORCE_COLOR "
+          "on, NO_COLOR winning), always or never.", REPORT, key=None, metavar="auto|always|never", choices=COLORS,
+          default="auto"),
+)
+"""How a command talks to the terminal (``capturelint.output.Terminal``): options of the
+command line only (no setting, no API keyword), for every command that prints a report."""
+
+BY_NAME = {spec.name: spec for spec in SHARED + TERMINAL}
 
 
 def shared(*names: str) -> tuple[OptionSpec, ...]:
@@ -198,5 +211,5 @@ def with_help(spec: OptionSpec, **changes: Any) -> OptionSpec:
     return dataclasses.replace(spec, **changes)
 
 
-__all__ = ["CHECK", "ENGINE", "FORMATS", "GROUPS", "REPORT", "SHARED", "SPEED", "WHAT", "BY_NAME", "codes_value",
+__all__ = ["CHECK", "ENGINE", "FORMATS", "GROUPS", "REPORT", "SHARED", "SPEED", "TERMINAL", "WHAT", "BY_NAME", "codes_value",
            "name_value", "percent_value", "shared", "with_help"]

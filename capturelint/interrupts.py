@@ -31,6 +31,8 @@ import sys
 import threading
 from typing import Any, Iterator
 
+_exit = os._exit  # the process's own end, whatever code a command runs makes of os._exit (capturelint.hosting)
+
 SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
@@ -71,7 +73,7 @@ def _handler(signum: int, frame: Any) -> None:
     with contextlib.suppress(Exception):
         sys.stderr.write(f"capturelint: {message(e)}\n")
         sys.stderr.flush()
-    os._exit(exit_status(e))
+    _exit(exit_status(e))
 
 
 def _install(signums: tuple[int, ...]) -> dict[int, Any]:

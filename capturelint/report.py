@@ -4,7 +4,7 @@ JSON is byte-deterministic for a given command: sorted keys, no addresses, no
 timestamps, floats rounded; each finding carries its ``group``, the id of the problem
 it belongs to (``capturelint.findings.group_findings``; ``Report.groups``). The other
 formats are reporters (``capturelint.reporters``): the Rich form
-(``capturelint.render.report``) prints the ``verdict_line``, one entry per group and
+(``capturelint.render.check``) prints the ``verdict_line``, one entry per group and
 the one-line summary, and with ``--verbose`` every finding's evidence grouped by runner
 and mode.
 
@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from capturelint import __version__
 from capturelint.findings import Finding, FindingGroup, Numerical, group_findings
+from capturelint.lists import cut
 from capturelint.regions import GraphMap
 from capturelint.shard import ShardInfo
 from capturelint.waivers import AcceptedEntry, Waived, WaiverKind, Waivers
@@ -397,7 +398,7 @@ class Report:
         missing = self.not_compared
         if not missing:
             return None
-        where = _cut([f"{c.label} ({c.checked.not_compared()})" for c in missing])
+        where = cut([f"{c.label} ({c.checked.not_compared()})" for c in missing])
         return (f"{asked_by} asks for replay compared with eager execution, and {where} replayed graphs without it, so "
                 "the check has no numbers there; give each such Target an eager twin, eager=FUNCTION running the same "
                 "workload without CUDA graphs and returning the output to compare (capturelint.target.Target)")
@@ -449,17 +450,17 @@ class Report:
             else:
                 matches.append(c.label)
         everywhere = len(self.configs) > 1 and len(matches) == len(self.configs)
-        parts = [f"DIFFERS from eager execution in {_cut(differs)}"] if differs else []
+        parts = [f"DIFFERS from eager execution in {cut(differs)}"] if differs else []
         if agree_but:
-            parts.append(f"agrees numerically{'' if parts else ' with eager execution'} in {_cut(agree_but)}, yet has "
+            parts.append(f"agrees numerically{'' if parts else ' with eager execution'} in {cut(agree_but)}, yet has "
                          "findings")
         if matches:
-            where = f"all {len(matches)} configurations" if everywhere else _cut(matches)
+            where = f"all {len(matches)} configurations" if everywhere else cut(matches)
             parts.append(f"{'matches' if parts else 'matches eager execution'} in {where}")
         if uncompared:
-            parts.append(f"NOT compared with eager in {_cut(uncompared)}")
+            parts.append(f"NOT compared with eager in {cut(uncompared)}")
         if unreplayed:
-            parts.append(f"nothing replayed in {_cut(unreplayed)}")
+            parts.append(f"nothing replayed in {cut(unreplayed)}")
         if not parts:
             return "replay: no configuration was checked"
         steps = sum(c.checked.shadowed_steps for c in self.configs)
@@ -480,7 +481,7 @@ class Report:
         unreplayed = [c for c in self.configs if not c.checked.replayed]
         waived = self.waived_text()
         if n == 0 and diverged:
-            where = _cut([f"{c.label} ({c.numerical.describe()})" for c in diverged if c.numerical is not None])
+            where = cut([f"{c.label} ({c.numerical.describe()})" for c in diverged if c.numerical is not None])
             why = ("the findings that explain it are suppressed or accepted" if waived
                    else "the rules that report it are not selected (see --select and --ignore)")
             line = (
@@ -496,13 +497,13 @@ class Report:
             line = f"no findings in {configs} configuration{'s' * (configs != 1)}: replay matches eager execution"
         elif n == 0:
             compared = [c.label for c in self.configs if c.checked.replayed and c.checked.with_eager]
-            parts = [f"replay matches eager execution in {_cut(compared)}"] if compared else []
+            parts = [f"replay matches eager execution in {cut(compared)}"] if compared else []
             if uncompared:
                 rules_only = not compared and not any(c.checked.shadowed_steps for c in self.configs)
                 parts.append("structural rules only, " * rules_only +
                              not_compared_clause([(c.label, c.checked) for c in uncompared], configs))
             if unreplayed:
-                parts.append(f"nothing replayed in {_cut([c.label for c in unreplayed])} (see its note)")
+                parts.append(f"nothing replayed in {cut([c.label for c in unreplayed])} (see its note)")
             line = f"no findings in {configs} configuration{'s' * (configs != 1)}: " + "; ".join(parts)
             uncompared = []  # said
         else:
@@ -532,7 +533,7 @@ def not_compared_clause(items: list[tuple[str, Checked]], configs: int) -> str:
     configurations (``label, checked``) unless the report has only the one."""
     if configs == 1 and len(items) == 1:
         return f"replay NOT compared with eager ({items[0][1].not_compared()})"
-    return f"replay NOT compared with eager in {_cut([f'{label} ({c.not_compared()})' for label, c in items])}"
+    return f"replay NOT compared with eager in {cut([f'{label} ({c.not_compared()})' for label, c in items])}"
 
 
 def code_ranges(codes: tuple[str, ...]) -> str:
@@ -560,8 +561,6 @@ def render_json(report: Report) -> str:
     return dumps_json(report.to_json())
 
 
-def _cut(items: list[str], limit: int = 5) -> str:
-    return ", ".join(items[:limit]) + (f" ... and {len(items) - limit} more" if len(items) > limit else "")
 
 
 def graph_order(g: GraphMap) -> tuple:

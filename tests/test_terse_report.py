@@ -93,12 +93,30 @@ def test_verbose_keeps_the_evidence(seed):
     out, doc = seed["verbose"], json.loads(seed["json"])
     flat = " ".join(out.replace("│", " ").split())
     assert out.count("CL101 baked-control-flow [R1]") == 8 and out.count("CL201 declared-eager-captured") == 8
-    assert "Why: Model Runner V1 captures its PIECEWISE graphs without attention metadata" in flat
     assert "segments: C:" in out and "E _sparse_indexer_and_attn:" in out
     assert "seen at replay steps" in out and "aten.constant_pad_nd.default" in out
     for f in doc["findings"]:
         assert f"capture: {f['capture_frame']['file']}:{f['capture_frame']['line']}" in out
-        assert " ".join(f["message"].split()) in flat  # every finding's whole message
+        parts = MessageParts.of(f["message"])  # every finding's message is said: once per problem where shared
+        for part in (parts.what, parts.why, parts.fix):
+            assert " ".join(part.split()).rstrip(".") in flat
+    # why and fix once per problem, not once per finding
+    assert out.count("  why: ") == out.count("  fix: ") == 2
+    assert "Model Runner V1 captures its PIECEWISE graphs without attention metadata" in flat
+
+
+def test_verbose_adds_and_never_removes(seed):
+    """``-v`` prints the default report first (the verdict line, the grouped problems with
+    their why and fix, exactly as without it), then the evidence, then the summary."""
+    default, verbose = seed["rich"].splitlines(), seed["verbose"].splitlines()
+    closing = next(i for i, line in enumerate(default) if "--verbose shows each" in line)
+    head = default[:closing]
+    assert head[0].startswith("replay DIFFERS from eager execution") and len(head) >= 7
+    assert verbose[:len(head)] == head
+    assert verbose[len(head)] == "evidence"
+    assert verbose[-2:] == default[-2:]  # the same summary and hint close both
+    problems = [line for line in verbose if line.startswith("problem ")]
+    assert [p.split(":")[0] for p in problems] == ["problem 1 of 2", "problem 2 of 2"]
 
 
 def test_group_ids_in_json_and_sarif(seed):

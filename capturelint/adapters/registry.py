@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 from capturelint.adapters.common import CheckPlan
 from capturelint.common_options import CHECK, ENGINE, SHARED
 from capturelint.errors import CapturelintError
+from capturelint.hosting import hosting
 from capturelint.limits import default_jobs
 from capturelint.options import DEFAULT_ENGINE, EngineOptions, Kind, OptionSpec, Surface, parse_option
 from capturelint.settings import Settings, merge, shown
@@ -321,6 +322,7 @@ def _starting() -> None:
         _before_run.pop(0)()
 
 
+@hosting
 def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
     """The plan of the engine asked for: a script (``capturelint run``) chooses the
     script adapter, ``--target`` the target adapter, else ``--engine`` over the settings
@@ -346,6 +348,7 @@ def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
     return dataclasses.replace(plan, jobs=jobs if jobs is not None else default_jobs(), reuse=options.reuse)
 
 
+@hosting
 def load(plan: CheckPlan) -> CheckPlan:
     """The plan with what it needs built (a target's engines: its configurations known)."""
     _starting()
@@ -357,6 +360,7 @@ def unit(plan: CheckPlan) -> str:
     return adapter(plan.engine).UNIT
 
 
+@hosting
 def run_check(plan: CheckPlan, progress: Progress | None = None, shadow: bool = True, static: bool = False,
               keep_captures: bool = False) -> Report:
     """Check every configuration of the plan (its shard's; ``plan.jobs`` at once);
@@ -366,6 +370,7 @@ def run_check(plan: CheckPlan, progress: Progress | None = None, shadow: bool = 
     return adapter(plan.engine).run_check(plan, progress, shadow, static, keep_captures)
 
 
+@hosting
 def record_regions(plan: CheckPlan, progress: Progress | None = None) -> RegionMap:
     """Every configuration's captures, recorded without the shadow: the region map that
     ``snapshot`` writes and ``diff`` compares."""
@@ -373,6 +378,7 @@ def record_regions(plan: CheckPlan, progress: Progress | None = None) -> RegionM
     return adapter(plan.engine).record_regions(plan, progress)
 
 
+@hosting
 def suggest_slots(plan: CheckPlan) -> list[Slot]:
     """The plan's configurations for ``capturelint suggest``."""
     _starting()

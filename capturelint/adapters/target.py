@@ -51,6 +51,7 @@ from capturelint.adapters.common import (
 )
 from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
+from capturelint.hosting import called, exit_call
 from capturelint.harness import TwinResult
 from capturelint.options import EngineOptions
 from capturelint.pipeline import Configuration, check_all, check_configuration
@@ -133,8 +134,8 @@ def target_factory(spec: str) -> Callable[[], list[Target]]:
 
 def _exited(spec: str, where: str, e: SystemExit) -> CapturelintError:
     return CapturelintError(
-        f"--target {spec!r}: {where} called sys.exit({e.code!r}), so the check could not finish and has no verdict; "
-        "remove the sys.exit call (or guard it with if __name__ == '__main__')"
+        f"--target {spec!r}: {where} called {called(e)}, so the check could not finish and has no verdict; "
+        f"remove the {exit_call(e)} call (or guard it with if __name__ == '__main__')"
     )
 
 

@@ -9,6 +9,7 @@ import click
 
 from capturelint import api
 from capturelint.commands.common import (
+    terminal_options,
     GroupedCommand,
     command_options,
     engine_options,
@@ -28,6 +29,7 @@ from capturelint.rules import rule_infos
 @engine_options
 @shared_options("select", "ignore", "invariants", "static", "baseline", "max_eager_growth", "accept_findings",
                 "update_accepted", "format", "output", "verbose", "exit_zero", "strict", "require_oracle", "shard")
+@terminal_options
 def check(**kw: Any) -> int:
     """Check that CUDA-graph replay of the bundled engine computes what eager execution
     computes, under each runner and CUDA-graph mode.

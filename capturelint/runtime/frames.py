@@ -201,6 +201,36 @@ def capture_stack(stack: tuple[Frame, ...], entry: tuple[Frame, ...]) -> tuple[F
     return stack
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_ENGINE_DIR = os.path.join(_PACKAGE_DIR, "engine") + os.sep  # the bundled engine: engine code
+_UNCOVERED = ("Torch not compiled with CUDA enabled", "Found no NVIDIA driver", "No CUDA GPUs are available",
+              "without ATen_cuda library")
+# What capturelint raises on purpose in torch's or CUDA's voice (a capture begun twice,
+# a graphed callable called with the wrong tensors): the program's mistake, not a limit.
+_DELIBERATE = (RuntimeError, TypeError, AssertionError, ValueError)
+
+
+def limit_of(e: BaseException) -> str | None:
+    """What of capturelint ``e`` comes from, when it does not come from the program: a
+    call the emulated CUDA device does not cover (torch's "not compiled with CUDA"), or
+    an error capturelint's own code raised that it never raises on purpose. ``None``
+    when the program raised it (its own code, or torch on its behalf)."""
+    if any(text in str(e) for text in _UNCOVERED):
+        at, said = traceback_frame(e), str(e).split(". ")[0].rstrip(".")
+        return (f"the emulated CUDA device does not cover the call at {at.file}:{at.line} ({said}); "
+                "docs/emulation.md lists what it emulates")
+    tb = e.__traceback__
+    if tb is None or isinstance(e, _DELIBERATE):
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    path = os.path.abspath(tb.tb_frame.f_code.co_filename)
+    if path.startswith(_PACKAGE_DIR) and not path.startswith(_ENGINE_DIR):
+        where = os.path.relpath(path, os.path.dirname(_PACKAGE_DIR.rstrip(os.sep)))
+        return f"capturelint's own code raised {type(e).__name__} at {where}:{tb.tb_lineno}: {e}"
+    return None
+
+
 def traceback_frame(e: BaseException) -> Frame:
     """The innermost engine or model frame of an exception's traceback."""
     tb = e.__traceback__

@@ -28,6 +28,8 @@ DEFAULT_LAYERS = 3  # one layer of each kind (layers.layer_ratios)
 MAX_TOKENS = 64  # scheduler_config.max_num_batched_tokens of the tiny model: the largest capture size
 MAX_REQS = 16  # scheduler_config.max_num_seqs: the largest batch
 DEFAULT_STEPS = 6
+DEFAULT_CAPTURE_SIZES = (2, 4)  # the workload's (``workload.RunSpec``), known before torch loads
+DEFAULT_BATCH_SIZES = (1, 2, 3, 3, 2, 1)
 SPEC_METHODS = ("mtp", "dspark")  # the drafts vLLM 0.33.0 ships for DeepSeek V4
 
 
@@ -86,5 +88,5 @@ class Knobs:
                 "batch_sizes": self.batch_sizes}
 
 
-__all__ = ["DEFAULTS", "DEFAULT_LAYERS", "DEFAULT_STEPS", "Knobs", "MAX_REQS", "MAX_TOKENS", "OPTIONS", "READS", "RunnerImpl", "SPEC_METHODS",
+__all__ = ["DEFAULTS", "DEFAULT_BATCH_SIZES", "DEFAULT_CAPTURE_SIZES", "DEFAULT_LAYERS", "DEFAULT_STEPS", "Knobs", "MAX_REQS", "MAX_TOKENS", "OPTIONS", "READS", "RunnerImpl", "SPEC_METHODS",
            "SpecMethod"]

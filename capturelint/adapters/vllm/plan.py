@@ -52,6 +52,8 @@ from capturelint.adapters.common import (
 )
 from capturelint.adapters.vllm.invariants import default_invariants
 from capturelint.adapters.vllm.options import (
+    DEFAULT_BATCH_SIZES,
+    DEFAULT_CAPTURE_SIZES,
     DEFAULT_LAYERS,
     DEFAULT_STEPS,
     MAX_REQS,
@@ -128,7 +130,29 @@ def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
                         invariants=default_invariants, mode_refused=refused, check_runners=spec_runners, knobs=knobs)
     if spec is not None and plan.layers not in (None, 1):  # from the command line or the settings
         raise CapturelintError(SPEC_LAYERS_REFUSAL.format(layers=plan.layers))
+    if spec is None:
+        refuse_unreplayed(knobs, plan.steps or DEFAULT_STEPS)
     return plan
+
+
+def refuse_unreplayed(knobs: Knobs, steps: int) -> None:
+    """Refuse, before the run, a serving workload whose every step is larger than every
+    capture size: each request schedules at least one token, so such a step runs eagerly
+    (vLLM dispatches a step to the smallest capture size >= its token count, eager above
+    the largest) and nothing would be replayed, so nothing compared."""
+    captures = knobs.capture_sizes or DEFAULT_CAPTURE_SIZES
+    sizes = knobs.batch_sizes or DEFAULT_BATCH_SIZES
+    batches = [sizes[i % len(sizes)] for i in range(steps)]
+    if min(batches) <= max(captures):
+        return
+    wider = ",".join(map(str, sorted({*captures, max(batches)})))
+    raise CapturelintError(
+        f"--batch-sizes {','.join(map(str, sizes))} over {steps} step(s) runs at least {min(batches)} requests (a token "
+        f"each) per step, more than the largest capture size, {max(captures)} (--capture-sizes "
+        f"{','.join(map(str, captures))}), so every step runs eagerly and no CUDA graph is replayed; add a capture size "
+        f"as large as a batch (e.g. --capture-sizes {wider}) or run smaller batches (e.g. --batch-sizes "
+        f"{','.join(str(n) for n in range(1, max(captures) + 1))})"
+    )
 
 
 def load(plan: CheckPlan) -> CheckPlan:
