@@ -131,6 +131,7 @@ class ConfigReport:
     checked: Checked = Checked()  # what the check looked at and compared
     waived: list[Waived] = dataclasses.field(default_factory=list)  # findings suppressed or accepted
     traced: tuple[Frame, ...] = dataclasses.field(default=(), repr=False)  # a frame per file its captures ran
+    target: str | None = None  # a user's target: the source it came from (capturelint.adapters.target.Source.name)
 
     @property
     def label(self) -> str:
@@ -158,6 +159,7 @@ class ConfigReport:
             "note": self.note,
             "checked": self.checked.to_json(),
             **({"suppressed": len(self.waived)} if self.waived else {}),
+            **({"target": self.target} if self.target is not None else {}),
         }
 
     def unchecked_text(self) -> str | None:
@@ -190,7 +192,7 @@ class InvariantRecord:
         return self.applies_to
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(repr=False)
 class Report:
     configs: list[ConfigReport]
     region_changes: Any = None  # filled by the gate (capturelint.snapshot)
@@ -199,6 +201,16 @@ class Report:
     shard: ShardInfo | None = None  # check --shard K/N: which shard of which plan (capturelint.shard)
     waivers: Waivers | None = None  # the suppression comments and accepted findings (capturelint.waivers)
     suppression_findings: list[Finding] = dataclasses.field(default_factory=list)  # CL902, CL903: of no configuration
+    subject: dict[str, Any] | None = None  # what was checked: {"engine": "bundled"}, {"targets": [...]} (subject_text)
+
+    def __repr__(self) -> str:
+        """The summary line, not every record (a test's failed ``assert`` prints it)."""
+        return f"<Report: {self.summary_line()}>"
+
+    def subject_text(self) -> str | None:
+        """What was checked, in words: ``engine bundled``, ``targets tests/t.py:targets``,
+        ``script x.py`` (``None``: not known, a report read back without it)."""
+        return subject_text(self.subject)
 
     def invariant_selection(self) -> dict[str, int | None]:
         """Per invariant in force: the ops it selected over every capture it applied to
@@ -302,6 +314,8 @@ class Report:
             doc["static"] = True
         if self.shard is not None:
             doc["shard"] = self.shard.to_json()
+        if self.subject is not None:
+            doc["subject"] = self.subject
         if self.waivers is not None and not self.waivers.empty:
             doc["waivers"] = {**self.waivers.to_json(), "no_longer_occur": [e.to_json() for e in self.stale_accepted()]}
         return doc
@@ -324,7 +338,7 @@ class Report:
         for c in doc["configurations"]:
             configs.append(ConfigReport(c["runner"], c["mode"], c["eager_region"], [], None,
                                         [GraphMap.from_json(g) for g in c["graphs"]], note=c["note"], static=static,
-                                        checked=Checked.from_json(c["checked"])))
+                                        checked=Checked.from_json(c["checked"]), target=c.get("target")))
         # findings: sorted over the whole report; each configuration says how many are its own
         remaining = {id(c): c_doc["findings"] for c, c_doc in zip(configs, doc["configurations"])}
         suppression_findings = []
@@ -368,7 +382,7 @@ class Report:
         shard = ShardInfo.from_json(doc["shard"]) if "shard" in doc else None
         waivers = Waivers.from_json(doc["waivers"]) if "waivers" in doc else None
         return cls(configs, invariants=tuple(invariants), static=static, shard=shard, waivers=waivers,
-                   suppression_findings=suppression_findings)
+                   suppression_findings=suppression_findings, subject=doc.get("subject"))
 
     def summary_json(self) -> dict[str, Any]:
         by_code: dict[str, int] = {}
@@ -407,6 +421,7 @@ class Report:
         """Raise ``AssertionError`` when the check ``failed`` (findings, or region growth
         over the baseline's budget), its message the ``failure_text``: a test's one line
         ``capturelint.api.check(...).assert_clean()`` fails with the findings to read."""
+        __tracebackhide__ = True  # a failing test shows its findings, not capturelint's frames
         if self.failed:
             raise AssertionError(self.failure_text())
 
@@ -521,11 +536,23 @@ class Report:
                      f"(--update-accepted drops {'it' if len(stale) == 1 else 'them'})")
         if self.region_changes is not None:
             line += "; " + self.region_changes.summary_line()
+        subject = self.subject_text()
+        if subject is not None:
+            line += f" [{subject}]"
         if self.shard is not None:
             total = len(self.shard.configurations)
             line += (f" (shard {self.shard.index}/{self.shard.count} of {total} configuration{'s' * (total != 1)}: "
                      "capturelint merge joins the shards' reports)")
         return line
+
+
+def subject_text(subject: dict[str, Any] | None) -> str | None:
+    """A report's subject in words (``Report.subject_text``)."""
+    if not subject:
+        return None
+    if "targets" in subject:
+        return "targets " + ", ".join(subject["targets"])
+    return ", ".join(f"{key} {value}" for key, value in subject.items())
 
 
 def not_compared_clause(items: list[tuple[str, Checked]], configs: int) -> str:

@@ -95,9 +95,25 @@ def installed_path(absolute: str) -> str | None:
     return os.path.relpath(absolute, site) if site else None
 
 
+_display_root: str | None = None
+
+
+def set_display_root(root: str | None) -> None:
+    """Show files below ``root`` (a project's root: the folder of its settings file)
+    relative to it, so that a project's findings and graph names read the same from
+    every working directory (its region maps compare across them)."""
+    global _display_root
+    root = os.path.abspath(root) if root is not None else None
+    if root != _display_root:
+        _display_root = root
+        _display_cache.clear()
+        _frames.clear()
+
+
 def display_path(filename: str) -> str:
-    """``filename`` as shown in findings: relative to the folder that holds the
-    ``capturelint`` package or to the working directory when below one, else absolute."""
+    """``filename`` as shown in findings: relative to the project root
+    (``set_display_root``), to the folder that holds the ``capturelint`` package or to
+    the working directory when below one, else absolute."""
     shown = _display_cache.get(filename)
     if shown is None:
         absolute = os.path.abspath(filename)
@@ -108,6 +124,8 @@ def display_path(filename: str) -> str:
         installed = installed_path(absolute)
         if installed is not None:
             shown = installed
+        elif _display_root is not None and absolute.startswith(_display_root + os.sep):
+            shown = os.path.relpath(absolute, _display_root)
         elif absolute.startswith(package_root + os.sep):
             shown = os.path.relpath(absolute, package_root)
         elif absolute.startswith(cwd + os.sep):
