@@ -26,7 +26,7 @@ in no room fails until it is placed:
 - **adapters** (``adapters/``, and ``target``, the public face of the target adapter);
 - **api** (``api``, ``pytest_plugin``): the Python API the commands are a layer over, and
   the pytest plugin over it;
-- **commands** (``commands/``) and **cli** (``cli``, ``__main__``).
+- **commands** (``commands/``) and **cli** (``cli``, ``__main__``, ``launch``: the program's first code).
 
 The doors (each a function from an import graph to the edges that break it, in
 ``DOORS``): no import goes up to a higher room; the runtime imports only the runtime,
@@ -93,7 +93,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "adapters": ("capturelint.adapters", "capturelint.target"),
     "api": ("capturelint.api", "capturelint.pytest_plugin"),
     "commands": ("capturelint.commands",),
-    "cli": ("capturelint.cli", "capturelint.__main__"),
+    "cli": ("capturelint.cli", "capturelint.__main__", "capturelint.launch"),
 }
 CHECKER = ("model", "reporters", "tracer", "analyzer", "rules", "check")
 FRONT = ("api", "commands", "cli")
