@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from capturelint import __version__
@@ -187,7 +188,24 @@ def check_options(caller: str, **options: Any) -> tuple[dict[str, Any], EngineOp
     unknown keyword or a bad value is a one-line ``CapturelintError`` naming it as
     ``caller`` takes it (the pytest plugin checks its markers with this)."""
     own = _checked(caller, **{k: options.pop(k, default) for k, default in CHECK_OWN.items()})
-    return own, registry.engine_options(Surface.API, caller, tuple(CHECK_OWN), **options)
+    targets = options.pop("targets", None)
+    parsed = registry.engine_options(Surface.API, caller, (*CHECK_OWN, "targets"), **options)
+    return own, with_targets(parsed, targets, caller)
+
+
+def with_targets(options: EngineOptions, targets: Any, caller: str) -> EngineOptions:
+    """``options`` with the API's ``targets=``: ``Target`` objects, a function returning
+    them, or ``FILE.py:FUNCTION`` specs (relative to the project root); ``None``: not
+    given. The target adapter takes them apart (``capturelint.adapters.target.sources_of``:
+    a kind of value none of these is a one-line error there)."""
+    if targets is None:
+        return options
+    if isinstance(targets, (list, tuple)) and not targets:
+        raise CapturelintError(f"{caller} got targets=[]; give Target objects (capturelint.target.Target), a function "
+                               "returning them, or FILE.py:FUNCTION specs")
+    if options.target is not None:
+        raise CapturelintError(f"{caller} got target= and targets=; give one of them")
+    return dataclasses.replace(options, targets=targets)
 
 
 MAX_CANDIDATES = OptionSpec("max_candidates", _max_candidates, "Try at most N regions.", "", key=None)
@@ -236,9 +254,19 @@ def check(*, config: str | None = None, static: bool = False, strict: bool = Fal
                                 accept_findings=accept_findings, update_accepted=update_accepted, **options)
     settings = registry.load_settings(own["config"])
     return check_with(settings, parsed, static=own["static"], strict=own["strict"],
-                      require_oracle=own["require_oracle"], baseline=own["baseline"],
+                      require_oracle=own["require_oracle"], baseline=from_root(own["baseline"], settings),
                       max_eager_growth=own["max_eager_growth"], shard=own["shard"],
                       accept_findings=own["accept_findings"], update_accepted=own["update_accepted"])
+
+
+def from_root(path: str | None, settings: Settings) -> str | None:
+    """A relative path given to the API, read against the project root (the folder of
+    the settings file), as the settings' own paths are: a test then finds its files
+    from wherever pytest was started. Without a settings file, against the working
+    directory."""
+    if path is None or settings.root is None or Path(path).is_absolute():
+        return path
+    return str(settings.root / path)
 
 
 def check_with(settings: Settings, options: EngineOptions, *, static: bool = False, strict: bool = False,
@@ -252,7 +280,6 @@ def check_with(settings: Settings, options: EngineOptions, *, static: bool = Fal
     from capturelint.acceptance import accepted_path, apply, check_writable, whole_check
     from capturelint.shard import ShardInfo, fingerprint, parse_shard, require_selection
 
-    target = options.target
     shard_of = parse_shard(shard) if shard is not None else None
     if shard_of is not None and (baseline is not None or max_eager_growth is not None):
         raise CapturelintError(
@@ -267,15 +294,13 @@ def check_with(settings: Settings, options: EngineOptions, *, static: bool = Fal
                                "drop one of them")
     if static and (baseline is not None or max_eager_growth is not None):
         raise CapturelintError("--baseline gates the regions of a full check; drop --static, or drop --baseline")
-    if target is not None and (baseline is not None or max_eager_growth is not None):
-        raise CapturelintError("--baseline and --max-eager-growth gate the bundled engine's regions, not --target; drop them")
     accept_file = accepted_path(accept_findings, settings.accept_findings)
     if update_accepted and accept_file is None:
         raise CapturelintError("--update-accepted rewrites the accepted-findings file, and none is given; add "
                                "--accept-findings FILE (or accept-findings in settings)")
     if accept_file is not None:
         check_writable(accept_file, update_accepted, shard_of is not None)
-    if target is None and max_eager_growth is not None and baseline_path is None:
+    if max_eager_growth is not None and baseline_path is None:
         raise CapturelintError("--max-eager-growth is the budget of --baseline, and no baseline is given; "
                                "add --baseline FILE (or baseline in settings), or drop it")
     plan = plan_for(settings, options)
@@ -289,10 +314,10 @@ def check_with(settings: Settings, options: EngineOptions, *, static: bool = Fal
         require_static_rules(plan.codes)
     growth = max_eager_growth if max_eager_growth is not None else settings.max_eager_growth
     gate = None
-    if baseline_path is not None and shard_of is not None and target is None and not static:
+    if baseline_path is not None and shard_of is not None and not static:
         warn(f"the baseline of the settings ({baseline_path}) is not checked by a shard: the gate compares the whole "
              "matrix; run check --baseline without --shard for it")
-    elif baseline_path is not None and target is None and not static:
+    elif baseline_path is not None and not static:
         from capturelint.snapshot import load_snapshot
 
         gate = load_snapshot(baseline_path)  # fail on a bad baseline before running anything
@@ -303,6 +328,7 @@ def check_with(settings: Settings, options: EngineOptions, *, static: bool = Fal
         plan = dataclasses.replace(plan, shard=shard_of)
     with ProgressReporter(len(plan.configurations)) as progress:
         report = registry.run_check(plan, progress, static=static, keep_captures=keep_captures)
+    report.subject = registry.subject(plan)
     if shard_of is not None:
         # everything that shapes the report (not how many jobs ran it), so that merge
         # joins only the shards of one check
@@ -362,7 +388,9 @@ def show(*, config: str | None = None, no_check: bool = False, **options: Any) -
     """
     own = _checked("show", config=config)
     no_check = parse_option(dataclasses.replace(BY_NAME["static"], name="no_check"), no_check, Surface.API)
-    parsed = registry.engine_options(Surface.API, "show()", ("config", "no_check"), **options)
+    targets = options.pop("targets", None)
+    parsed = with_targets(registry.engine_options(Surface.API, "show()", ("config", "no_check", "targets"), **options),
+                          targets, "show()")
     return show_with(registry.load_settings(own["config"]), parsed, no_check=no_check)
 
 
@@ -370,7 +398,9 @@ def show_with(settings: Settings, options: EngineOptions, *, no_check: bool = Fa
     """``show`` over loaded ``settings`` and parsed ``options`` (the CLI's entry)."""
     plan = plan_for(settings, options)
     with ProgressReporter(len(plan.configurations)) as progress:
-        return registry.run_check(plan, progress, shadow=not no_check, keep_captures=True)  # drawn from the captures
+        report = registry.run_check(plan, progress, shadow=not no_check, keep_captures=True)  # drawn from the captures
+    report.subject = registry.subject(plan)
+    return report
 
 
 def suggest(*, config: str | None = None, max_candidates: int = 12,  # capturelint.suggest.DEFAULT_MAX_CANDIDATES
@@ -384,7 +414,9 @@ def suggest(*, config: str | None = None, max_candidates: int = 12,  # captureli
     """
     own = _checked("suggest", config=config)
     max_candidates = parse_option(MAX_CANDIDATES, max_candidates, Surface.API)
-    parsed = registry.engine_options(Surface.API, "suggest()", ("config", "max_candidates"), **options)
+    targets = options.pop("targets", None)
+    parsed = with_targets(registry.engine_options(Surface.API, "suggest()", ("config", "max_candidates", "targets"),
+                                                  **options), targets, "suggest()")
     return suggest_with(registry.load_settings(own["config"]), parsed, max_candidates=max_candidates)
 
 

@@ -83,6 +83,28 @@ def codes_value(empty: bool = False):  # noqa: ANN201 - a parser
     return parse
 
 
+def specs_value(value: Any) -> tuple[str, ...]:
+    """Target specs (``FILE.py:FUNCTION`` or ``MODULE:FUNCTION``), a non-empty list of
+    them; paths are resolved by the settings reader (relative to its file)."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items or not all(isinstance(v, str) for v in items):
+        raise OptionProblem("must be a non-empty list of FILE.py:FUNCTION or MODULE:FUNCTION specs",
+                            '["tests/capture_targets.py:targets"]')
+    for item in items:
+        where, sep, name = item.strip().rpartition(":")
+        if not sep or not where or not name.isidentifier():
+            raise OptionProblem(f"has {item!r}, which is not FILE.py:FUNCTION or MODULE:FUNCTION", got=False)
+    return tuple(item.strip() for item in items)
+
+
+def paths_value(value: Any) -> tuple[str, ...]:
+    """Folder paths, a non-empty list of non-empty strings."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items or not all(isinstance(v, str) and v.strip() for v in items):
+        raise OptionProblem("must be a non-empty list of folder paths", '["src"]')
+    return tuple(items)
+
+
 def percent_value(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
         raise OptionProblem("must be a percentage (a number >= 0)", "10")
@@ -140,6 +162,12 @@ CHECK: tuple[OptionSpec, ...] = (
           "Check your own engine instead of capturelint's: FILE.py:FUNCTION (the file is executed, as pytest imports "
           "test files) or MODULE:FUNCTION, returning capturelint.target.Target objects (engine options such as "
           "--runner or --layers do not apply: an error).", WHAT, key=None, metavar="SPEC"),
+    _spec("targets", specs_value, "The project's own engine: the targets to check when no --engine or --target is "
+          "given (FILE.py:FUNCTION, the path relative to this settings file, or MODULE:FUNCTION).", WHAT, flag=None, key="targets",
+          kind=Kind.LIST),
+    _spec("pythonpath", paths_value, "Folders put on sys.path, after the project root (the folder of this settings "
+          "file), before a target is imported (e.g. [\"src\"] for a src/ layout); relative to this settings file.",
+          WHAT, flag=None, key="pythonpath", kind=Kind.LIST),
     _spec("select", codes_value(), "Only these rule codes (prefixes allowed, e.g. CL1).", WHAT, kind=Kind.LIST,
           metavar="CODES"),
     _spec("ignore", codes_value(empty=True), "Skip these rule codes.", WHAT, kind=Kind.LIST, metavar="CODES"),
@@ -211,5 +239,5 @@ def with_help(spec: OptionSpec, **changes: Any) -> OptionSpec:
     return dataclasses.replace(spec, **changes)
 
 
-__all__ = ["CHECK", "ENGINE", "FORMATS", "GROUPS", "REPORT", "SHARED", "SPEED", "TERMINAL", "WHAT", "BY_NAME", "codes_value",
-           "name_value", "percent_value", "shared", "with_help"]
+__all__ = ["CHECK", "ENGINE", "FORMATS", "GROUPS", "REPORT", "SHARED", "SPEED", "TERMINAL", "WHAT", "BY_NAME",
+           "codes_value", "name_value", "paths_value", "percent_value", "shared", "specs_value", "with_help"]

@@ -109,7 +109,7 @@ def trace_run(
     host_sync: HostSyncEvent | None = None
     refused = False
     try:
-        with torch.no_grad(), quiet_gc(), tracer, hosted():
+        with quiet_gc(), tracer, hosted():
             output = run()
     except (HostSyncInCaptureError, StreamCaptureError, CapturelintError) as raised:
         # An engine may wrap the runtime's error in its own one-line error; unwrap it.
@@ -127,6 +127,12 @@ def trace_run(
             f"not finish and has no verdict; remove the {exit_call(e)} call"
         ) from None
     except Exception as e:  # an engine bug: say which configuration and what, no traceback
+        limit = frames.limit_of(e)
+        if limit is not None:  # not the engine's: say which limit of capturelint it met
+            raise CapturelintError(
+                f"under runner {label.runner}, mode {label.mode} the check met a limit of capturelint, not a bug of the "
+                f"engine: {limit}"
+            ) from e
         raise CapturelintError(
             f"the engine raised {type(e).__name__} under runner {label.runner}, mode {label.mode} at "
             f"{frames.traceback_frame(e)}: {e}; this is a bug of the engine, not a replay hazard: fix it and run again"

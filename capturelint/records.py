@@ -274,8 +274,9 @@ class Stream:
     roots held when the tracer began, module parameters and buffers included. ``break_outputs`` and ``breaks_eager`` are
     the graph's break policies (``runtime.protocol.GraphInfo``). ``output_storages`` are
     the storages of the run's outputs. ``allocation_frames`` (shared by a run's streams)
-    maps a storage to the line that allocated it between steps and a weak reference to
-    it (``allocated_at``). ``names_now`` maps root paths to the storages they held at a
+    maps a storage to the line that allocated it between steps, a weak reference to
+    it and the ordinal of the allocation (``allocated_at``, ``allocated_after``); a capture's
+    ``allocation_mark`` is the ordinal of the last allocation noted before it began. ``names_now`` maps root paths to the storages they held at a
     replay that found a stale input. ``scope_group`` picks among a storage's names.
 
     A stream holds every storage it saw (``_alive``) so that no storage identity is
@@ -296,7 +297,8 @@ class Stream:
     break_outputs: BreakOutputs = BreakOutputs.COPY
     breaks_eager: bool = True
     output_storages: tuple[StorageId, ...] = ()
-    allocation_frames: dict[StorageId, tuple[Frame, Any]] = dataclasses.field(default_factory=dict, repr=False)
+    allocation_frames: dict[StorageId, tuple[Frame, Any, int]] = dataclasses.field(default_factory=dict, repr=False)
+    allocation_mark: int = 0  # a capture's: the allocations noted before it began
     names_now: dict[str, StorageId] = dataclasses.field(default_factory=dict, repr=False)
     scope_group: ScopeGroup | None = dataclasses.field(default=None, repr=False)
     _alive: list[Any] = dataclasses.field(default_factory=list, repr=False)
@@ -326,6 +328,12 @@ class Stream:
         if entry is None or entry[1]() is None:
             return None
         return entry[0]
+
+    def allocated_after(self, storage: StorageId, mark: int) -> bool:
+        """Whether the tracer saw external storage ``storage`` allocated after ``mark``
+        allocations (a capture's ``allocation_mark``): made after that capture began."""
+        entry = self.allocation_frames.get(storage)
+        return entry is not None and entry[1]() is not None and entry[2] > mark
 
     def release(self) -> None:
         self._alive.clear()

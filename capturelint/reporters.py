@@ -118,6 +118,8 @@ def _check_sarif(report: Any, options: Options) -> str:
     # what each configuration checked (the JSON report's configurations[].checked), and a shard's identity
     properties: dict[str, Any] = {"checked": [{"runner": c.runner, "mode": c.mode, **c.checked.to_json()}
                                               for c in report.configs]}
+    if report.subject is not None:  # what was checked: an engine, a project's targets
+        properties["subject"] = report.subject
     if report.shard is not None:
         properties["shard"] = report.shard.to_json()
     if report.waivers is not None and not report.waivers.empty:  # what merge needs to judge the comments again

@@ -270,7 +270,8 @@ class Tracer(rt.CaptureObserver):
         self._hooks: list[Any] = []
         self._static_names: dict[StorageId, tuple[str, ...]] = {}
         self._static_alive: list[Any] = []
-        self._alloc_frames: dict[StorageId, tuple[Frame, Any]] = {}  # frame, weakref to the storage
+        self._alloc_frames: dict[StorageId, tuple[Frame, Any, int]] = {}  # frame, weakref to the storage, ordinal
+        self._allocations = 0  # allocations noted so far (the ordinal of the latest)
         self._entry: frozenset[int] = frozenset()  # frames running when the current capture began
         self._entry_frames: list[Any] = []
         self.entry_stack: tuple[Frame, ...] = ()  # their engine frames, innermost first
@@ -397,7 +398,8 @@ class Tracer(rt.CaptureObserver):
         for o, is_fresh in zip(out if len(fresh) > 1 else (out,), fresh):
             if is_fresh and isinstance(o, torch.Tensor):
                 st = o.untyped_storage()  # the same Python object for the storage's life
-                self._alloc_frames[st._cdata] = (user_frame(3), weakref.ref(st))
+                self._allocations += 1
+                self._alloc_frames[st._cdata] = (user_frame(3), weakref.ref(st), self._allocations)
 
     def _watch_graph_memory(self, info: OpInfo, args: tuple, kwargs: dict, out: Any) -> None:
         """Between steps, once a bare graph was captured: an eager op's reads of graph
@@ -646,6 +648,7 @@ class Tracer(rt.CaptureObserver):
             self._entry, self._entry_frames = running_frames()
             self.entry_stack = user_stack(2)
             self.stream = self._new_stream(StreamKind.CAPTURE, graph)
+            self.stream.allocation_mark = self._allocations
             if not graph.segmented:
                 self._open_segment(self.stream, 0, SegmentKind.CAPTURED, None)
             self._mode_on_()

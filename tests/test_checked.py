@@ -120,10 +120,10 @@ def test_a_bare_graph_without_a_twin_never_says_matches_in_any_format(capsys, pr
     code, out, err = check(capsys, "--target", f"{program}:bare")
     assert code == 0
     assert out.splitlines()[0] == "replay NOT compared with eager in torch/bare (bare graph, no eager twin given)"
-    assert out.rstrip().splitlines()[-1] == BARE_STATEMENT
+    assert out.rstrip().splitlines()[-1] == f"{BARE_STATEMENT} [targets server.py:bare]"  # the subject said
     texts = [out, err]
     code, out, err = check(capsys, "--target", f"{program}:bare", "--verbose")  # the evidence
-    assert code == 0 and out.rstrip().splitlines()[-1] == BARE_STATEMENT
+    assert code == 0 and " ".join(out.split()).endswith(f"{BARE_STATEMENT} [targets server.py:bare]")  # wrapped
     assert "checked: rules CL104, CL106, CL108-CL112; 3 bare-graph replays, not shadowed; no eager twin" in out
     assert "numerical:" not in out  # no step error "0 over 3 replay steps" for steps never compared
     texts += [out, err]
@@ -132,7 +132,7 @@ def test_a_bare_graph_without_a_twin_never_says_matches_in_any_format(capsys, pr
         assert "rules with nothing to check: CL101-CL103, CL105, CL107, CL201-CL203" in " ".join(out.replace("│", " ").split())
     for fmt in ("json", "sarif", "github"):
         code, out, err = check(capsys, "--target", f"{program}:bare", "--format", fmt)
-        assert code == 0 and err.splitlines() == [BARE_STATEMENT]
+        assert code == 0 and err.splitlines() == [f"{BARE_STATEMENT} [targets server.py:bare]"]
         texts += [out, err]
         if fmt == "json":
             doc = json.loads(out)
@@ -153,7 +153,7 @@ def test_a_finding_in_a_bare_graph_without_a_twin_still_says_what_was_not_compar
     code, out, err = check(capsys, "--target", f"{program}:stale", "--format", "json")
     assert code == 1 and [f["code"] for f in json.loads(out)["findings"]] == ["CL104"]
     assert err.splitlines() == ["1 finding (CL104 x1) in 1 configuration; replay NOT compared with eager (bare graph, "
-                                "no eager twin given)"]
+                                "no eager twin given) [targets server.py:stale]"]
 
 
 # ------------------------------------------------------------ with an eager twin
@@ -163,10 +163,11 @@ def test_a_bare_graph_with_a_twin_says_it_compared(capsys, program):
     code, out, err = check(capsys, "--target", f"{program}:twin")
     assert code == 0 and "NOT compared" not in out
     assert out.splitlines() == ["replay matches eager execution in torch/twin (compared: each output with its eager twin)",
-                                "no findings in 1 configuration: replay matches eager execution"]
+                                f"no findings in 1 configuration: replay matches eager execution [targets {program}:twin]"]
     code, out, err = check(capsys, "--target", f"{program}:twin", "--verbose")  # the evidence
     assert code == 0 and "NOT compared" not in out
-    assert out.rstrip().splitlines()[-1] == "no findings in 1 configuration: replay matches eager execution"
+    assert out.rstrip().splitlines()[-1] == ("no findings in 1 configuration: replay matches eager execution "
+                                             f"[targets {program}:twin]")
     assert "checked: rules CL104, CL106, CL108-CL112; 3 bare-graph replays, not shadowed; eager twin compared" in out
     # the twin compared the outputs; no replay step was compared with a shadow
     assert "numerical: max error 0 against the eager twin over 3 replays (not shadowed: no step-by-step comparison)" in out
@@ -182,14 +183,16 @@ def test_configurations_that_compared_and_one_that_did_not_are_told_apart(capsys
     code, out, err = check(capsys, "--target", f"{program}:both", "--format", "json")
     assert code == 0
     assert err.splitlines() == ["no findings in 2 configurations: replay matches eager execution in torch/twin; replay "
-                                "NOT compared with eager in torch/bare (bare graph, no eager twin given)"]
+                                "NOT compared with eager in torch/bare (bare graph, no eager twin given) "
+                                "[targets server.py:both]"]
     assert [n["mode"] for n in json.loads(out)["numerical"]] == ["twin"]
 
 
 def test_the_bundled_engine_shadows_every_step_and_compares_its_twin(capsys):
     code, out, err = check(capsys, "--runner", "v1", "--mode", "PIECEWISE", "--layers", "1", "--steps", "4",
                            "--format", "json")
-    assert code == 0 and err.splitlines() == ["no findings in 1 configuration: replay matches eager execution"]
+    assert code == 0 and err.splitlines() == ["no findings in 1 configuration: replay matches eager execution "
+                                              "[engine bundled]"]
     checked = json.loads(out)["configurations"][0]["checked"]
     assert checked["shadowed_steps"] == json.loads(out)["numerical"][0]["replay_steps"] > 0
     assert checked["bare_replays"] == 0 and checked["eager_twin"] is True
@@ -213,11 +216,13 @@ def test_the_bundled_engine_shadows_every_step_and_compares_its_twin(capsys):
 
 def test_shadowed_steps_without_a_twin_are_a_comparison(capsys):
     code, out, err = check(capsys, "--target", "tests/toy_engine.py:fixed_targets", "--require-oracle")
-    assert code == 0 and out.rstrip().splitlines()[-1] == "no findings in 2 configurations: replay matches eager execution"
+    assert code == 0 and out.rstrip().splitlines()[-1] == ("no findings in 2 configurations: replay matches eager "
+                                                            "execution [targets tests/toy_engine.py:fixed_targets]")
     assert out.splitlines()[0] == ("replay matches eager execution in all 2 configurations (compared: 6 replay steps with "
                                    "their eager shadow; no eager twin)")
     code, out, err = check(capsys, "--target", "tests/toy_engine.py:fixed_targets", "--require-oracle", "--verbose")
-    assert code == 0 and out.rstrip().splitlines()[-1] == "no findings in 2 configurations: replay matches eager execution"
+    assert code == 0 and out.rstrip().splitlines()[-1] == ("no findings in 2 configurations: replay matches eager "
+                                                            "execution [targets tests/toy_engine.py:fixed_targets]")
     assert "checked: rules CL101-CL107; 3 replay steps shadowed; no eager twin" in out
 
 
@@ -285,7 +290,8 @@ def test_merged_shards_keep_what_each_configuration_checked(capsys, program, tmp
         head = {"json": "no findings in 2 configurations: replay matches eager execution in torch/twin",
                 "sarif": "no findings in 2 merged SARIF logs"}[fmt]
         assert capsys.readouterr().err.splitlines() == [
-            f"{head}; replay NOT compared with eager in torch/bare (bare graph, no eager twin given)"]
+            f"{head}; replay NOT compared with eager in torch/bare (bare graph, no eager twin given)"
+            + " [targets server.py:both]" * (fmt == "json")]
 
 
 def test_records_read_back_and_say_what_they_compared():

@@ -10,10 +10,11 @@ in no room fails until it is placed:
 - **base**: the package root, ``errors``, ``limits``, ``output``, ``options``, ``inputs``
   (bounded reading), ``interrupts`` (signals), ``hosting`` (code a command runs can
   neither end the process nor move its working folder), ``sources`` (the engine's source read
-  for reports): values and plumbing that every room above the runtime may import;
+  for reports), ``lists`` (long lists cut at five): values and plumbing that every room
+  above the runtime may import;
 - **engine** (``engine/``): the bundled DeepSeek V4 server, with its own CLI group
   ``engine.cli`` (``commands.COMMANDS`` names it by a string; no command imports it);
-- **model**, the report model: the capture record ``records``, ``findings``, the region
+- **model**, the report model: the capture record ``records``, ``findings`` and ``finding_keys``, the region
   graph ``graph``, ``regions``, ``report``, ``shard``, the region map file ``snapshot``,
   ``region_changes`` and ``waivers`` (suppressions, accepted findings): what reporters render;
 - **reporters**: ``reporters`` (the registry: each command's formats), ``formats/`` (what
@@ -77,9 +78,10 @@ KNOWN_ENGINE_SWITCHES: tuple[tuple[str, str], ...] = ()
 ROOMS: dict[str, tuple[str, ...]] = {
     "runtime": ("capturelint.runtime",),
     "base": (ROOT, "capturelint.errors", "capturelint.limits", "capturelint.output", "capturelint.options",
-             "capturelint.inputs", "capturelint.interrupts", "capturelint.sources", "capturelint.hosting"),
+             "capturelint.inputs", "capturelint.interrupts", "capturelint.sources", "capturelint.hosting",
+             "capturelint.lists"),
     "engine": ("capturelint.engine",),
-    "model": ("capturelint.records", "capturelint.findings", "capturelint.graph", "capturelint.regions",
+    "model": ("capturelint.records", "capturelint.finding_keys", "capturelint.findings", "capturelint.graph", "capturelint.regions",
               "capturelint.report", "capturelint.shard", "capturelint.snapshot", "capturelint.region_changes",
               "capturelint.waivers"),
     "reporters": ("capturelint.reporters", "capturelint.formats", "capturelint.render"),

@@ -167,7 +167,7 @@ def test_a_clean_run_says_what_was_compared_and_lists_no_finding(capsys, cached_
     assert re.fullmatch(r"replay matches eager execution in v2/PIECEWISE \(compared: \d+ replay steps with their "
                         r"eager shadow; each output with its eager twin\)", lines[0])
     assert not any(FINDING_LINE.match(line) for line in lines)
-    assert lines[-1] == "no findings in 1 configuration: replay matches eager execution"
+    assert lines[-1] == "no findings in 1 configuration: replay matches eager execution [engine bundled]"
 
 
 def test_rules_code_explains_the_rule(capsys):

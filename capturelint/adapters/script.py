@@ -82,6 +82,10 @@ class Script:
             self.ended_by = called(e) if isinstance(e, ProgramExit) else None
         except Exception as e:
             # ``from e``: the pipeline finds a host sync that failed a capture as the cause
+            limit = frames.limit_of(e)
+            if limit is not None:
+                raise CapturelintError(f"the script {self.name} met a limit of capturelint, not a bug of the script: "
+                                       f"{limit}") from e
             raise CapturelintError(
                 f"the script {self.name} raised {type(e).__name__} at {frames.traceback_frame(e)}: {e}; this is a bug "
                 "of the script, not a replay hazard: fix it and run again"

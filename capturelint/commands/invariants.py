@@ -25,6 +25,7 @@ from capturelint.commands.common import (
 )
 from capturelint.common_options import BY_NAME
 from capturelint.errors import EXIT_CLEAN, CapturelintError
+from capturelint.lists import cut
 
 
 @click.command(cls=GroupedCommand)
@@ -100,7 +101,7 @@ def _print_explained(e: dict[str, Any]) -> None:
             console.print(Text(f"{head}: does not apply to any captured graph", style="dim"))
             continue
         for sel in c["selections"]:
-            graphs = ", ".join(sel["graphs"][:5]) + (f" ... and {len(sel['graphs']) - 5} more" if len(sel["graphs"]) > 5 else "")
+            graphs = cut(sel["graphs"])
             console.print(Text(f"{head} · graphs {graphs} ({sel['runtime_mode']}): {sel['selected']} ops selected",
                                style="bold" if sel["selected"] else "yellow"))
             for op in sel["ops"]:

@@ -105,6 +105,7 @@ AGAINST = {  # diff's --against-* options: a shared option's spec, for the other
 
 @click.command(cls=GroupedCommand)
 @click.argument("snapshots", nargs=-1, metavar="[OLD.json [NEW.json]]", type=click.Path(dir_okay=False))
+@shared_options("target")
 @engine_options
 @spec_option(AGAINST["runner"])
 @spec_option(AGAINST["mode"])
@@ -158,7 +159,8 @@ def diff(snapshots: tuple[str, ...], against_runner: tuple[Runner, ...] | None, 
         if snapshots:
             before = load_snapshot(snapshots[0])  # fail on a bad file before running anything
             with ProgressReporter(len(left.configurations)) as progress:
-                result = diff_by_key(before, registry.record_regions(left, progress), snapshots[0], "the current engine")
+                now = "the current targets" if left.sources else "the current engine"
+                result = diff_by_key(before, registry.record_regions(left, progress), snapshots[0], now)
         else:
             right = resolve_plan(settings, {**kw, **against}, also_given=tuple(against))
             with ProgressReporter(len(left.configurations) + len(right.configurations)) as progress:
@@ -198,6 +200,7 @@ def _describe_side(kw: dict[str, Any]) -> str:
 # --------------------------------------------------------------------- snapshot
 
 @click.command(cls=GroupedCommand)
+@shared_options("target")
 @engine_options
 @_option("-o", "--output", metavar="FILE", group=REPORT,
          help="Write the snapshot to FILE (atomically, after the run; default: stdout).")
@@ -206,8 +209,9 @@ def _describe_side(kw: dict[str, Any]) -> str:
 @terminal_options
 def snapshot(output: str | None, update: str | None, **kw: Any) -> int:
     """Record the region map of every runner and mode (default: runners v1 and v2, all
-    four modes) as a stable, reviewable JSON file: per graph, its segments in order
-    (captured or eager break) and per module scope the count of each op.
+    four modes; a project's targets: each target, keyed by its spec, runner and mode) as
+    a stable, reviewable JSON file: per graph, its segments in order (captured or eager
+    break) and per module scope the count of each op.
 
     Use it as the baseline of `capturelint check --baseline FILE`; when a region change
     is intended, accept it with `capturelint snapshot --update FILE` and commit the file.

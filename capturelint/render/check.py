@@ -68,6 +68,7 @@ from rich.panel import Panel
 from rich.text import Text
 
 from capturelint.findings import Finding, MessageParts
+from capturelint.lists import and_more, shown
 from capturelint.regions import GraphMap
 from capturelint.report import Report, graph_order
 from capturelint.runtime.protocol import SegmentKind
@@ -128,10 +129,11 @@ def render_concise(report: Report, console: Console, evidence: bool = False) -> 
         more = "listed below with" if evidence else "--verbose lists each with"
         console.print(Text(f"{waived}, not failed on: {more} the comment or file that accepts it", style="dim"),
                       soft_wrap=True)
-    for e in stale[:5]:
+    listed, left = shown(stale)
+    for e in listed:
         console.print(Text(f"accepted, no longer found: {e.describe()}", style="dim"), soft_wrap=True)
-    if len(stale) > 5:
-        console.print(Text(f"... and {len(stale) - 5} more accepted findings no longer found", style="dim"))
+    if left:
+        console.print(Text(f"{and_more(left)} accepted findings no longer found", style="dim"))
     if evidence:
         console.print()
         render_evidence(report, console, summary=False)

@@ -326,7 +326,7 @@ class _Sources(SourceFiles):
     lines around a frame's, with that line marked."""
 
     def excerpt(self, label: str, frame: Frame) -> str:
-        head = f'<figcaption>{esc(label)}: <code>{esc(frame.file)}:{frame.line}</code> in {esc(frame.function)}</figcaption>'
+        head = f'<figcaption>{esc(label)}: <code>{esc(frame.location)}</code> in {esc(frame.function)}</figcaption>'
         lines = self.lines(frame)
         if isinstance(lines, str):
             return f'<figure class="source">{head}<p class="none">source not shown: {esc(lines)}</p></figure>'

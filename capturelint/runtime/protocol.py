@@ -139,8 +139,13 @@ class Frame:
     source: str = dataclasses.field(default="", compare=False, repr=False)
     first_line: int = dataclasses.field(default=0, compare=False, repr=False)
 
+    @property
+    def location(self) -> str:
+        """``file:line``, as findings, editors and ``grep`` spell a place in the source."""
+        return f"{self.file}:{self.line}"
+
     def __str__(self) -> str:
-        return f"{self.file}:{self.line} in {self.function}"
+        return f"{self.location} in {self.function}"
 
     def to_json(self) -> dict[str, Any]:
         return {"file": self.file, "line": self.line, "function": self.function}
