@@ -141,7 +141,9 @@ def test_a_bare_graph_without_a_twin_never_says_matches_in_any_format(capsys, pr
         elif fmt == "sarif":
             log = json.loads(out)
             assert list(validator.iter_errors(log)) == []
-            assert log["runs"][0]["properties"] == {"checked": [{"runner": "torch", "mode": "bare", **BARE_CHECKED}]}
+            properties = log["runs"][0]["properties"]
+            assert properties["checked"] == [{"runner": "torch", "mode": "bare", **BARE_CHECKED}]
+            assert set(properties) == {"checked", "subject"} and properties["subject"]["targets"][0].endswith(":bare")
         else:
             (line,) = out.splitlines()
             assert line.startswith("::warning title=replay not compared with eager (torch/bare)::replay NOT compared "
