@@ -729,6 +729,9 @@ class Tracer(rt.CaptureObserver):
     def on_stream_hazard(self, event: rt.StreamCaptureEvent) -> None:
         self._hazard(event)
 
+    def on_training_hazard(self, event: rt.TrainingHazardEvent) -> None:
+        self._hazard(event)
+
     def on_segment_begin(self, info: rt.SegmentInfo) -> None:
         if self.stream is not None and info.phase is rt.Phase.CAPTURE:
             self._open_segment(self.stream, info.index, info.kind, info.name)

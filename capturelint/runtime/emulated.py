@@ -153,7 +153,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from capturelint.runtime import device as emulated_device
-from capturelint.runtime import frames, holders, protocol
+from capturelint.runtime import frames, holders, protocol, training
 from capturelint.runtime.protocol import HostSyncEvent, HostSyncInCaptureError
 from capturelint.runtime.schema import ReplayKind, op_info
 
@@ -660,6 +660,7 @@ class EmulatedCUDAGraph:
         self._forks: dict[EmulatedStream, protocol.Frame] = {}
         self._begun_at = protocol.UNKNOWN_FRAME
         self._outsiders: set[EmulatedStream] = set()  # streams outside the capture that got work in it
+        self._training: training.Watch | None = None  # a captured training step's state (runtime.training)
 
     @property
     def where(self) -> tuple[protocol.GraphInfo, int]:
@@ -704,6 +705,7 @@ class EmulatedCUDAGraph:
         protocol.capturing_as_on_gpu(True).__enter__()
         if self.owner is None:
             protocol.announce("on_graph_begin", self.info, protocol.Phase.CAPTURE)
+        self._training = training.capture_begun(self)
 
     def capture_end(self, check_joined: bool = True) -> None:
         """End the capture. As ``cudaStreamEndCapture``, it fails when a stream forked
@@ -719,6 +721,7 @@ class EmulatedCUDAGraph:
         if self.owner is None:
             protocol.announce("on_graph_end", self.info, protocol.Phase.CAPTURE, None)
         self._settle()
+        training.capture_ended(self._training, self._allocated)
         self._replays = 0
         if self.owner is None and protocol.has_observers():
             inputs = [sid for sid in self._borrowed.storages() if sid not in _graph_owned]
@@ -833,6 +836,8 @@ class EmulatedCUDAGraph:
             protocol.announce("on_graph_begin", self.info, protocol.Phase.REPLAY)
         segment = self.owner[1] if self.owner is not None else 0
         self._replays += 1
+        if self._training is not None:
+            self._training.before_replay(frames.user_frame(2))
         if self._holders is not None:
             self._holders.refresh()  # before looking for freed inputs: a stale snapshot holds old locals
         poison_freed(self._borrowed, self.info, segment, self.poisoned, self._holders)
@@ -1435,6 +1440,7 @@ def _surface() -> Iterator[tuple[Any, str, Any]]:
     for name in ("CUDAGraph", "graph", "graph_pool_handle"):
         yield graphs_module, name, _SURFACE[name]
     yield from emulated_device.patches()
+    yield from training.patches()  # the captured training step's watch (runtime.training)
     # the pools' record_stream (CL111, CL112): torch parses a stream argument before any
     # mode sees the call, so it is patched on the class
     yield torch.Tensor, "record_stream", record_stream
