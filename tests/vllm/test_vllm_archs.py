@@ -61,6 +61,19 @@ def test_model_all_labels_each_architectures_configurations():
     assert default.knobs.model == "DeepseekV4ForCausalLM" and default.configured is None
 
 
+def test_the_tables_step_loop_column_is_the_plans():
+    from capturelint.adapters import registry
+    from capturelint.adapters.vllm import archs, plan as vllm_plan
+    from capturelint.settings import Settings
+
+    require_vllm()
+    plan = registry.make_plan(Settings(), registry.engine_options(engine="vllm", model="all"))
+    for label, mode in plan.all_configurations:
+        arch, _ = archs.split_label(label)
+        loop = vllm_plan.step_loop(plan, label, vllm_plan.CUDAGraphMode(mode)).__name__
+        assert (loop == "ReproducedLoop") == (archs.step_loop(arch, mode) == "reproduction"), (label, mode, loop)
+
+
 def test_every_name_of_vllms_list_has_a_row():
     require_vllm()
     from vllm.config.vllm import DEFAULT_BREAKABLE_CUDAGRAPH_ARCHITECTURES
