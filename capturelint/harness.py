@@ -59,6 +59,7 @@ class TraceResult:
     rules_checked: tuple[str, ...] = ()  # structural rules that had something to check (Analyzer.rules_checked)
     rules_unchecked: tuple[str, ...] = ()  # selected structural rules that had nothing to check
     failure: str = "a host synchronisation"  # what the capture failed on, when it did
+    replayed_graphs: tuple[tuple[str, int], ...] = ()  # shadowed replay steps per graph label (Tracer.replayed_graphs)
 
 
 @contextlib.contextmanager
@@ -171,7 +172,8 @@ def trace_run(
     return TraceResult(label, findings, list(tracer.captures.values()), steps, analyzer.max_step_error, output,
                        failed, verdict, dict(analyzer.invariant_selected), analyzer.steps,
                        tracer.bare_replays, checked, unchecked,
-                       "a stream or event crossing a capture boundary" if refused else "a host synchronisation")
+                       "a stream or event crossing a capture boundary" if refused else "a host synchronisation",
+                       tuple(tracer.replayed_graphs.items()))
 
 
 __all__ = ["TraceResult", "TwinResult", "trace_run"]

@@ -257,6 +257,7 @@ class Tracer(rt.CaptureObserver):
         self.step = 0
         self.replays = 0
         self.bare_replays = 0  # replays without a shadow of graphs with no Python to re-run (bare CUDA graphs)
+        self.replayed_graphs: dict[str, int] = {}  # shadowed replay steps per graph label, in order of first replay
         self._segment: Segment | None = None
         self._cow: dict[StorageId, tuple[Any, Any]] | None = None
         self._rng: list[tuple[Any, Any]] = []
@@ -797,6 +798,7 @@ class Tracer(rt.CaptureObserver):
             self._mode_off()
             return
         self.step += 1
+        self.replayed_graphs[graph.label] = self.replayed_graphs.get(graph.label, 0) + 1
         stream = self._new_stream(StreamKind.SHADOW, graph)
         self.stream, self._cow = stream, {}
         self._breaks, self._break = [], None

@@ -376,6 +376,9 @@ def suggest_slots(plan: CheckPlan) -> list[Slot]:
     from capturelint.adapters.vllm.install import require_vllm
     from capturelint.suggest import BreakDecorator
 
+    if plan.knobs.model == archs.ALL:
+        raise CapturelintError(f"suggest finds the eager region of one architecture; use --model ARCH (one of "
+                               f"{', '.join(archs.SUPPORTED)}), not --model all")
     require_vllm()  # for the CPU target, before anything of vLLM is imported
     from vllm.compilation.breakable_cudagraph import eager_break_during_capture
 
