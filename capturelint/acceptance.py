@@ -18,7 +18,7 @@ import os
 
 from capturelint.errors import CapturelintError
 from capturelint.options import EngineOptions
-from capturelint.output import write_file
+from capturelint.output import check_output_path, write_file
 from capturelint.report import Report
 from capturelint.rules import BY_CODE, suppression_findings
 from capturelint.sources import SourceFiles
@@ -80,6 +80,8 @@ def check_writable(path: str, update: bool, shard: bool) -> None:
     if (update or not exists) and not os.path.isdir(folder):
         raise CapturelintError(f"--accept-findings: cannot write {path}: the folder {os.path.dirname(path) or folder} "
                                "does not exist; create it or choose another path")
+    if update or not exists:  # it is written after the run: a folder that refuses files is refused now
+        check_output_path(path, "--accept-findings")
 
 
 def whole_check(options: EngineOptions, static: bool) -> bool:

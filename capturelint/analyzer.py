@@ -44,7 +44,8 @@ import difflib
 from types import MappingProxyType
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from capturelint.findings import Condition, Finding
+from capturelint.finding_keys import occurrence_key
+from capturelint.findings import Condition, Finding, Site
 from capturelint.runtime.protocol import BreakOutputs, HeldInputEvent, HostSyncEvent, SegmentKind, StaleInputEvent
 from capturelint.records import GraphMemoryRead, OpRecord, Segment, Stream, TensorUse
 
@@ -113,6 +114,12 @@ class StepView:
         seg = self.capture.segments[index] if index < len(self.capture.segments) else None
         return f"{self.capture.graph} {seg.label}" if seg else f"{self.capture.graph} #{index}"
 
+    def site(self, index: int, segment: str | None = None) -> Site:
+        """Where a finding of segment ``index`` of this capture is (``segment``: its
+        label, else ``segment_label``)."""
+        return Site(self.label.runner, self.label.mode, self.capture.graph, self.capture.runtime_mode,
+                    self.segment_label(index) if segment is None else segment, index)
+
     def tensor_name(self, stream: Stream, use: TensorUse, scope: str = "") -> str:
         """A human name: parameter, runner buffer, metadata field, cache, or producer."""
         name = stream.name_of(use.storage, scope)
@@ -121,7 +128,7 @@ class StepView:
         origin = stream.origins.get(use.storage)
         if origin is not None and origin.producer is not None:
             prod = stream.ops[origin.producer]
-            return f"output of {prod.op} in {prod.scope or '<top>'} ({prod.frame.file}:{prod.frame.line})"
+            return f"output of {prod.op} in {prod.scope or '<top>'} ({prod.frame.location})"
         if origin is not None and not origin.external:
             return f"a tensor allocated inside an eager break ({use.arg})"
         return f"tensor {use.arg} (storage not named by the engine)"
@@ -146,6 +153,12 @@ class RegionView:
     def segment_label(self, index: int) -> str:
         seg = self.capture.segments[index] if 0 <= index < len(self.capture.segments) else None
         return f"{self.capture.graph} {seg.label}" if seg else f"{self.capture.graph} step"
+
+    def site(self, index: int, segment: str | None = None) -> Site:
+        """Where a finding of segment ``index`` of this capture is (``segment``: its
+        label, else ``segment_label``)."""
+        return Site(self.label.runner, self.label.mode, self.capture.graph, self.capture.runtime_mode,
+                    self.segment_label(index) if segment is None else segment, index)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,7 +186,7 @@ class BareView:
         if name is not None:
             return name
         p = self.producer
-        return f"output of {p.op} ({p.frame.file}:{p.frame.line})" if p else f"tensor {self.event.use.arg}"
+        return f"output of {p.op} ({p.frame.location})" if p else f"tensor {self.event.use.arg}"
 
 
 def bare_view(label: RunLabel, capture: Stream, event: HeldInputEvent | GraphMemoryRead,
@@ -342,26 +355,34 @@ def _with_mismatches(view: StepView) -> StepView:
                 continue
             if not problem.escaped:
                 failed.add(c.index)
-            locations.append(Mismatch(al, c, s, cu, su, problem, followon=followon(cu)))
+            locations.append(Mismatch(al, c, s, cu, su, problem, followon=followon(cu) or _other_path(view, al, cu, su)))
     return dataclasses.replace(view, host_values=host_values, geometries=tuple(geometries), locations=tuple(locations))
 
 
+def _other_path(view: StepView, al: SegmentAlignment, cu: TensorUse, su: TensorUse) -> bool:
+    """A pre-existing tensor read where the capture read another pre-existing one, in a
+    segment whose step took another path than its capture (R1): the ops were aligned
+    across two branches (a layer skipped by a Python coin, another layer's weights),
+    so the mismatch follows from the path, which CL101 reports; it is a re-allocation
+    only when the step's tensor was made after the capture began."""
+    if al.divergence is None:
+        return False
+    c_origin, s_origin = view.capture.origins.get(cu.storage), view.shadow.origins.get(su.storage)
+    return (c_origin is not None and c_origin.external and s_origin is not None and s_origin.external
+            and not view.shadow.allocated_after(su.storage, view.capture.allocation_mark))
+
+
 class FindingSet:
-    """Merges findings seen at many steps into one per location."""
+    """Merges findings seen at many steps into one per location
+    (``capturelint.finding_keys.occurrence_key``)."""
 
     MAX_STEPS = 5
 
     def __init__(self) -> None:
         self._by_key: dict[tuple, Finding] = {}
 
-    @staticmethod
-    def key(f: Finding) -> tuple:
-        cf = (f.capture_frame.file, f.capture_frame.line) if f.capture_frame else None
-        sf = (f.shadow_frame.file, f.shadow_frame.line) if f.shadow_frame else None
-        return (f.code, f.runner, f.mode, f.scope, f.op, f.tensor, cf, sf, f.invariant)
-
     def add(self, f: Finding) -> None:
-        k = self.key(f)
+        k = occurrence_key(f)
         seen = self._by_key.get(k)
         if seen is None:
             self._by_key[k] = f

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from capturelint import __version__
@@ -55,27 +56,69 @@ def warn(text: str) -> None:
 
 
 class ProgressReporter:
-    """A Rich progress bar on stderr over the configurations (one configuration too:
-    it can take a minute); silent when stderr is not a terminal."""
+    """Progress on stderr over the configurations of a run, where people wait (a
+    configuration takes from seconds to minutes); never on stdout, which carries the
+    report alone.
 
-    def __init__(self, total: int):
-        self.enabled = sys.stderr.isatty() and total >= 1
+    - On a terminal, a Rich bar (transient) that names every configuration running (all
+      of them under ``--jobs``), with the count finished and the time elapsed.
+    - Off a terminal (a CI log) while a command runs (``capturelint.output.TERMINAL``),
+      one plain line per configuration finished: what, its verdict, its seconds::
+
+          capturelint: runner v1 · PIECEWISE: 2 findings, replay DIFFERS (12.3 s) [1/4]
+
+    - ``unbounded`` (``suggest``, whose number of runs is not known ahead): a spinner
+      naming the run and the candidate being tried instead of a bar with a total, and off
+      a terminal a line per run started.
+    - Nothing with ``--quiet`` (or ``CAPTURELINT_QUIET=1``), and from the Python API
+      nothing off a terminal.
+
+    The check pipeline calls ``running(labels)`` and ``finished(label, report, seconds)``
+    (``capturelint.pipeline.run_all``); ``__call__(label)`` is the older protocol of a
+    callable that hears each configuration as it starts."""
+
+    def __init__(self, total: int, unbounded: bool = False):
+        from capturelint.output import TERMINAL
+
+        tty = sys.stderr.isatty()
+        self.bar = not TERMINAL.quiet and tty and total >= 1
+        self.lines = not TERMINAL.quiet and not tty and TERMINAL.lines and total >= 1
+        self.enabled = self.bar or self.lines
+        self.unbounded = unbounded
         self.progress: Any = None
         self.total = total
+        self.finished_count = 0
+        self.runs = 0
         self.task: Any = None
 
     def __enter__(self) -> "ProgressReporter":
-        if self.enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        if self.bar:
+            from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-            self.progress = Progress(
-                TextColumn("[bold]capturelint[/] {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                TimeElapsedColumn(), console=Console(stderr=True), transient=True,
-            )
+            if self.unbounded:
+                columns: tuple[Any, ...] = (SpinnerColumn(), TextColumn("[bold]capturelint[/] {task.description}"),
+                                            TimeElapsedColumn())
+            else:
+                columns = (TextColumn("[bold]capturelint[/] {task.description}"), BarColumn(),
+                           TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn())
+            self.progress = Progress(*columns, console=stderr_console(), transient=True)
             self.progress.__enter__()
-            self.task = self.progress.add_task("", total=self.total)
+            self.task = self.progress.add_task("", total=None if self.unbounded else self.total)
         return self
+
+    def running(self, labels: list[str]) -> None:
+        """The configurations running now (one, or ``--jobs`` of them)."""
+        if self.progress is not None and labels:
+            self.progress.update(self.task, description="checking " + ", ".join(labels))
+
+    def finished(self, label: str, report: Any, seconds: float) -> None:
+        """A configuration is done: ``report`` its ``ConfigReport``."""
+        self.finished_count += 1
+        if self.progress is not None:
+            self.progress.advance(self.task)
+        elif self.lines:
+            say(f"capturelint: {label}: {config_verdict(report)} ({seconds:.1f} s) "
+                f"[{self.finished_count}/{self.total}]")
 
     def __call__(self, description: str) -> None:
         if self.progress is not None:
@@ -83,16 +126,34 @@ class ProgressReporter:
                 self.progress.advance(self.task)
             self.progress.update(self.task, description=description)
 
-    def with_total(self, description: str, total: int) -> None:
-        """``__call__`` for a run whose number of steps grows as it goes (``suggest``)."""
-        if self.progress is not None and total != self.total:
-            self.total = total
-            self.progress.update(self.task, total=total)
-        self(description)
+    def trying(self, description: str, total: int | None = None) -> None:
+        """``suggest``: a run starts (``total``, the runs planned so far, grows as
+        candidates appear, so it is not shown)."""
+        self.runs += 1
+        if self.progress is not None:
+            self.progress.update(self.task, description=f"suggest run {self.runs}: {description}")
+        elif self.lines:
+            say(f"capturelint: suggest run {self.runs}: {description}")
 
     def __exit__(self, *exc: Any) -> None:
         if self.progress is not None:
             self.progress.__exit__(*exc)
+
+
+def config_verdict(report: Any) -> str:
+    """A configuration's verdict in a few words (a progress line): its findings, and
+    whether replay was compared with eager execution and matched."""
+    n = len(report.findings)
+    differs = report.diverged
+    if n:
+        return f"{n} finding{'s' * (n != 1)}" + (", replay DIFFERS from eager" if differs else "")
+    if differs:
+        return "replay DIFFERS from eager"
+    if report.static:
+        return "no findings (static: replay not compared)"
+    if not report.checked.with_eager:
+        return "no findings, replay NOT compared with eager"
+    return "no findings, replay matches eager"
 
 
 # --------------------------------------------------------------------- options
@@ -127,7 +188,24 @@ def check_options(caller: str, **options: Any) -> tuple[dict[str, Any], EngineOp
     unknown keyword or a bad value is a one-line ``CapturelintError`` naming it as
     ``caller`` takes it (the pytest plugin checks its markers with this)."""
     own = _checked(caller, **{k: options.pop(k, default) for k, default in CHECK_OWN.items()})
-    return own, registry.engine_options(Surface.API, caller, tuple(CHECK_OWN), **options)
+    targets = options.pop("targets", None)
+    parsed = registry.engine_options(Surface.API, caller, (*CHECK_OWN, "targets"), **options)
+    return own, with_targets(parsed, targets, caller)
+
+
+def with_targets(options: EngineOptions, targets: Any, caller: str) -> EngineOptions:
+    """``options`` with the API's ``targets=``: ``Target`` objects, a function returning
+    them, or ``FILE.py:FUNCTION`` specs (relative to the project root); ``None``: not
+    given. The target adapter takes them apart (``capturelint.adapters.target.sources_of``:
+    a kind of value none of these is a one-line error there)."""
+    if targets is None:
+        return options
+    if isinstance(targets, (list, tuple)) and not targets:
+        raise CapturelintError(f"{caller} got targets=[]; give Target objects (capturelint.target.Target), a function "
+                               "returning them, or FILE.py:FUNCTION specs")
+    if options.target is not None:
+        raise CapturelintError(f"{caller} got target= and targets=; give one of them")
+    return dataclasses.replace(options, targets=targets)
 
 
 MAX_CANDIDATES = OptionSpec("max_candidates", _max_candidates, "Try at most N regions.", "", key=None)
@@ -176,9 +254,19 @@ def check(*, config: str | None = None, static: bool = False, strict: bool = Fal
                                 accept_findings=accept_findings, update_accepted=update_accepted, **options)
     settings = registry.load_settings(own["config"])
     return check_with(settings, parsed, static=own["static"], strict=own["strict"],
-                      require_oracle=own["require_oracle"], baseline=own["baseline"],
+                      require_oracle=own["require_oracle"], baseline=from_root(own["baseline"], settings),
                       max_eager_growth=own["max_eager_growth"], shard=own["shard"],
                       accept_findings=own["accept_findings"], update_accepted=own["update_accepted"])
+
+
+def from_root(path: str | None, settings: Settings) -> str | None:
+    """A relative path given to the API, read against the project root (the folder of
+    the settings file), as the settings' own paths are: a test then finds its files
+    from wherever pytest was started. Without a settings file, against the working
+    directory."""
+    if path is None or settings.root is None or Path(path).is_absolute():
+        return path
+    return str(settings.root / path)
 
 
 def check_with(settings: Settings, options: EngineOptions, *, static: bool = False, strict: bool = False,
@@ -192,7 +280,6 @@ def check_with(settings: Settings, options: EngineOptions, *, static: bool = Fal
     from capturelint.acceptance import accepted_path, apply, check_writable, whole_check
     from capturelint.shard import ShardInfo, fingerprint, parse_shard, require_selection
 
-    target = options.target
     shard_of = parse_shard(shard) if shard is not None else None
     if shard_of is not None and (baseline is not None or max_eager_growth is not None):
         raise CapturelintError(
@@ -207,15 +294,13 @@ def check_with(settings: Settings, options: EngineOptions, *, static: bool = Fal
                                "drop one of them")
     if static and (baseline is not None or max_eager_growth is not None):
         raise CapturelintError("--baseline gates the regions of a full check; drop --static, or drop --baseline")
-    if target is not None and (baseline is not None or max_eager_growth is not None):
-        raise CapturelintError("--baseline and --max-eager-growth gate the bundled engine's regions, not --target; drop them")
     accept_file = accepted_path(accept_findings, settings.accept_findings)
     if update_accepted and accept_file is None:
         raise CapturelintError("--update-accepted rewrites the accepted-findings file, and none is given; add "
                                "--accept-findings FILE (or accept-findings in settings)")
     if accept_file is not None:
         check_writable(accept_file, update_accepted, shard_of is not None)
-    if target is None and max_eager_growth is not None and baseline_path is None:
+    if max_eager_growth is not None and baseline_path is None:
         raise CapturelintError("--max-eager-growth is the budget of --baseline, and no baseline is given; "
                                "add --baseline FILE (or baseline in settings), or drop it")
     plan = plan_for(settings, options)
@@ -229,10 +314,10 @@ def check_with(settings: Settings, options: EngineOptions, *, static: bool = Fal
         require_static_rules(plan.codes)
     growth = max_eager_growth if max_eager_growth is not None else settings.max_eager_growth
     gate = None
-    if baseline_path is not None and shard_of is not None and target is None and not static:
+    if baseline_path is not None and shard_of is not None and not static:
         warn(f"the baseline of the settings ({baseline_path}) is not checked by a shard: the gate compares the whole "
              "matrix; run check --baseline without --shard for it")
-    elif baseline_path is not None and target is None and not static:
+    elif baseline_path is not None and not static:
         from capturelint.snapshot import load_snapshot
 
         gate = load_snapshot(baseline_path)  # fail on a bad baseline before running anything
@@ -243,6 +328,7 @@ def check_with(settings: Settings, options: EngineOptions, *, static: bool = Fal
         plan = dataclasses.replace(plan, shard=shard_of)
     with ProgressReporter(len(plan.configurations)) as progress:
         report = registry.run_check(plan, progress, static=static, keep_captures=keep_captures)
+    report.subject = registry.subject(plan)
     if shard_of is not None:
         # everything that shapes the report (not how many jobs ran it), so that merge
         # joins only the shards of one check
@@ -302,7 +388,9 @@ def show(*, config: str | None = None, no_check: bool = False, **options: Any) -
     """
     own = _checked("show", config=config)
     no_check = parse_option(dataclasses.replace(BY_NAME["static"], name="no_check"), no_check, Surface.API)
-    parsed = registry.engine_options(Surface.API, "show()", ("config", "no_check"), **options)
+    targets = options.pop("targets", None)
+    parsed = with_targets(registry.engine_options(Surface.API, "show()", ("config", "no_check", "targets"), **options),
+                          targets, "show()")
     return show_with(registry.load_settings(own["config"]), parsed, no_check=no_check)
 
 
@@ -310,7 +398,9 @@ def show_with(settings: Settings, options: EngineOptions, *, no_check: bool = Fa
     """``show`` over loaded ``settings`` and parsed ``options`` (the CLI's entry)."""
     plan = plan_for(settings, options)
     with ProgressReporter(len(plan.configurations)) as progress:
-        return registry.run_check(plan, progress, shadow=not no_check, keep_captures=True)  # drawn from the captures
+        report = registry.run_check(plan, progress, shadow=not no_check, keep_captures=True)  # drawn from the captures
+    report.subject = registry.subject(plan)
+    return report
 
 
 def suggest(*, config: str | None = None, max_candidates: int = 12,  # capturelint.suggest.DEFAULT_MAX_CANDIDATES
@@ -324,7 +414,9 @@ def suggest(*, config: str | None = None, max_candidates: int = 12,  # captureli
     """
     own = _checked("suggest", config=config)
     max_candidates = parse_option(MAX_CANDIDATES, max_candidates, Surface.API)
-    parsed = registry.engine_options(Surface.API, "suggest()", ("config", "max_candidates"), **options)
+    targets = options.pop("targets", None)
+    parsed = with_targets(registry.engine_options(Surface.API, "suggest()", ("config", "max_candidates", "targets"),
+                                                  **options), targets, "suggest()")
     return suggest_with(registry.load_settings(own["config"]), parsed, max_candidates=max_candidates)
 
 
@@ -339,8 +431,8 @@ def suggest_with(settings: Settings, options: EngineOptions, *, max_candidates: 
     slots = registry.suggest_slots(registry.load(plan))
     from capturelint.suggest import suggest as find
 
-    with ProgressReporter(len(slots)) as progress:
-        return find(slots, max_candidates, progress.with_total)
+    with ProgressReporter(len(slots), unbounded=True) as progress:
+        return find(slots, max_candidates, progress.trying)
 
 
 __all__ = ["check", "check_options", "check_with", "engine_options", "show", "show_with", "suggest", "suggest_with"]

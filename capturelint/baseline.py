@@ -23,9 +23,10 @@ from typing import Any
 
 from capturelint.errors import CapturelintError
 from capturelint.inputs import InputProblem, read_bytes
-from capturelint.region_changes import RegionChanges, compare_maps, cut
+from capturelint.lists import cut
+from capturelint.region_changes import RegionChanges, compare_maps
 from capturelint.report import Report
-from capturelint.snapshot import RegionMap, load_snapshot, looks_like_snapshot, mode_order, region_map, write_snapshot
+from capturelint.snapshot import RegionMap, load_snapshot, looks_like_snapshot, region_map, write_snapshot
 
 
 def compare_report(snapshot: RegionMap, report: Report, plan: Any, max_growth_pct: float) -> RegionChanges:
@@ -110,7 +111,7 @@ def update_snapshot(path: str | Path, current: RegionMap) -> SnapshotUpdate:
         extra = [c for c in old.configs if c.key not in run_keys]
         if extra:
             kept = tuple(c.label for c in extra)
-            configs = sorted(current.configs + tuple(extra), key=lambda c: (c.runner, mode_order(c.mode)))
+            configs = sorted(current.configs + tuple(extra), key=lambda c: c.order)
             merged = RegionMap(current.engine, tuple(configs))
     changes = compare_maps(old, merged) if old is not None else None
     write_snapshot(merged, path)

@@ -40,6 +40,8 @@ import click
 
 from capturelint import interrupts
 from capturelint.errors import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, EXIT_INTERRUPTED, CapturelintError  # noqa: F401
+from capturelint.hosting import called, exit_call, hosted, real_exit
+from capturelint.records import lint_recorded
 
 THREADS_ENV = "CAPTURELINT_THREADS"
 DEBUG_ENV = "CAPTURELINT_DEBUG"
@@ -201,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     guarded = GuardedStdout(real_stdout)
     sys.stdout, sys.stderr = guarded, GuardedStderr(real_stderr)
     try:
-        with interrupts.raising():
+        with interrupts.raising(), hosted():
             status = _run(argv, state)
             if guarded.error is None:
                 try:
@@ -227,6 +229,8 @@ def _run(argv: list[str] | None, state: dict[str, Any]) -> int:
         state["debug"] = debug_from_env()
         threads_from_env()
         with cli.make_context("capturelint", args, obj=state) as ctx:
+            if state["debug"]:  # a tracer bug shows where it happens: every recorded stream linted
+                lint_recorded()
             rv = cli.invoke(ctx)
         return rv if isinstance(rv, int) else EXIT_CLEAN
     except click.exceptions.Exit as e:
@@ -260,8 +264,8 @@ def _run(argv: list[str] | None, state: dict[str, Any]) -> int:
     except SystemExit as e:
         if state["debug"]:
             traceback.print_exc()
-        _error(f"error: code run by the command called sys.exit({e.code!r}); capturelint cannot give a verdict on it, "
-               "so it ends with an error; remove the sys.exit call")
+        _error(f"error: code run by the command called {called(e)}; capturelint cannot give a verdict on it, "
+               f"so it ends with an error; remove the {exit_call(e)} call")
         return EXIT_ERROR
     except Exception as e:  # a bug of capturelint's: one line, the traceback on request
         if state["debug"]:
@@ -307,7 +311,7 @@ def _end(status: int) -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    os._exit(status)
+    real_exit(status)
 
 
 if __name__ == "__main__":

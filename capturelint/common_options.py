@@ -24,6 +24,7 @@ import re
 from typing import Any
 
 from capturelint.limits import count_problem, jobs_problem, seed_problem
+from capturelint.output import COLORS
 from capturelint.options import (
     EagerRegion,
     Kind,
@@ -80,6 +81,28 @@ def codes_value(empty: bool = False):  # noqa: ANN201 - a parser
         return tuple(out)
 
     return parse
+
+
+def specs_value(value: Any) -> tuple[str, ...]:
+    """Target specs (``FILE.py:FUNCTION`` or ``MODULE:FUNCTION``), a non-empty list of
+    them; paths are resolved by the settings reader (relative to its file)."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items or not all(isinstance(v, str) for v in items):
+        raise OptionProblem("must be a non-empty list of FILE.py:FUNCTION or MODULE:FUNCTION specs",
+                            '["tests/capture_targets.py:targets"]')
+    for item in items:
+        where, sep, name = item.strip().rpartition(":")
+        if not sep or not where or not name.isidentifier():
+            raise OptionProblem(f"has {item!r}, which is not FILE.py:FUNCTION or MODULE:FUNCTION", got=False)
+    return tuple(item.strip() for item in items)
+
+
+def paths_value(value: Any) -> tuple[str, ...]:
+    """Folder paths, a non-empty list of non-empty strings."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items or not all(isinstance(v, str) and v.strip() for v in items):
+        raise OptionProblem("must be a non-empty list of folder paths", '["src"]')
+    return tuple(items)
 
 
 def percent_value(value: Any) -> float:
@@ -139,6 +162,12 @@ CHECK: tuple[OptionSpec, ...] = (
           "Check your own engine instead of capturelint's: FILE.py:FUNCTION (the file is executed, as pytest imports "
           "test files) or MODULE:FUNCTION, returning capturelint.target.Target objects (engine options such as "
           "--runner or --layers do not apply: an error).", WHAT, key=None, metavar="SPEC"),
+    _spec("targets", specs_value, "The project's own engine: the targets to check when no --engine or --target is "
+          "given (FILE.py:FUNCTION, the path relative to this settings file, or MODULE:FUNCTION).", WHAT, flag=None, key="targets",
+          kind=Kind.LIST),
+    _spec("pythonpath", paths_value, "Folders put on sys.path, after the project root (the folder of this settings "
+          "file), before a target is imported (e.g. [\"src\"] for a src/ layout); relative to this settings file.",
+          WHAT, flag=None, key="pythonpath", kind=Kind.LIST),
     _spec("select", codes_value(), "Only these rule codes (prefixes allowed, e.g. CL1).", WHAT, kind=Kind.LIST,
           metavar="CODES"),
     _spec("ignore", codes_value(empty=True), "Skip these rule codes.", WHAT, kind=Kind.LIST, metavar="CODES"),
@@ -166,8 +195,9 @@ CHECK: tuple[OptionSpec, ...] = (
     _spec("format", text_choice(FORMATS), "Report format.", REPORT, choices=FORMATS, default="rich"),
     _spec("output", text_value("a path", '"report.json"'), "Write the report to FILE (atomically, after the run) "
           "instead of stdout; - is stdout.", REPORT, key=None, short="-o", metavar="FILE"),
-    _spec("verbose", switch_value, "Rich report: the evidence (a panel per runner and mode with every graph's "
-          "segments and every finding with its ops, source lines and replay steps) instead of one line per problem.",
+    _spec("verbose", switch_value, "Rich report: the default report, then the evidence (a panel per runner and "
+          "mode with every graph's segments, then per problem every finding with its ops, source lines and replay "
+          "steps).",
           REPORT, key=None, short="-v", kind=Kind.SWITCH, default=False),
     _spec("exit_zero", switch_value, "Exit 0 even when there are findings.", REPORT, key=None, kind=Kind.SWITCH,
           default=False),
@@ -185,7 +215,18 @@ CHECK: tuple[OptionSpec, ...] = (
 """The options of a check that are not an engine's: rules, invariants, the report, speed."""
 
 SHARED: tuple[OptionSpec, ...] = ENGINE + CHECK
-BY_NAME = {spec.name: spec for spec in SHARED}
+
+TERMINAL: tuple[OptionSpec, ...] = (
+    _spec("quiet", switch_value, "No progress on stderr (also: CAPTURELINT_QUIET=1); the report and its summary are "
+          "printed as without it.", REPORT, key=None, short="-q", kind=Kind.SWITCH, default=False),
+    _spec("color", text_choice(COLORS), "Colour the output: auto (on a terminal; NO_COLOR turns it off, FORCE_COLOR "
+          "on, NO_COLOR winning), always or never.", REPORT, key=None, metavar="auto|always|never", choices=COLORS,
+          default="auto"),
+)
+"""How a command talks to the terminal (``capturelint.output.Terminal``): options of the
+command line only (no setting, no API keyword), for every command that prints a report."""
+
+BY_NAME = {spec.name: spec for spec in SHARED + TERMINAL}
 
 
 def shared(*names: str) -> tuple[OptionSpec, ...]:
@@ -198,5 +239,5 @@ def with_help(spec: OptionSpec, **changes: Any) -> OptionSpec:
     return dataclasses.replace(spec, **changes)
 
 
-__all__ = ["CHECK", "ENGINE", "FORMATS", "GROUPS", "REPORT", "SHARED", "SPEED", "WHAT", "BY_NAME", "codes_value",
-           "name_value", "percent_value", "shared", "with_help"]
+__all__ = ["CHECK", "ENGINE", "FORMATS", "GROUPS", "REPORT", "SHARED", "SPEED", "TERMINAL", "WHAT", "BY_NAME",
+           "codes_value", "name_value", "paths_value", "percent_value", "shared", "specs_value", "with_help"]

@@ -10,10 +10,13 @@ else the captured op's line, else the step's. Every format puts it first (the ri
 problem line, JSON ``location``, SARIF's first location, the GitHub annotation); the
 op's own lines stay beside it (``capture_frame``, ``shadow_frame``).
 
-**Keys.** This module is the one place a finding is keyed: ``Finding.sort_key`` (the
-output order), ``cause_key``/``group_id`` (one problem across layers and
-configurations) and ``fingerprint`` (one hazard across runs, with no line number: the
-SARIF ``partialFingerprints`` and the ``--accept-findings`` file both key by it).
+**Keys.** ``capturelint.finding_keys`` is the one place a finding is keyed, each key
+named for what it serves: ``order_key`` (``Finding.sort_key``, the output order),
+``cause_key``/``group_id`` (one problem across layers and configurations),
+``occurrence_key`` (one finding across replay steps), ``trial_key`` (one finding across
+the regions ``suggest`` tries) and ``fingerprint`` (one hazard across runs, with no line
+number: the SARIF ``partialFingerprints`` and the ``--accept-findings`` file both key
+by it). This module re-exports ``cause_key``, ``group_id`` and ``fingerprint``.
 
 **Groups.** One cause usually shows in many findings: the same captured branch in every
 layer, under every mode that captures it. ``group_findings`` (a pure function, the one
@@ -28,10 +31,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import hashlib
 import re
-from typing import Any, Iterable
+from typing import Any, Iterable, Protocol
 
+from capturelint.finding_keys import cause_key, fingerprint, group_id, group_order, order_key  # re-exported: cause_key, fingerprint, group_id
+from capturelint.lists import cut
 from capturelint.runtime.protocol import Frame
 
 
@@ -76,6 +80,35 @@ class Condition(enum.Enum):
         return self.value
 
 
+class Named(Protocol):
+    """What a finding takes of its rule (a ``capturelint.rules.base.Rule`` or its
+    ``RuleInfo``): code, name and condition."""
+
+    code: str
+    name: str
+    condition: Condition
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """Where in a run a finding was seen: the configuration (``runner``, ``mode``), the
+    captured graph (``graph``, its ``runtime_mode``) and the segment (``segment``, the
+    label, and its ``segment_index``). A finding of the whole run (the numerical oracle)
+    has only a configuration; one of a suppression comment has none (``Site()``)."""
+
+    runner: str = ""
+    mode: str = ""
+    graph: str = ""
+    runtime_mode: str = ""
+    segment: str = ""
+    segment_index: int = -1
+
+    @classmethod
+    def captured(cls, runner: str, mode: str, graph: str, runtime_mode: str, index: int) -> Site:
+        """Captured segment ``index`` of ``graph``: ``"decode/4 #2 captured"``."""
+        return cls(runner, mode, graph, runtime_mode, f"{graph} #{index} captured", index)
+
+
 @dataclasses.dataclass(frozen=True)
 class Finding:
     """One violated condition, located.
@@ -115,6 +148,22 @@ class Finding:
     invariant: str | None = None  # the id of the declared invariant violated (CL2xx)
     edit: EditLine | None = None  # the line to change, where a rule found one other than the op's
 
+    @classmethod
+    def of(cls, rule: Named, site: Site, *, op: str, scope: str | None, tensor: str | None,
+           capture_frame: Frame | None, shadow_frame: Frame | None, message: str, **more: Any) -> Finding:
+        """The finding of ``rule`` at ``site``: what it is about (op, module scope, tensor;
+        an empty scope is ``<top>``), its lines on the capture and step sides, the
+        message, and ``more`` of the optional fields (``steps``, ``allocation_frame``,
+        ``capture_stack``, ``edit``, ...)."""
+        return cls(code=rule.code, name=rule.name, condition=rule.condition, runner=site.runner, mode=site.mode,
+                   graph=site.graph, runtime_mode=site.runtime_mode, segment=site.segment,
+                   segment_index=site.segment_index, op=op, scope=scope or "<top>", tensor=tensor,
+                   capture_frame=capture_frame, shadow_frame=shadow_frame, message=message, **more)
+
+    @property
+    def site(self) -> Site:
+        return Site(self.runner, self.mode, self.graph, self.runtime_mode, self.segment, self.segment_index)
+
     @property
     def location(self) -> Frame | None:
         """The line a developer edits: ``edit``'s, else the capture side's, else the
@@ -135,9 +184,8 @@ class Finding:
         return tuple(dict.fromkeys(f for f in frames if f is not None))
 
     def sort_key(self) -> tuple:
-        frame = self.location or Frame("", 0, "")
-        return (self.runner, self.mode, frame.file, frame.line, self.code, self.graph, self.segment_index, self.scope, self.op,
-                self.tensor or "", self.invariant or "")
+        """The order findings are listed in (``capturelint.finding_keys.order_key``)."""
+        return order_key(self)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -198,35 +246,6 @@ def _edit(doc: dict[str, Any] | None) -> EditLine | None:
 
 
 # ------------------------------------------------------------------------ groups
-
-
-def cause_key(f: Finding) -> tuple[str, ...]:
-    """What makes two findings one problem: the rule, the declared invariant, the source
-    lines on both sides (capture, step, re-allocation), the op and the tensor, with
-    module indices abstracted (``model.layers.3.attn.kv_cache`` is
-    ``model.layers.*.attn.kv_cache``). Scope, graph, configuration, replay steps and
-    the message's counts and op lists are evidence of one occurrence, not the cause,
-    and are left out: they differ from layer to layer for one and the same branch."""
-    return (f.code, f.invariant or "", _where(f.location), _where(f.capture_frame), _where(f.shadow_frame),
-            _where(f.allocation_frame), abstract_indices(f.op), abstract_indices(f.tensor or ""))
-
-
-def group_id(f: Finding) -> str:
-    """The id of ``f``'s group: 12 hex digits hashed from ``cause_key``, so the same
-    command gives the same ids (and the members of a group the same one)."""
-    return hashlib.sha256("\x1f".join(cause_key(f)).encode("utf-8")).hexdigest()[:12]
-
-
-_INDEX = re.compile(r"(?<=[A-Za-z_]\.)\d+\b")
-
-
-def abstract_indices(name: str) -> str:
-    """``model.layers.3.attn`` -> ``model.layers.*.attn``: numeric components of dotted names."""
-    return _INDEX.sub("*", name)
-
-
-def _where(frame: Frame | None) -> str:
-    return f"{frame.file}:{frame.line}" if frame is not None else ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,20 +337,7 @@ def _sentence(text: str, upper: bool = True) -> str:
 def where(f: Finding) -> str:
     """``path:line`` of a finding's ``location`` (the line to change), or ``<no
     source line>`` (the numerical oracle's CL901)."""
-    return _where(f.location) or "<no source line>"
-
-
-def fingerprint(f: Finding) -> str:
-    """The identity of a finding across runs (32 hex digits): a hash of its code, the
-    file of its op's line (capture side, else step side), its scope, op and tensor (and
-    declared invariant), and no line number, so it survives edits that move code; the
-    same hazard under several runners, modes or graphs shares it. SARIF's
-    ``partialFingerprints`` and the ``--accept-findings`` file key findings by it."""
-    frame = f.capture_frame or f.shadow_frame
-    parts = (f.code, frame.file if frame else "", f.scope, f.op, f.tensor or "")
-    if f.invariant is not None:  # two invariants may flag the same op
-        parts += (f.invariant,)
-    return hashlib.sha256("\x1f".join(parts).encode("utf-8")).hexdigest()[:32]
+    return f.location.location if f.location is not None else "<no source line>"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -411,8 +417,7 @@ def group_findings(findings: Iterable[Finding]) -> list[FindingGroup]:
     for f in sorted(findings, key=Finding.sort_key):
         groups.setdefault(group_id(f), []).append(f)
     out = [FindingGroup(gid, tuple(members)) for gid, members in groups.items()]
-    return sorted(out, key=lambda g: (g.frame is None, g.frame.file if g.frame else "", g.frame.line if g.frame else 0,
-                                      g.code, g.first.sort_key()))
+    return sorted(out, key=group_order)
 
 
 _NAME_INDEX = re.compile(r"((?<=[A-Za-z_]\.)\d+\b)")
@@ -435,7 +440,7 @@ def compact_names(names: Iterable[str]) -> str:
         at = varying[0]
         numbers = sorted({int(m[at]) for m in members})
         out.append("".join(members[0][:at]) + "{" + _runs(numbers) + "}" + "".join(members[0][at + 1:]))
-    return ", ".join(out[:5]) + (f" ... and {len(out) - 5} more" if len(out) > 5 else "")
+    return cut(out)
 
 
 def compact_graphs(graphs: list[str]) -> str:

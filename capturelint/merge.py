@@ -240,9 +240,12 @@ def merge_json(inputs: Sequence[Input]) -> Report:
         if r.invariants != first.invariants:
             raise CapturelintError(f"merge: {i.path} and {inputs[0].path} hold different declared invariants; merge "
                                    "reports of checks with the same invariants in force")
+        if r.subject != first.subject:
+            raise CapturelintError(f"merge: {i.path} and {inputs[0].path} checked different things ({r.subject_text()}; "
+                                   f"{first.subject_text()}); merge the reports of one engine or one project's targets")
     configs: list[ConfigReport] = [reports[i.path].configs[at] for i, at in placed]
     merged = Report(configs, invariants=first.invariants, static=first.static,
-                    waivers=joined([reports[i.path].waivers for i in inputs]))
+                    waivers=joined([reports[i.path].waivers for i in inputs]), subject=first.subject)
     rejudge(merged)  # the comments judged over every shard: as the unsharded check judges them
     return merged
 

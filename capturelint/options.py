@@ -455,6 +455,7 @@ class EngineOptions:
 
     engine: str | None = None
     target: str | None = None
+    targets: Any = None  # the Python API's targets=: Target objects, a function returning them, or specs
     script: tuple[str, ...] | None = None
     runners: tuple[Runner, ...] = ()
     modes: tuple[CUDAGraphMode, ...] = ()

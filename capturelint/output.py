@@ -13,8 +13,9 @@ naming the path.
 
 **Files are written after the run**, once the report exists; ``check_output_path``
 refuses, before anything runs, a path that can never be written (a directory, a folder
-that does not exist or that this user may not write), so a long run does not end in a
-lost report. ``-`` names standard output.
+that does not exist, that this user may not write, or that refuses a new file: /sys,
+/proc, a read-only mount; it makes and removes a file there to know), so a long run does
+not end in a lost report. ``-`` names standard output.
 
 **Standard output never crashes a command.** ``GuardedStdout`` (installed by
 ``capturelint.cli.main``) turns a closed pipe (``capturelint check | head -1``) into
@@ -28,6 +29,7 @@ status**: ``GuardedStderr`` drops what cannot be written (``2>/dev/full``, ``2>&
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import os
 import stat
@@ -71,6 +73,21 @@ def check_output_path(output: str | None, option: str = "-o") -> None:
     if not os.access(folder, os.W_OK | os.X_OK):  # the file is replaced by a new one made in its folder
         raise CapturelintError(f"cannot write {output}: the folder {shown} is not writable; choose a writable path with "
                                f"{option}")
+    _probe(output, folder, shown, option)
+
+
+def _probe(output: str, folder: str, shown: str, option: str) -> None:
+    """Make and remove a file in ``folder``, as ``write_file`` will: a folder that
+    permissions call writable may still refuse new files (/sys, /proc, a read-only
+    mount, root's ``os.access`` that answers yes to everything)."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".capturelint-probe.", suffix=".tmp")
+    except OSError as e:
+        raise CapturelintError(f"cannot write {output}: the folder {shown} refuses new files ({e.strerror or e}); "
+                               f"choose a writable path with {option}") from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
 
 
 def _stat(path: str) -> os.stat_result | None:
@@ -139,14 +156,82 @@ def write_stdout(text: str) -> None:
     sys.stdout.flush()
 
 
+# ------------------------------------------------------------- the terminal
+
+QUIET_ENV = "CAPTURELINT_QUIET"
+COLORS = ("auto", "always", "never")
+
+
+@dataclasses.dataclass
+class Terminal:
+    """How a command talks to the terminal, as ruff does: ``color`` (``--color``:
+    ``auto`` colours a terminal only; ``NO_COLOR`` set to anything non-empty turns
+    colour off and ``FORCE_COLOR`` on, ``NO_COLOR`` winning; ``always`` and ``never``
+    override both), ``quiet`` (``--quiet``, or ``CAPTURELINT_QUIET=1``: no progress) and
+    ``lines`` (a command is running: off a terminal, progress is a plain line per
+    configuration finished; the Python API prints none)."""
+
+    color: str = "auto"
+    quiet: bool = False
+    lines: bool = False
+
+    def colored(self, stream: Any) -> bool | None:
+        """Whether output to ``stream`` is coloured: True, False, or None (a terminal is)."""
+        if self.color != "auto":
+            return self.color == "always"
+        if os.environ.get("NO_COLOR", ""):
+            return False
+        if os.environ.get("FORCE_COLOR", ""):
+            return True
+        return None
+
+    def console_options(self, stream: Any) -> dict[str, Any]:
+        colored = self.colored(stream)
+        if colored is None:
+            return {"force_terminal": _isatty(stream), "no_color": False}
+        return {"force_terminal": True, "no_color": False} if colored else {"force_terminal": False, "color_system": None}
+
+
+TERMINAL = Terminal()
+
+
+def quiet_from_env() -> bool:
+    """``CAPTURELINT_QUIET``: ``1`` (or true, yes, on) silences progress; ``0``, false,
+    no, off or empty does not; anything else is an error."""
+    text = os.environ.get(QUIET_ENV, "")
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise CapturelintError(f"{QUIET_ENV}={text!r} is not a switch; set it to 1 (or true, yes, on) to silence progress, "
+                           "0 (or false, no, off) or unset it")
+
+
+def configure_terminal(color: str | None = None, quiet: bool | None = None) -> None:
+    """Set ``TERMINAL`` for the command that starts: its ``--color`` and ``--quiet``."""
+    TERMINAL.color = color or "auto"
+    TERMINAL.quiet = bool(quiet) or quiet_from_env()
+    TERMINAL.lines = True
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
 def stdout_console() -> Console:
-    # The same content with or without a terminal: no colour codes in pipes, a fixed
-    # width so line breaks do not depend on the terminal that ran it.
-    return Console(file=sys.stdout, width=None if sys.stdout.isatty() else REPORT_WIDTH)
+    # The same content with or without a terminal: no colour codes in pipes (unless
+    # --color always or FORCE_COLOR), a fixed width so line breaks do not depend on
+    # the terminal that ran it.
+    return Console(file=sys.stdout, width=None if _isatty(sys.stdout) else REPORT_WIDTH,
+                   **TERMINAL.console_options(sys.stdout))
 
 
 def stderr_console() -> Console:
-    return Console(file=sys.stderr)
+    return Console(file=sys.stderr, **TERMINAL.console_options(sys.stderr))
 
 
 def file_console(buffer: io.StringIO) -> Console:

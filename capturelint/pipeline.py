@@ -18,6 +18,7 @@ import os
 import pickle
 import signal
 import sys
+import time
 import traceback
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -25,6 +26,7 @@ from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
 from capturelint.findings import Numerical
 from capturelint.harness import TwinResult, trace_run
+from capturelint.hosting import hosted
 from capturelint.regions import graph_map
 from capturelint.report import Checked, ConfigReport, Report
 from capturelint.runtime.emulated import emulate_cuda
@@ -63,6 +65,7 @@ class Configuration:
     invariants: tuple[Any, ...] = ()
     capture_only: Callable[[], Any] | None = None
     subject: str | None = None
+    exercised: Callable[[Any], tuple[str, ...]] | None = None  # run()'s output -> its steps in words (Checked.exercised)
 
 
 STATIC_NOTE = ("static mode: only the captures were checked (declared invariants, host syncs); replay "
@@ -104,7 +107,7 @@ def check_configuration(config: Configuration, codes: frozenset[str], shadow: bo
             raise CapturelintError(
                 f"{who} captured {len(result.captures)} graph(s) but replayed none, "
                 "so no step could be checked and the check would prove nothing; use a mode that captures graphs and "
-                "a workload that replays them (more steps)"
+                "a workload that replays them: steps after the capture (more steps) that fit a captured graph's size"
             )
         twin = result.twin
         if twin is not None or result.shadowed_steps:  # otherwise nothing was compared: no oracle to report
@@ -112,7 +115,7 @@ def check_configuration(config: Configuration, codes: frozenset[str], shadow: bo
                                   result.max_step_error, twin.max_error if twin else None, result.replay_steps)
     graphs = [graph_map(c) for c in result.captures]
     checked = Checked(result.rules_checked, result.rules_unchecked, result.shadowed_steps, result.bare_replays,
-                      result.twin is not None)
+                      result.twin is not None, _exercised(config, result) if shadow else ())
     return ConfigReport(label.runner, label.mode, config.eager_region, result.findings, numerical, graphs,
                         captures=result.captures, note=note, eager_region_option=config.eager_region_option,
                         invariant_selected=result.invariant_selected, static=static, checked=checked,
@@ -217,7 +220,8 @@ def _run_job(index: int) -> bytes | WorkerError:
     cannot be is an error of this job, not a broken pool."""
     _RUNNING[index] = os.getpid()
     try:
-        return pickle.dumps(_JOBS[index](), protocol=pickle.HIGHEST_PROTOCOL)
+        with hosted():  # os._exit in the job is its error, not a dead worker
+            return pickle.dumps(_JOBS[index](), protocol=pickle.HIGHEST_PROTOCOL)
     except BaseException as e:
         return WorkerError(type(e).__name__, str(e), isinstance(e, CapturelintError), traceback.format_exc())
     finally:
@@ -234,10 +238,10 @@ def _signals_blocked() -> Iterator[None]:
 
 
 def parallel_map(fns: Sequence[Callable[[], Any]], jobs: int, done: Callable[[int], None] | None = None,
-                 names: Sequence[str] | None = None) -> list[Any]:
+                 names: Sequence[str] | None = None, arrived: Callable[[int, Any], None] | None = None) -> list[Any]:
     """``[fn() for fn in fns]``, in ``min(jobs, len(fns))`` worker processes forked from
     this one when ``jobs > 1``; results (pickled back) in order. ``done(i)`` is called
-    as result ``i`` arrives. The functions are inherited by the fork, never pickled, so
+    as result ``i`` arrives, ``arrived(i, result)`` too. The functions are inherited by the fork, never pickled, so
     closures over engines and plans work. With more than one intra-op torch thread
     (``CAPTURELINT_THREADS``) the functions run here, one after another: forking a
     process whose OpenMP pool has run is not safe.
@@ -252,16 +256,14 @@ def parallel_map(fns: Sequence[Callable[[], Any]], jobs: int, done: Callable[[in
     nothing of their own.
     """
     global _JOBS, _RUNNING
-    import torch
-
-    # A process that has run torch on several intra-op threads (CAPTURELINT_THREADS > 1)
-    # has an OpenMP pool that a forked child can deadlock on: run here instead.
-    if jobs <= 1 or len(fns) <= 1 or torch.get_num_threads() > 1:
+    if _workers(jobs, len(fns)) == 1:
         out = []
         for i, fn in enumerate(fns):
             out.append(fn())
             if done is not None:
                 done(i)
+            if arrived is not None:
+                arrived(i, out[-1])
         return out
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
@@ -282,6 +284,8 @@ def parallel_map(fns: Sequence[Callable[[], Any]], jobs: int, done: Callable[[in
             out.append(pickle.loads(result))
             if done is not None:
                 done(i)
+            if arrived is not None:
+                arrived(i, out[-1])
     except BrokenProcessPool:
         pass  # named below, once the pool has reaped its workers
     finally:
@@ -294,6 +298,17 @@ def parallel_map(fns: Sequence[Callable[[], Any]], jobs: int, done: Callable[[in
     if len(out) < len(fns):
         raise CapturelintError(_dead_worker(context.workers, running, names))
     return out
+
+
+def _workers(jobs: int, n: int) -> int:
+    """How many of ``n`` functions ``parallel_map`` runs at once with ``jobs``."""
+    import torch
+
+    # A process that has run torch on several intra-op threads (CAPTURELINT_THREADS > 1)
+    # has an OpenMP pool that a forked child can deadlock on: run here instead.
+    if jobs <= 1 or n <= 1 or torch.get_num_threads() > 1:
+        return 1
+    return min(jobs, n)
 
 
 def _dead_worker(workers: list[_Worker], running: list[int], names: Sequence[str]) -> str:
@@ -322,6 +337,16 @@ def _ended(code: int | None) -> str:
         return f"was killed by signal {-code}"
 
 
+def _exercised(config: Configuration, result: Any) -> tuple[str, ...]:
+    """What the run's steps were (``Checked.exercised``): the adapter's words for them
+    where it has some, else each graph replayed with a shadow and how often."""
+    if result.capture_failed:
+        return ()
+    if config.exercised is not None and result.output is not None:
+        return tuple(config.exercised(result.output))
+    return tuple(f"replayed {graph}" + (f" x{n}" if n > 1 else "") for graph, n in result.replayed_graphs)
+
+
 def _without_captures(task: Task) -> Callable[[], ConfigReport]:
     # A configuration's capture streams hold the engine's storages; reports and region
     # maps need its findings, numerical oracle and graph maps, not them.
@@ -341,15 +366,38 @@ def run_all(tasks: Sequence[Task], jobs: int = 1, progress: Callable[[str], None
     """
     if keep_captures:
         jobs = 1
-    fns = [t.run if keep_captures else _without_captures(t) for t in tasks]
-    if progress is not None and tasks:
-        progress(tasks[0].label)
+    fns = [_timed(t.run if keep_captures else _without_captures(t)) for t in tasks]
+    labels = [t.label for t in tasks]
+    running, finished = getattr(progress, "running", None), getattr(progress, "finished", None)
+    width = _workers(jobs, len(tasks))
 
-    def done(i: int) -> None:
-        if progress is not None and i + 1 < len(tasks):
-            progress(tasks[i + 1].label)
+    def announce(start: int) -> None:
+        # the pool takes jobs in order: the next `width` unfinished ones are running
+        if progress is None or start >= len(tasks):
+            return
+        if running is not None:
+            running(labels[start:start + width])
+        else:
+            progress(labels[start])
 
-    return parallel_map(fns, jobs, done, [t.label for t in tasks])
+    def arrived(i: int, result: tuple[ConfigReport, float]) -> None:
+        if finished is not None:
+            finished(labels[i], *result)
+        announce(i + 1)
+
+    announce(0)
+    return [report for report, _ in parallel_map(fns, jobs, names=labels, arrived=arrived)]
+
+
+def _timed(fn: Callable[[], ConfigReport]) -> Callable[[], tuple[ConfigReport, float]]:
+    """``fn`` returning its result and the seconds it took (where it ran: a worker's)."""
+
+    def run() -> tuple[ConfigReport, float]:
+        start = time.monotonic()
+        result = fn()
+        return result, time.monotonic() - start
+
+    return run
 
 
 __all__ = ["Configuration", "Task", "WorkerCrash", "WorkerError", "check_all", "check_configuration", "parallel_map",

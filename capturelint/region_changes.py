@@ -25,14 +25,13 @@ import dataclasses
 import difflib
 import enum
 from collections import Counter, defaultdict
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
 from capturelint.errors import CapturelintError
+from capturelint.lists import cut
 from capturelint.regions import GraphMap
 from capturelint.runtime.protocol import SegmentKind
 from capturelint.snapshot import ConfigMap, EngineParams, RegionMap, natural
-
-LIST_CUT = 5
 
 
 class Direction(enum.Enum):
@@ -204,10 +203,6 @@ def _num(x: float) -> str:
     return f"{x:g}" if x != int(x) else str(int(x))
 
 
-def cut(items: Sequence[str], limit: int = LIST_CUT) -> str:
-    """``a, b, c, d, e ... and 3 more``."""
-    head = ", ".join(items[:limit])
-    return head + (f" ... and {len(items) - limit} more" if len(items) > limit else "")
 
 
 # ------------------------------------------------------------------ computing

@@ -4,7 +4,7 @@ JSON is byte-deterministic for a given command: sorted keys, no addresses, no
 timestamps, floats rounded; each finding carries its ``group``, the id of the problem
 it belongs to (``capturelint.findings.group_findings``; ``Report.groups``). The other
 formats are reporters (``capturelint.reporters``): the Rich form
-(``capturelint.render.report``) prints the ``verdict_line``, one entry per group and
+(``capturelint.render.check``) prints the ``verdict_line``, one entry per group and
 the one-line summary, and with ``--verbose`` every finding's evidence grouped by runner
 and mode.
 
@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from capturelint import __version__
 from capturelint.findings import Finding, FindingGroup, Numerical, group_findings
+from capturelint.lists import cut
 from capturelint.regions import GraphMap
 from capturelint.shard import ShardInfo
 from capturelint.waivers import AcceptedEntry, Waived, WaiverKind, Waivers
@@ -55,7 +56,13 @@ class Checked:
     shadow, the replays of bare graphs (no Python re-runs on their replay, so no
     shadow: only their freed inputs are checked), and whether an eager twin's output
     was compared with the run's. The numerical oracle's own rule (CL901) is in neither
-    list: the counts and the twin say what it compared. Printed form (Rich)::
+    list: the counts and the twin say what it compared. ``exercised`` says what those
+    steps were, so that a reviewer knows what "matches" covers: the engine's steps as it
+    ran them where its adapter describes them (the bundled engine: ``prefill: 7 tokens
+    (eager)``, ``decode: 2, 3->4 x3 tokens (replayed FULL)``: sizes in tokens,
+    ``real->padded`` where padded to a captured size, ``xN`` steps of that size), else the
+    graphs replayed with a shadow and how often (``replayed decode/4 x3``). Printed form
+    (Rich)::
 
         checked: rules CL104, CL106; 3 bare-graph replays, not shadowed; no eager twin
     """
@@ -65,6 +72,7 @@ class Checked:
     shadowed_steps: int = 0
     bare_replays: int = 0
     eager_twin: bool = False
+    exercised: tuple[str, ...] = ()
 
     @property
     def with_eager(self) -> bool:
@@ -103,12 +111,18 @@ class Checked:
             "shadowed_steps": self.shadowed_steps,
             "bare_replays": self.bare_replays,
             "eager_twin": self.eager_twin,
+            "exercised": list(self.exercised),
         }
+
+    def exercised_text(self) -> str:
+        """``prefill: 7 tokens (eager); decode: 2 x3 tokens (replayed FULL)``; empty when
+        nothing was described."""
+        return "; ".join(self.exercised)
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Checked:
         return cls(tuple(doc["rules"]), tuple(doc["unchecked_rules"]), doc["shadowed_steps"], doc["bare_replays"],
-                   doc["eager_twin"])
+                   doc["eager_twin"], tuple(doc.get("exercised", ())))
 
 
 @dataclasses.dataclass
@@ -130,6 +144,7 @@ class ConfigReport:
     checked: Checked = Checked()  # what the check looked at and compared
     waived: list[Waived] = dataclasses.field(default_factory=list)  # findings suppressed or accepted
     traced: tuple[Frame, ...] = dataclasses.field(default=(), repr=False)  # a frame per file its captures ran
+    target: str | None = None  # a user's target: the source it came from (capturelint.adapters.target.Source.name)
 
     @property
     def label(self) -> str:
@@ -157,6 +172,7 @@ class ConfigReport:
             "note": self.note,
             "checked": self.checked.to_json(),
             **({"suppressed": len(self.waived)} if self.waived else {}),
+            **({"target": self.target} if self.target is not None else {}),
         }
 
     def unchecked_text(self) -> str | None:
@@ -189,7 +205,7 @@ class InvariantRecord:
         return self.applies_to
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(repr=False)
 class Report:
     configs: list[ConfigReport]
     region_changes: Any = None  # filled by the gate (capturelint.snapshot)
@@ -198,6 +214,16 @@ class Report:
     shard: ShardInfo | None = None  # check --shard K/N: which shard of which plan (capturelint.shard)
     waivers: Waivers | None = None  # the suppression comments and accepted findings (capturelint.waivers)
     suppression_findings: list[Finding] = dataclasses.field(default_factory=list)  # CL902, CL903: of no configuration
+    subject: dict[str, Any] | None = None  # what was checked: {"engine": "bundled"}, {"targets": [...]} (subject_text)
+
+    def __repr__(self) -> str:
+        """The summary line, not every record (a test's failed ``assert`` prints it)."""
+        return f"<Report: {self.summary_line()}>"
+
+    def subject_text(self) -> str | None:
+        """What was checked, in words: ``engine bundled``, ``targets tests/t.py:targets``,
+        ``script x.py`` (``None``: not known, a report read back without it)."""
+        return subject_text(self.subject)
 
     def invariant_selection(self) -> dict[str, int | None]:
         """Per invariant in force: the ops it selected over every capture it applied to
@@ -301,6 +327,8 @@ class Report:
             doc["static"] = True
         if self.shard is not None:
             doc["shard"] = self.shard.to_json()
+        if self.subject is not None:
+            doc["subject"] = self.subject
         if self.waivers is not None and not self.waivers.empty:
             doc["waivers"] = {**self.waivers.to_json(), "no_longer_occur": [e.to_json() for e in self.stale_accepted()]}
         return doc
@@ -323,7 +351,7 @@ class Report:
         for c in doc["configurations"]:
             configs.append(ConfigReport(c["runner"], c["mode"], c["eager_region"], [], None,
                                         [GraphMap.from_json(g) for g in c["graphs"]], note=c["note"], static=static,
-                                        checked=Checked.from_json(c["checked"])))
+                                        checked=Checked.from_json(c["checked"]), target=c.get("target")))
         # findings: sorted over the whole report; each configuration says how many are its own
         remaining = {id(c): c_doc["findings"] for c, c_doc in zip(configs, doc["configurations"])}
         suppression_findings = []
@@ -367,7 +395,7 @@ class Report:
         shard = ShardInfo.from_json(doc["shard"]) if "shard" in doc else None
         waivers = Waivers.from_json(doc["waivers"]) if "waivers" in doc else None
         return cls(configs, invariants=tuple(invariants), static=static, shard=shard, waivers=waivers,
-                   suppression_findings=suppression_findings)
+                   suppression_findings=suppression_findings, subject=doc.get("subject"))
 
     def summary_json(self) -> dict[str, Any]:
         by_code: dict[str, int] = {}
@@ -397,7 +425,7 @@ class Report:
         missing = self.not_compared
         if not missing:
             return None
-        where = _cut([f"{c.label} ({c.checked.not_compared()})" for c in missing])
+        where = cut([f"{c.label} ({c.checked.not_compared()})" for c in missing])
         return (f"{asked_by} asks for replay compared with eager execution, and {where} replayed graphs without it, so "
                 "the check has no numbers there; give each such Target an eager twin, eager=FUNCTION running the same "
                 "workload without CUDA graphs and returning the output to compare (capturelint.target.Target)")
@@ -406,6 +434,7 @@ class Report:
         """Raise ``AssertionError`` when the check ``failed`` (findings, or region growth
         over the baseline's budget), its message the ``failure_text``: a test's one line
         ``capturelint.api.check(...).assert_clean()`` fails with the findings to read."""
+        __tracebackhide__ = True  # a failing test shows its findings, not capturelint's frames
         if self.failed:
             raise AssertionError(self.failure_text())
 
@@ -449,17 +478,17 @@ class Report:
             else:
                 matches.append(c.label)
         everywhere = len(self.configs) > 1 and len(matches) == len(self.configs)
-        parts = [f"DIFFERS from eager execution in {_cut(differs)}"] if differs else []
+        parts = [f"DIFFERS from eager execution in {cut(differs)}"] if differs else []
         if agree_but:
-            parts.append(f"agrees numerically{'' if parts else ' with eager execution'} in {_cut(agree_but)}, yet has "
+            parts.append(f"agrees numerically{'' if parts else ' with eager execution'} in {cut(agree_but)}, yet has "
                          "findings")
         if matches:
-            where = f"all {len(matches)} configurations" if everywhere else _cut(matches)
+            where = f"all {len(matches)} configurations" if everywhere else cut(matches)
             parts.append(f"{'matches' if parts else 'matches eager execution'} in {where}")
         if uncompared:
-            parts.append(f"NOT compared with eager in {_cut(uncompared)}")
+            parts.append(f"NOT compared with eager in {cut(uncompared)}")
         if unreplayed:
-            parts.append(f"nothing replayed in {_cut(unreplayed)}")
+            parts.append(f"nothing replayed in {cut(unreplayed)}")
         if not parts:
             return "replay: no configuration was checked"
         steps = sum(c.checked.shadowed_steps for c in self.configs)
@@ -480,7 +509,7 @@ class Report:
         unreplayed = [c for c in self.configs if not c.checked.replayed]
         waived = self.waived_text()
         if n == 0 and diverged:
-            where = _cut([f"{c.label} ({c.numerical.describe()})" for c in diverged if c.numerical is not None])
+            where = cut([f"{c.label} ({c.numerical.describe()})" for c in diverged if c.numerical is not None])
             why = ("the findings that explain it are suppressed or accepted" if waived
                    else "the rules that report it are not selected (see --select and --ignore)")
             line = (
@@ -496,13 +525,13 @@ class Report:
             line = f"no findings in {configs} configuration{'s' * (configs != 1)}: replay matches eager execution"
         elif n == 0:
             compared = [c.label for c in self.configs if c.checked.replayed and c.checked.with_eager]
-            parts = [f"replay matches eager execution in {_cut(compared)}"] if compared else []
+            parts = [f"replay matches eager execution in {cut(compared)}"] if compared else []
             if uncompared:
                 rules_only = not compared and not any(c.checked.shadowed_steps for c in self.configs)
                 parts.append("structural rules only, " * rules_only +
                              not_compared_clause([(c.label, c.checked) for c in uncompared], configs))
             if unreplayed:
-                parts.append(f"nothing replayed in {_cut([c.label for c in unreplayed])} (see its note)")
+                parts.append(f"nothing replayed in {cut([c.label for c in unreplayed])} (see its note)")
             line = f"no findings in {configs} configuration{'s' * (configs != 1)}: " + "; ".join(parts)
             uncompared = []  # said
         else:
@@ -520,6 +549,9 @@ class Report:
                      f"(--update-accepted drops {'it' if len(stale) == 1 else 'them'})")
         if self.region_changes is not None:
             line += "; " + self.region_changes.summary_line()
+        subject = self.subject_text()
+        if subject is not None:
+            line += f" [{subject}]"
         if self.shard is not None:
             total = len(self.shard.configurations)
             line += (f" (shard {self.shard.index}/{self.shard.count} of {total} configuration{'s' * (total != 1)}: "
@@ -527,12 +559,21 @@ class Report:
         return line
 
 
+def subject_text(subject: dict[str, Any] | None) -> str | None:
+    """A report's subject in words (``Report.subject_text``)."""
+    if not subject:
+        return None
+    if "targets" in subject:
+        return "targets " + ", ".join(subject["targets"])
+    return ", ".join(f"{key} {value}" for key, value in subject.items())
+
+
 def not_compared_clause(items: list[tuple[str, Checked]], configs: int) -> str:
     """``replay NOT compared with eager (bare graph, no eager twin given)``, naming the
     configurations (``label, checked``) unless the report has only the one."""
     if configs == 1 and len(items) == 1:
         return f"replay NOT compared with eager ({items[0][1].not_compared()})"
-    return f"replay NOT compared with eager in {_cut([f'{label} ({c.not_compared()})' for label, c in items])}"
+    return f"replay NOT compared with eager in {cut([f'{label} ({c.not_compared()})' for label, c in items])}"
 
 
 def code_ranges(codes: tuple[str, ...]) -> str:
@@ -560,8 +601,6 @@ def render_json(report: Report) -> str:
     return dumps_json(report.to_json())
 
 
-def _cut(items: list[str], limit: int = 5) -> str:
-    return ", ".join(items[:limit]) + (f" ... and {len(items) - limit} more" if len(items) > limit else "")
 
 
 def graph_order(g: GraphMap) -> tuple:

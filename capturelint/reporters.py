@@ -36,12 +36,13 @@ from capturelint.output import file_console, is_stdout, stdout_console, write_fi
 class Options:
     """What a command passes to its reporters (each uses what applies to it)."""
 
-    verbose: bool = False  # check, rich: the evidence (every finding and graph structure), not one line per problem
+    verbose: bool = False  # check, rich: the concise report, then the evidence (every graph structure and finding)
     ops: bool = False  # show: expand scopes to their ops
     title: str | None = None  # diff, rich: the panel's title
     fallback_uri: str | None = None  # check, sarif: where findings without a source line point
-    hint: str | None = None  # check, rich: the last line of a report with findings
+    hint: str | None = None  # check, suggest, rich: the last line (the command that finds, or applies, the fix)
     rules: tuple[Any, ...] = ()  # check, sarif: the rule set (findings.RuleInfo) the log documents
+    command: str = "check"  # check, html: the command its header names (run, merge)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +95,7 @@ def _html_dot(alternative: str) -> Callable[[], None]:
 
 
 def _check_rich(report: Any, console: Any, options: Options) -> None:
-    from capturelint.render.report import render_rich
+    from capturelint.render.check import render_rich
 
     render_rich(report, console, options.verbose)
     if options.hint and report.findings:
@@ -117,6 +118,8 @@ def _check_sarif(report: Any, options: Options) -> str:
     # what each configuration checked (the JSON report's configurations[].checked), and a shard's identity
     properties: dict[str, Any] = {"checked": [{"runner": c.runner, "mode": c.mode, **c.checked.to_json()}
                                               for c in report.configs]}
+    if report.subject is not None:  # what was checked: an engine, a project's targets
+        properties["subject"] = report.subject
     if report.shard is not None:
         properties["shard"] = report.shard.to_json()
     if report.waivers is not None and not report.waivers.empty:  # what merge needs to judge the comments again
@@ -141,7 +144,7 @@ def _check_github(report: Any, options: Options) -> str:
 def _check_html(report: Any, options: Options) -> str:
     from capturelint.render.html import check_html
 
-    return check_html(report)
+    return check_html(report, options.command)
 
 
 # -------------------------------------------------------------------------- show
@@ -219,6 +222,10 @@ def _suggest_rich(report: Any, console: Any, options: Options) -> None:
     from capturelint.render.suggest import render_suggest
 
     render_suggest(report, console)
+    if options.hint:
+        from rich.text import Text
+
+        console.print(Text(options.hint, style="dim"), soft_wrap=True)
 
 
 def _suggest_json(report: Any, options: Options) -> str:

@@ -7,6 +7,8 @@ with a ``[tool.capturelint]`` table wins; one without the table is passed over. 
 found means every setting is unset. Printed form::
 
     [tool.capturelint]
+    targets = ["tests/capture_targets.py:targets"]  # your engine, checked by default; paths relative to this file
+    pythonpath = ["src"]                     # on sys.path (after this file's folder) before a target is imported
     runner = ["v1", "v2"]                    # or "all"; runners, the key of earlier versions, is read too
     mode = ["PIECEWISE", "FULL_DECODE_ONLY"]  # modes is read too
     eager-region = "narrow"
@@ -94,7 +96,14 @@ class Settings:
     invariants: tuple[Any, ...] | None = None  # capturelint.invariants.Invariant, in file order
     family: tuple[tuple[str, Any], ...] = ()
     engine_keys: tuple[str, ...] = ()
+    targets: tuple[str, ...] | None = None  # target specs, their file paths resolved against source's folder
+    pythonpath: tuple[Path, ...] | None = None  # resolved against source's folder
     source: Path | None = None
+
+    @property
+    def root(self) -> Path | None:
+        """The project root: the folder of the settings file (``None``: no file)."""
+        return self.source.parent if self.source is not None else None
 
     def value(self, name: str) -> Any:
         """The engine family's setting ``name`` (its option's name), or ``None``."""
@@ -234,6 +243,19 @@ def _settings(path: Path, table: dict[str, Any], specs: Sequence[OptionSpec] = (
     for name in ("baseline", "accept_findings"):  # relative to the file
         if name in values:
             values[name] = (path.resolve().parent / values[name]).resolve()
+    if "engine" in values and "targets" in values:
+        raise CapturelintError(f"{where}: [tool.capturelint] engine and targets both say what to check; keep targets "
+                               "to check your engine, or engine for one of capturelint's (--engine NAME chooses one "
+                               "on the command line)")
+    directory = path.resolve().parent
+    if "targets" in values:
+        values["targets"] = tuple(resolve_spec(spec, directory) for spec in values["targets"])
+    if "pythonpath" in values:
+        values["pythonpath"] = tuple((directory / p).resolve() for p in values["pythonpath"])
+        missing = [str(p) for p in values["pythonpath"] if not p.is_dir()]
+        if missing:
+            raise CapturelintError(f"{where}: [tool.capturelint] pythonpath names {missing[0]}, which is not a folder; "
+                                   "list folders relative to this file (e.g. \"src\")")
     if "invariant_table" in values:
         from capturelint.invariants import parse_invariants  # parses without torch
 
@@ -246,4 +268,13 @@ def _settings(path: Path, table: dict[str, Any], specs: Sequence[OptionSpec] = (
                     source=path.resolve())
 
 
-__all__ = ["PYPROJECT", "Settings", "find_config", "load_settings", "merge", "read_settings", "shown"]
+def resolve_spec(spec: str, directory: Path) -> str:
+    """A target spec with its file's path made absolute against ``directory``
+    (``tests/t.py:targets``); a module's spec (``pkg.mod:targets``) is left as it is."""
+    where, _, name = spec.rpartition(":")
+    if not where.endswith(".py"):
+        return spec
+    return f"{(directory / where).resolve()}:{name}"
+
+
+__all__ = ["PYPROJECT", "Settings", "find_config", "load_settings", "merge", "read_settings", "resolve_spec", "shown"]

@@ -95,14 +95,21 @@ class ConfigMap:
     mode: str
     eager_region: str
     graphs: tuple[GraphMap, ...]
+    target: str | None = None  # a user's targets: the source they came from (its spec, relative to the project root)
 
     @property
     def label(self) -> str:
-        return f"{self.runner}/{self.mode}"
+        return f"{self.runner}/{self.mode}" if self.target is None else f"{self.target} {self.runner}/{self.mode}"
 
     @property
-    def key(self) -> tuple[str, str]:
-        return (self.runner, self.mode)
+    def key(self) -> tuple[str, ...]:
+        """What pairs it with its other recording: runner and mode, and a target's source."""
+        return (self.runner, self.mode) if self.target is None else (self.target, self.runner, self.mode)
+
+    @property
+    def order(self) -> tuple[Any, ...]:
+        """Its place in a map: by source, runner, then mode in ``MODE_ORDER``."""
+        return (self.target or "", self.runner, mode_order(self.mode))
 
     @property
     def eager_ops_per_step(self) -> float:
@@ -118,6 +125,7 @@ class ConfigMap:
             "eager_region": self.eager_region,
             "eager_ops_per_step": self.eager_ops_per_step,
             "graphs": [g.to_json() for g in self.graphs],
+            **({"target": self.target} if self.target is not None else {}),
         }
 
 
@@ -170,9 +178,11 @@ class RegionMap:
     engine: EngineParams
     configs: tuple[ConfigMap, ...]
 
-    def config(self, runner: str, mode: str) -> ConfigMap | None:
+    def config(self, *key: str) -> ConfigMap | None:
+        """The configuration of ``key`` (``runner, mode``, or a target's ``source,
+        runner, mode``: ``ConfigMap.key``)."""
         for c in self.configs:
-            if c.key == (runner, mode):
+            if c.key == key:
                 return c
         return None
 
@@ -204,12 +214,12 @@ def mode_order(mode: str) -> tuple[int, str]:
 
 def config_map(cfg: ConfigReport) -> ConfigMap:
     graphs = sorted(cfg.graphs, key=lambda g: (g.runtime_mode, natural(g.graph)))
-    return ConfigMap(cfg.runner, cfg.mode, cfg.eager_region, tuple(graphs))
+    return ConfigMap(cfg.runner, cfg.mode, cfg.eager_region, tuple(graphs), target=cfg.target)
 
 
 def region_map(report: Report, plan: Any) -> RegionMap:
     """The region map of a run (its configurations' captures)."""
-    configs = sorted((config_map(c) for c in report.configs), key=lambda c: (c.runner, mode_order(c.mode)))
+    configs = sorted((config_map(c) for c in report.configs), key=lambda c: c.order)
     return RegionMap(EngineParams.of(plan), tuple(configs))
 
 
@@ -369,15 +379,17 @@ def parse_snapshot(doc: Any, path: str) -> RegionMap:
     )
     raw_configs = f.field(doc, "configurations", "", (list,), "a list")
     configs: list[ConfigMap] = []
-    seen: set[tuple[str, str]] = set()
+    seen: set[tuple[str, ...]] = set()
     for ci, rc in enumerate(raw_configs):
         w = f"configurations[{ci}]"
         f.typed(rc, (dict,), w, "an object")
         runner = f.field(rc, "runner", w, (str,), "a string")
         mode = f.field(rc, "mode", w, (str,), "a string")
-        if (runner, mode) in seen:
-            raise f.fail(w, f"repeats runner {runner} mode {mode}")
-        seen.add((runner, mode))
+        target = f.field(rc, "target", w, (str,), "a string") if "target" in rc else None
+        key = (runner, mode) if target is None else (target, runner, mode)
+        if key in seen:
+            raise f.fail(w, f"repeats runner {runner} mode {mode}" + (f" of target {target}" if target else ""))
+        seen.add(key)
         region = f.field(rc, "eager_region", w, (str,), "a string")
         graphs: list[GraphMap] = []
         for gi, rg in enumerate(f.field(rc, "graphs", w, (list,), "a list")):
@@ -419,7 +431,7 @@ def parse_snapshot(doc: Any, path: str) -> RegionMap:
                 if stated != actual:
                     raise f.fail(f"{gw}.{key}", f"says {stated} but its segments hold {actual}")
             graphs.append(g)
-        c = ConfigMap(runner, mode, region, tuple(graphs))
+        c = ConfigMap(runner, mode, region, tuple(graphs), target=target)
         stated = f.field(rc, "eager_ops_per_step", w, (int, float), "a number")
         if not math.isclose(stated, c.eager_ops_per_step, abs_tol=1e-3):
             raise f.fail(f"{w}.eager_ops_per_step", f"says {stated} but its graphs give {c.eager_ops_per_step}")

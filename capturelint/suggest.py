@@ -51,6 +51,7 @@ import sys
 from typing import Any, Callable, Iterator, Sequence
 
 from capturelint import __version__
+from capturelint.finding_keys import trial_key
 from capturelint.findings import Finding, Frame
 from capturelint.report import ConfigReport
 from capturelint.snapshot import config_map
@@ -235,14 +236,8 @@ def is_clean(cfg: ConfigReport) -> bool:
     return not cfg.findings and not cfg.diverged and cfg.note is None
 
 
-def finding_key(f: Finding) -> tuple:
-    """A finding's identity across regions (its segment index moves when breaks are added)."""
-    cf = (f.capture_frame.file, f.capture_frame.line) if f.capture_frame else None
-    return (f.code, f.scope, f.op, f.tensor or "", cf)
-
-
 def describe_finding(f: Finding) -> str:
-    where = f" at {f.capture_frame.file}:{f.capture_frame.line}" if f.capture_frame else ""
+    where = f" at {f.capture_frame.location}" if f.capture_frame else ""
     return f"{f.runner}/{f.mode} {f.code} {f.scope} · {f.op}{where}"
 
 
@@ -265,7 +260,7 @@ class Outcome:
     def of(cls, label: str, cfg: ConfigReport) -> "Outcome":
         n = cfg.numerical
         return cls(label, is_clean(cfg), tuple(describe_finding(f) for f in cfg.findings),
-                   frozenset(finding_key(f) for f in cfg.findings), config_map(cfg).eager_ops_per_step,
+                   frozenset(trial_key(f) for f in cfg.findings), config_map(cfg).eager_ops_per_step,
                    n.replay_steps if n else 0, n.max_step_error if n else None, n.token_agreement if n else None,
                    cfg.diverged)
 
@@ -295,7 +290,7 @@ class Candidate:
 
     ref: FunctionRef
     covers: tuple[str, ...]  # described findings
-    keys: frozenset  # (label, finding_key)
+    keys: frozenset  # (label, trial_key)
 
     def to_json(self) -> dict[str, Any]:
         return {**self.ref.to_json(), "covers": len(self.covers), "findings": list(self.covers)}
@@ -497,7 +492,7 @@ def collect_candidates(failing: dict[str, ConfigReport]) -> tuple[list[Candidate
     skipped: dict[str, str] = {}
     for label, cfg in failing.items():
         for f in cfg.findings:
-            fkey = (label, finding_key(f))
+            fkey = (label, trial_key(f))
             for frame in f.capture_stack[:-1]:
                 ref = resolve(frame)
                 if isinstance(ref, str):

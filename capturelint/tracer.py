@@ -257,6 +257,7 @@ class Tracer(rt.CaptureObserver):
         self.step = 0
         self.replays = 0
         self.bare_replays = 0  # replays without a shadow of graphs with no Python to re-run (bare CUDA graphs)
+        self.replayed_graphs: dict[str, int] = {}  # shadowed replay steps per graph label, in order of first replay
         self._segment: Segment | None = None
         self._cow: dict[StorageId, tuple[Any, Any]] | None = None
         self._rng: list[tuple[Any, Any]] = []
@@ -269,7 +270,8 @@ class Tracer(rt.CaptureObserver):
         self._hooks: list[Any] = []
         self._static_names: dict[StorageId, tuple[str, ...]] = {}
         self._static_alive: list[Any] = []
-        self._alloc_frames: dict[StorageId, tuple[Frame, Any]] = {}  # frame, weakref to the storage
+        self._alloc_frames: dict[StorageId, tuple[Frame, Any, int]] = {}  # frame, weakref to the storage, ordinal
+        self._allocations = 0  # allocations noted so far (the ordinal of the latest)
         self._entry: frozenset[int] = frozenset()  # frames running when the current capture began
         self._entry_frames: list[Any] = []
         self.entry_stack: tuple[Frame, ...] = ()  # their engine frames, innermost first
@@ -409,7 +411,8 @@ class Tracer(rt.CaptureObserver):
         for o, is_fresh in zip(out if len(fresh) > 1 else (out,), fresh):
             if is_fresh and isinstance(o, torch.Tensor):
                 st = o.untyped_storage()  # the same Python object for the storage's life
-                self._alloc_frames[st._cdata] = (user_frame(3), weakref.ref(st))
+                self._allocations += 1
+                self._alloc_frames[st._cdata] = (user_frame(3), weakref.ref(st), self._allocations)
 
     def _watch_graph_memory(self, info: OpInfo, args: tuple, kwargs: dict, out: Any) -> None:
         """Between steps, once a bare graph was captured: an eager op's reads of graph
@@ -658,6 +661,7 @@ class Tracer(rt.CaptureObserver):
             self._entry, self._entry_frames = running_frames()
             self.entry_stack = user_stack(2)
             self.stream = self._new_stream(StreamKind.CAPTURE, graph)
+            self.stream.allocation_mark = self._allocations
             if not graph.segmented:
                 self._open_segment(self.stream, 0, SegmentKind.CAPTURED, None)
             self._mode_on_()
@@ -738,6 +742,9 @@ class Tracer(rt.CaptureObserver):
     def on_stream_hazard(self, event: rt.StreamCaptureEvent) -> None:
         self._hazard(event)
 
+    def on_training_hazard(self, event: rt.TrainingHazardEvent) -> None:
+        self._hazard(event)
+
     def on_segment_begin(self, info: rt.SegmentInfo) -> None:
         if self.stream is not None and info.phase is rt.Phase.CAPTURE:
             self._open_segment(self.stream, info.index, info.kind, info.name)
@@ -804,6 +811,7 @@ class Tracer(rt.CaptureObserver):
             self._mode_off()
             return
         self.step += 1
+        self.replayed_graphs[graph.label] = self.replayed_graphs.get(graph.label, 0) + 1
         stream = self._new_stream(StreamKind.SHADOW, graph)
         self.stream, self._cow = stream, {}
         self._breaks, self._break = [], None

@@ -7,13 +7,30 @@ The suite already runs one pytest worker per core (pytest-xdist), so in-process 
 default to one job: forked workers would only contend with the other pytest worker, and
 their runs would bypass the session memo of configurations below. Tests of ``--jobs``
 pass it explicitly.
+
+Progress is off (``CAPTURELINT_QUIET=1``, inherited by the commands tests start as
+subprocesses): the suite's own output stays quiet and the tests that read stderr read
+what the command says, not its progress. The tests of progress unset it.
 """
+
+import os
+
+os.environ["CAPTURELINT_QUIET"] = "1"
 
 import torch
 
 torch.set_num_threads(1)
 
 import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _lint_every_recorded_stream():
+    from capturelint.records import lint_recorded
+
+    lint_recorded(True)
+    yield
+    lint_recorded(False)
 
 
 @pytest.fixture(autouse=True)

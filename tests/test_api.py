@@ -39,7 +39,7 @@ def test_v2_is_clean(cached_configurations):
     assert report.findings == [] and not report.failed
     assert [(c.label, c.eager_region) for c in report.configs] == [("v2/PIECEWISE", "narrow")]
     report.assert_clean()  # does not raise
-    assert report.summary_line() == "no findings in 1 configuration: replay matches eager execution"
+    assert report.summary_line() == "no findings in 1 configuration: replay matches eager execution [engine bundled]"
 
 
 def test_the_api_report_is_the_cli_report(cached_configurations, capsys):

@@ -11,6 +11,7 @@ are plain PyTorch, written to a temporary folder and checked with ``check --targ
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jsonschema
@@ -87,7 +88,7 @@ def stale():
 BARE_STATEMENT = "no findings in 1 configuration: structural rules only, replay NOT compared with eager (bare graph, no eager twin given)"
 BARE_CHECKED = {"rules": ["CL104", "CL106", "CL108", "CL109", "CL110", "CL111", "CL112"],
                 "unchecked_rules": ["CL101", "CL102", "CL103", "CL105", "CL107", "CL201", "CL202", "CL203"],
-                "shadowed_steps": 0, "bare_replays": 3, "eager_twin": False}
+                "shadowed_steps": 0, "bare_replays": 3, "eager_twin": False, "exercised": []}
 
 
 @pytest.fixture
@@ -119,10 +120,10 @@ def test_a_bare_graph_without_a_twin_never_says_matches_in_any_format(capsys, pr
     code, out, err = check(capsys, "--target", f"{program}:bare")
     assert code == 0
     assert out.splitlines()[0] == "replay NOT compared with eager in torch/bare (bare graph, no eager twin given)"
-    assert out.rstrip().splitlines()[-1] == BARE_STATEMENT
+    assert out.rstrip().splitlines()[-1] == f"{BARE_STATEMENT} [targets server.py:bare]"  # the subject said
     texts = [out, err]
     code, out, err = check(capsys, "--target", f"{program}:bare", "--verbose")  # the evidence
-    assert code == 0 and out.rstrip().splitlines()[-1] == BARE_STATEMENT
+    assert code == 0 and " ".join(out.split()).endswith(f"{BARE_STATEMENT} [targets server.py:bare]")  # wrapped
     assert "checked: rules CL104, CL106, CL108-CL112; 3 bare-graph replays, not shadowed; no eager twin" in out
     assert "numerical:" not in out  # no step error "0 over 3 replay steps" for steps never compared
     texts += [out, err]
@@ -131,7 +132,7 @@ def test_a_bare_graph_without_a_twin_never_says_matches_in_any_format(capsys, pr
         assert "rules with nothing to check: CL101-CL103, CL105, CL107, CL201-CL203" in " ".join(out.replace("│", " ").split())
     for fmt in ("json", "sarif", "github"):
         code, out, err = check(capsys, "--target", f"{program}:bare", "--format", fmt)
-        assert code == 0 and err.splitlines() == [BARE_STATEMENT]
+        assert code == 0 and err.splitlines() == [f"{BARE_STATEMENT} [targets server.py:bare]"]
         texts += [out, err]
         if fmt == "json":
             doc = json.loads(out)
@@ -140,7 +141,9 @@ def test_a_bare_graph_without_a_twin_never_says_matches_in_any_format(capsys, pr
         elif fmt == "sarif":
             log = json.loads(out)
             assert list(validator.iter_errors(log)) == []
-            assert log["runs"][0]["properties"] == {"checked": [{"runner": "torch", "mode": "bare", **BARE_CHECKED}]}
+            properties = log["runs"][0]["properties"]
+            assert properties["checked"] == [{"runner": "torch", "mode": "bare", **BARE_CHECKED}]
+            assert set(properties) == {"checked", "subject"} and properties["subject"]["targets"][0].endswith(":bare")
         else:
             (line,) = out.splitlines()
             assert line.startswith("::warning title=replay not compared with eager (torch/bare)::replay NOT compared "
@@ -152,7 +155,7 @@ def test_a_finding_in_a_bare_graph_without_a_twin_still_says_what_was_not_compar
     code, out, err = check(capsys, "--target", f"{program}:stale", "--format", "json")
     assert code == 1 and [f["code"] for f in json.loads(out)["findings"]] == ["CL104"]
     assert err.splitlines() == ["1 finding (CL104 x1) in 1 configuration; replay NOT compared with eager (bare graph, "
-                                "no eager twin given)"]
+                                "no eager twin given) [targets server.py:stale]"]
 
 
 # ------------------------------------------------------------ with an eager twin
@@ -162,10 +165,11 @@ def test_a_bare_graph_with_a_twin_says_it_compared(capsys, program):
     code, out, err = check(capsys, "--target", f"{program}:twin")
     assert code == 0 and "NOT compared" not in out
     assert out.splitlines() == ["replay matches eager execution in torch/twin (compared: each output with its eager twin)",
-                                "no findings in 1 configuration: replay matches eager execution"]
+                                f"no findings in 1 configuration: replay matches eager execution [targets {program}:twin]"]
     code, out, err = check(capsys, "--target", f"{program}:twin", "--verbose")  # the evidence
     assert code == 0 and "NOT compared" not in out
-    assert out.rstrip().splitlines()[-1] == "no findings in 1 configuration: replay matches eager execution"
+    assert out.rstrip().splitlines()[-1] == ("no findings in 1 configuration: replay matches eager execution "
+                                             f"[targets {program}:twin]")
     assert "checked: rules CL104, CL106, CL108-CL112; 3 bare-graph replays, not shadowed; eager twin compared" in out
     # the twin compared the outputs; no replay step was compared with a shadow
     assert "numerical: max error 0 against the eager twin over 3 replays (not shadowed: no step-by-step comparison)" in out
@@ -181,17 +185,32 @@ def test_configurations_that_compared_and_one_that_did_not_are_told_apart(capsys
     code, out, err = check(capsys, "--target", f"{program}:both", "--format", "json")
     assert code == 0
     assert err.splitlines() == ["no findings in 2 configurations: replay matches eager execution in torch/twin; replay "
-                                "NOT compared with eager in torch/bare (bare graph, no eager twin given)"]
+                                "NOT compared with eager in torch/bare (bare graph, no eager twin given) "
+                                "[targets server.py:both]"]
     assert [n["mode"] for n in json.loads(out)["numerical"]] == ["twin"]
 
 
 def test_the_bundled_engine_shadows_every_step_and_compares_its_twin(capsys):
     code, out, err = check(capsys, "--runner", "v1", "--mode", "PIECEWISE", "--layers", "1", "--steps", "4",
                            "--format", "json")
-    assert code == 0 and err.splitlines() == ["no findings in 1 configuration: replay matches eager execution"]
+    assert code == 0 and err.splitlines() == ["no findings in 1 configuration: replay matches eager execution "
+                                              "[engine bundled]"]
     checked = json.loads(out)["configurations"][0]["checked"]
     assert checked["shadowed_steps"] == json.loads(out)["numerical"][0]["replay_steps"] > 0
     assert checked["bare_replays"] == 0 and checked["eager_twin"] is True
+    # what the comparison covers: every step the engine ran, by kind, size and how it ran
+    entry = re.compile(r"^(prefill|decode|mixed): (.+) tokens \((eager|replayed PIECEWISE)\)$")
+    replayed = 0
+    for text in checked["exercised"]:
+        m = entry.match(text)
+        assert m, text
+        for size in m[2].split(", "):
+            sm = re.fullmatch(r"(\d+)(?:->(\d+))?(?: x(\d+))?", size)
+            assert sm, size
+            assert sm[2] is None or (int(sm[2]) > int(sm[1]) and m[3] != "eager")  # padded: replays only, upwards
+            replayed += int(sm[3] or 1) if m[3] != "eager" else 0
+    assert replayed == checked["shadowed_steps"]
+    assert any(t.startswith("prefill: ") for t in checked["exercised"])
     assert checked["rules"] == ["CL101", "CL102", "CL103", "CL104", "CL105", "CL106", "CL107", "CL201", "CL202",
                                 "CL203"]
     assert checked["unchecked_rules"] == ["CL108", "CL109", "CL110", "CL111", "CL112"]  # the bare-graph rules: no bare graph here
@@ -199,11 +218,13 @@ def test_the_bundled_engine_shadows_every_step_and_compares_its_twin(capsys):
 
 def test_shadowed_steps_without_a_twin_are_a_comparison(capsys):
     code, out, err = check(capsys, "--target", "tests/toy_engine.py:fixed_targets", "--require-oracle")
-    assert code == 0 and out.rstrip().splitlines()[-1] == "no findings in 2 configurations: replay matches eager execution"
+    assert code == 0 and out.rstrip().splitlines()[-1] == ("no findings in 2 configurations: replay matches eager "
+                                                            "execution [targets tests/toy_engine.py:fixed_targets]")
     assert out.splitlines()[0] == ("replay matches eager execution in all 2 configurations (compared: 6 replay steps with "
                                    "their eager shadow; no eager twin)")
     code, out, err = check(capsys, "--target", "tests/toy_engine.py:fixed_targets", "--require-oracle", "--verbose")
-    assert code == 0 and out.rstrip().splitlines()[-1] == "no findings in 2 configurations: replay matches eager execution"
+    assert code == 0 and out.rstrip().splitlines()[-1] == ("no findings in 2 configurations: replay matches eager "
+                                                            "execution [targets tests/toy_engine.py:fixed_targets]")
     assert "checked: rules CL101-CL107; 3 replay steps shadowed; no eager twin" in out
 
 
@@ -271,7 +292,8 @@ def test_merged_shards_keep_what_each_configuration_checked(capsys, program, tmp
         head = {"json": "no findings in 2 configurations: replay matches eager execution in torch/twin",
                 "sarif": "no findings in 2 merged SARIF logs"}[fmt]
         assert capsys.readouterr().err.splitlines() == [
-            f"{head}; replay NOT compared with eager in torch/bare (bare graph, no eager twin given)"]
+            f"{head}; replay NOT compared with eager in torch/bare (bare graph, no eager twin given)"
+            + " [targets server.py:both]" * (fmt == "json")]
 
 
 def test_records_read_back_and_say_what_they_compared():
@@ -294,3 +316,20 @@ def test_a_configuration_that_replayed_nothing_does_not_read_as_a_match():
         "no findings in 2 configurations: replay matches eager execution in v1/PIECEWISE; nothing replayed in v1/FULL "
         "(see its note)")
     assert Report([failed, compared]).oracle_missing("--require-oracle") is None  # its finding or note says why
+
+
+def test_exercised_names_each_kind_of_step_its_sizes_and_how_it_ran():
+    from types import SimpleNamespace as Step
+
+    from capturelint.adapters.bundled.plan import exercised
+
+    def step(tokens, padded, prefills, reqs, decode, mode):
+        return Step(num_tokens=tokens, num_padded=padded, num_prefills=prefills, req_ids=tuple(range(reqs)),
+                    uniform_decode=decode, runtime_mode=Step(name=mode) if mode else None,
+                    descriptor=object() if mode else None)
+
+    steps = [step(5, 5, 2, 2, False, None), step(2, 2, 0, 2, True, "FULL"), step(3, 4, 0, 3, True, "FULL"),
+             step(3, 4, 0, 3, True, "FULL"), step(6, 8, 1, 3, False, "PIECEWISE"), step(7, 8, 1, 3, False, None)]
+    assert exercised(Step(steps=steps)) == ("prefill: 5 tokens (eager)", "decode: 2, 3->4 x2 tokens (replayed FULL)",
+                                            "mixed: 6->8 tokens (replayed PIECEWISE)", "mixed: 7 tokens (eager)")
+    assert exercised(Step(steps=[])) == ()  # nothing ran: nothing said

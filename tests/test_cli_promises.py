@@ -639,12 +639,12 @@ def test_minor_eager_break_names_are_whole_on_80_columns(capsys, memo_runs, monk
 
     from capturelint.adapters.registry import make_plan, run_check
     from capturelint.adapters.registry import engine_options
-    from capturelint.render.report import render_rich
+    from capturelint.render.check import render_evidence
     from capturelint.settings import Settings
 
     plan = make_plan(Settings(), engine_options(runner="v1", modes=("PIECEWISE",), eager_region="wide", layers=2, steps=6))
     console = Console(width=80, record=True, file=io.StringIO())
-    render_rich(run_check(plan), console, verbose=True)  # the evidence: every graph's segments
+    render_evidence(run_check(plan), console)  # -v's evidence: every graph's segments
     text = console.export_text()
     assert "…" not in text
     assert "E _prepare_and_attn_eager:" in text and max(len(line) for line in text.splitlines()) <= 80

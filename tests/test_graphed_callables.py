@@ -417,3 +417,53 @@ def test_the_example_with_the_temperature_as_an_argument_passes(capsys):
     code, doc, _ = check(capsys, f"{EXAMPLE}:targets_fixed")
     assert code == 0 and doc["findings"] == []
     assert float(doc["numerical"][0]["max_step_error"]) == 0.0
+
+
+LAYERDROP = '''\
+import random
+import sys
+
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x):
+        for layer in self.layers:
+            if random.random() < 0.5:  # LayerDrop: a Python coin picks the layers
+                continue
+            x = torch.relu(layer(x))
+        return x
+
+
+random.seed(0)
+torch.manual_seed(0)
+training = "--train" in sys.argv
+net = Net().cuda().train(training)
+x = torch.randn(4, 8, device="cuda")
+with torch.set_grad_enabled(training):
+    g = torch.cuda.make_graphed_callables(net, (x,), allow_unused_input=training)
+    for _ in range(4):
+        y = g(torch.randn(4, 8, device="cuda"))
+        if training:
+            y.sum().backward()
+'''
+
+
+@pytest.mark.parametrize("args", [(), ("--train",)], ids=["inference", "training"])
+def test_layerdrop_is_baked_control_flow_and_its_weights_are_not_called_re_allocated(capsys, tmp_path, monkeypatch, args):
+    """Layers chosen by Python's ``random`` at capture are baked (CL101); the weights of
+    the layers the step chose existed before the capture, so they are not "re-allocated
+    after capture" (CL104): the ops were aligned across two paths."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "layerdrop.py").write_text(LAYERDROP)
+    capsys.readouterr()
+    code = main(["run", "--format", "json", "layerdrop.py", *args])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1
+    codes = [f["code"] for f in doc["findings"]]
+    assert codes and set(codes) == {"CL101"}, codes

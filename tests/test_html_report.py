@@ -116,13 +116,24 @@ def test_a_failing_check_is_one_page_with_every_finding_its_source_and_a_diagram
     # the verdict: the headline and the run's summary line
     summary = err.strip().splitlines()[-1]
     assert summary.startswith("4 findings") and escape(summary) in text
-    assert '<header id="verdict" class="verdict fail">' in text and "<h1>Findings</h1>" in text
+    assert '<header id="verdict" class="verdict fail">' in text
+    assert "<h1>Replay differs from eager execution in v1/PIECEWISE: 4 findings in 2 problems</h1>" in text
+    # the answer first: the verdict, the contents, the problems, what was compared; then diagrams and details
+    order = [text.index(mark) for mark in ('<header id="verdict"', '<nav id="contents"', '<section id="findings">',
+                                           '<section id="compared">', '<section id="regions">',
+                                           '<section id="finding-details">')]
+    assert order == sorted(order)
+    nav = text[text.index('<nav id="contents"'):text.index("</nav>")]
+    assert '<a href="#config-1" class="fail">v1/PIECEWISE (4 findings)</a>' in nav and 'href="#compared"' in nav
+    assert '<details class="config" id="config-1" open>' in text  # the configuration with findings: its diagram shown
     # what was compared, with the JSON report's numbers
     [num] = doc["numerical"]
     row = text[text.index('<table class="compared">'):text.index("</table>")]
     assert "<th scope=\"row\">v1/PIECEWISE</th>" in row and "<td>yes</td>" in row
     assert f"<td>{num['token_agreement']:.2f}</td>" in row and f"<td>{num['max_step_error']:.3g}</td>" in row
     assert f"<td>{num['replay_steps']}</td>" in row and "<b>differs</b>" in row
+    exercised = doc["configurations"][0]["checked"]["exercised"]
+    assert exercised and f'<p class="exercised">exercised: {escape("; ".join(exercised))}</p>' in row
     # every finding, in the JSON's order: an anchor the table of contents links to
     assert len(doc["findings"]) == 4
     for i, f in enumerate(doc["findings"], 1):
@@ -162,6 +173,7 @@ def test_a_clean_compared_check_says_what_was_compared_and_lists_no_finding(memo
     assert rc == 0, err
     page = assert_self_contained(text)
     assert "<h1>No findings: replay matches eager execution</h1>" in text
+    assert '<details class="config" id="config-1">' in text  # no finding: the diagram is a click away, not open
     assert escape(err.strip().splitlines()[-1]) in text
     assert '<p class="none">No findings.</p>' in text and '<article class="finding"' not in text
     assert "<td>yes</td>" in text and "replay step" in text and "eager twin compared" in text
@@ -208,7 +220,8 @@ def test_run_html_draws_the_scripts_graph_and_shows_its_source(tmp_path, capsys)
     assert rc == 1, err
     text = out.read_text()
     page = assert_self_contained(text)
-    assert page.count("svg") == 1 and "<h1>Findings</h1>" in text
+    assert page.count("svg") == 1 and re.search(r"<h1>[^<]*\b\d+ findings? in \d+ problems?</h1>", text)
+    assert '<p class="command">capturelint run</p>' in text and "<title>capturelint run</title>" in text
     body = article(text, "finding-1")
     number = int(re.search(r'<mark class="line" data-n="(\d+)">', body).group(1))
     line = script.read_text().splitlines()[number - 1]

@@ -8,21 +8,25 @@ in no room fails until it is placed:
 - **runtime** (``runtime/``: protocol, op-schema reader, frame walker, the emulated
   primitive, the breakable runtime);
 - **base**: the package root, ``errors``, ``limits``, ``output``, ``options``, ``inputs``
-  (bounded reading), ``interrupts`` (signals), ``sources`` (the engine's source read
-  for reports): values and plumbing that every room above the runtime may import;
+  (bounded reading), ``interrupts`` (signals), ``hosting`` (code a command runs can
+  neither end the process nor move its working folder), ``sources`` (the engine's source read
+  for reports), ``lists`` (long lists cut at five): values and plumbing that every room
+  above the runtime may import;
 - **engine** (``engine/``): the bundled DeepSeek V4 server, with its own CLI group
   ``engine.cli`` (``commands.COMMANDS`` names it by a string; no command imports it);
-- **model**, the report model: the capture record ``records``, ``findings``, the region
+- **model**, the report model: the capture record ``records``, ``findings`` and ``finding_keys``, the region
   graph ``graph``, ``regions``, ``report``, ``shard``, the region map file ``snapshot``,
   ``region_changes`` and ``waivers`` (suppressions, accepted findings): what reporters render;
-- **reporters**: ``reporters``, ``formats/``, ``render/``;
+- **reporters**: ``reporters`` (the registry: each command's formats), ``formats/`` (what
+  another program reads: SARIF, GitHub workflow commands), ``render/`` (what a person
+  looks at: Rich, HTML, Graphviz), a split the door ``format_draws_for_a_person`` keeps;
 - the check pipeline, lowest first: **tracer** (``tracer``, ``objects``), **analyzer**,
   **rules** (``rules/``, ``invariants``), **check** (``harness``, ``pipeline``,
   ``settings``, ``common_options``, ``suggest``, ``baseline``, ``merge``, ``acceptance``);
 - **adapters** (``adapters/``, and ``target``, the public face of the target adapter);
 - **api** (``api``, ``pytest_plugin``): the Python API the commands are a layer over, and
   the pytest plugin over it;
-- **commands** (``commands/``) and **cli** (``cli``, ``__main__``).
+- **commands** (``commands/``) and **cli** (``cli``, ``__main__``, ``launch``: the program's first code).
 
 The doors (each a function from an import graph to the edges that break it, in
 ``DOORS``): no import goes up to a higher room; the runtime imports only the runtime,
@@ -74,9 +78,10 @@ KNOWN_ENGINE_SWITCHES: tuple[tuple[str, str], ...] = ()
 ROOMS: dict[str, tuple[str, ...]] = {
     "runtime": ("capturelint.runtime",),
     "base": (ROOT, "capturelint.errors", "capturelint.limits", "capturelint.output", "capturelint.options",
-             "capturelint.inputs", "capturelint.interrupts", "capturelint.sources"),
+             "capturelint.inputs", "capturelint.interrupts", "capturelint.sources", "capturelint.hosting",
+             "capturelint.lists"),
     "engine": ("capturelint.engine",),
-    "model": ("capturelint.records", "capturelint.findings", "capturelint.graph", "capturelint.regions",
+    "model": ("capturelint.records", "capturelint.finding_keys", "capturelint.findings", "capturelint.graph", "capturelint.regions",
               "capturelint.report", "capturelint.shard", "capturelint.snapshot", "capturelint.region_changes",
               "capturelint.waivers"),
     "reporters": ("capturelint.reporters", "capturelint.formats", "capturelint.render"),
@@ -88,7 +93,7 @@ ROOMS: dict[str, tuple[str, ...]] = {
     "adapters": ("capturelint.adapters", "capturelint.target"),
     "api": ("capturelint.api", "capturelint.pytest_plugin"),
     "commands": ("capturelint.commands",),
-    "cli": ("capturelint.cli", "capturelint.__main__"),
+    "cli": ("capturelint.cli", "capturelint.__main__", "capturelint.launch"),
 }
 CHECKER = ("model", "reporters", "tracer", "analyzer", "rules", "check")
 FRONT = ("api", "commands", "cli")
@@ -258,6 +263,16 @@ def reporter_imports_beyond_model(graph: nx.DiGraph) -> list[Edge]:
     return sorted((a, b) for a, ra, b, rb in _edges(graph) if ra == "reporters" and rb not in allowed and b != PROTOCOL)
 
 
+def format_draws_for_a_person(graph: nx.DiGraph) -> list[Edge]:
+    """formats/ writes what another program reads against its schema (SARIF, GitHub
+    workflow commands); what a person looks at (Rich, HTML, Graphviz) is render/'s: a
+    module of formats/ imports nothing of render/ and no Rich (docs/house.md)."""
+    formats = ("capturelint.formats",)
+    bad = [(a, b) for a, ra, b, rb in _edges(graph) if _in(a, formats) and _in(b, ("capturelint.render",))]
+    bad += [(m, "rich") for m in graph if _in(m, formats) and "rich" in graph.nodes[m]["third_party"]]
+    return sorted(bad)
+
+
 def reporter_importers(graph: nx.DiGraph) -> list[Edge]:
     """Commands render through the reporters; nothing below them does."""
     return sorted((a, b) for a, ra, b, rb in _edges(graph)
@@ -301,7 +316,7 @@ def command_imports_adapter_beyond_registry(graph: nx.DiGraph) -> list[Edge]:
 DOORS: dict[str, Callable[[nx.DiGraph], list[Edge]]] = {f.__name__: f for f in (
     upward_arrows, import_cycles, runtime_imports_beyond_runtime, base_imports_beyond_base,
     engine_imports_beyond_runtime, checker_imports_engine_or_adapter, checker_imports_runtime,
-    reporter_imports_beyond_model, reporter_importers, adapter_imports_other_adapter, adapter_imports_engine,
+    reporter_imports_beyond_model, format_draws_for_a_person, reporter_importers, adapter_imports_other_adapter, adapter_imports_engine,
     vllm_outside_the_vllm_adapter, command_imports_engine_or_runtime, command_imports_adapter_beyond_registry,
 )}
 
@@ -457,7 +472,8 @@ def test_the_records_import_no_torch():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=PACKAGE.parent)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "Stream"
-    assert sorted(nx.descendants(GRAPH, "capturelint.records")) == ["capturelint.runtime.protocol"]
+    # the protocol's vocabulary, and the list cutter of its lint messages (torch-free both)
+    assert sorted(nx.descendants(GRAPH, "capturelint.records")) == ["capturelint.lists", "capturelint.runtime.protocol"]
 
 
 def test_every_record_type_is_documented_where_defined():
@@ -549,15 +565,19 @@ def scratch(tmp_path: Path, edits: dict[str, str]) -> Path:
      ("capturelint.render.dot", "capturelint.pipeline")),
     ("reporter_imports_beyond_model", "render/html.py", "from capturelint.api import check",
      ("capturelint.render.html", "capturelint.api")),
-    ("reporter_importers", "pipeline.py", "from capturelint.render.report import render_rich",
-     ("capturelint.pipeline", "capturelint.render.report")),
+    ("format_draws_for_a_person", "formats/sarif.py", "from capturelint.render.check import render_rich",
+     ("capturelint.formats.sarif", "capturelint.render.check")),
+    ("format_draws_for_a_person", "formats/github.py", "from rich.text import Text",
+     ("capturelint.formats.github", "rich")),
+    ("reporter_importers", "pipeline.py", "from capturelint.render.check import render_rich",
+     ("capturelint.pipeline", "capturelint.render.check")),
     # upward, and the lowest rooms
     ("upward_arrows", "report.py", "from capturelint.harness import trace_run",
      ("capturelint.report", "capturelint.harness")),
     ("upward_arrows", "analyzer.py", "from capturelint.rules import RULES",
      ("capturelint.analyzer", "capturelint.rules")),
-    ("upward_arrows", "report.py", "from capturelint.render.report import render_rich",
-     ("capturelint.report", "capturelint.render.report")),
+    ("upward_arrows", "report.py", "from capturelint.render.check import render_rich",
+     ("capturelint.report", "capturelint.render.check")),
     ("upward_arrows", "commands/check.py", "from capturelint.cli import main",
      ("capturelint.commands.check", "capturelint.cli")),
     ("engine_imports_beyond_runtime", "engine/llm.py", "from capturelint.findings import Finding",

@@ -190,3 +190,10 @@ def test_cl109_is_located_where_the_stale_view_was_taken(tmp_path, capsys):
     taken = line_of(path, "views.append(y[:2])")
     assert {(f["location"]["line"], f["location"]["role"]) for f in found} == {(taken, "view")}
     assert {f["shadow_frame"]["line"] for f in found} == {line_of(path, "return torch.cat(views)")}
+
+
+def test_a_frame_spells_its_location_as_file_colon_line():
+    frame = Frame("engine/attn.py", 305, "forward", qualname="Attn.forward")
+    assert frame.location == "engine/attn.py:305"
+    assert str(frame) == "engine/attn.py:305 in forward"
+    assert Frame("<unknown>", 0, "<unknown>").location == "<unknown>:0"

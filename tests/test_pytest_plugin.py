@@ -33,8 +33,8 @@ def test_the_entry_point_is_declared():
 
 def test_a_failing_project_shows_the_findings(pytester):
     result = run(pytester, """
-        def test_regions(capturelint):
-            capturelint.check(runner="v1", eager_region="narrow", modes="PIECEWISE", layers=1, steps=6,
+        def test_regions(capturelint_check):
+            capturelint_check.check(runner="v1", eager_region="narrow", modes="PIECEWISE", layers=1, steps=6,
                               jobs=1).assert_clean()
     """)
     result.assert_outcomes(failed=1)
@@ -50,8 +50,8 @@ def test_a_passing_project_with_a_marker(pytester):
         import pytest
 
         @pytest.mark.capturelint(runner="v2", modes="PIECEWISE", layers=1, steps=6, jobs=1)
-        def test_regions(capturelint):
-            report = capturelint.check()
+        def test_regions(capturelint_check):
+            report = capturelint_check.check()
             report.assert_clean()
             assert [c.label for c in report.configs] == ["v2/PIECEWISE"]
     """, "--strict-markers")
@@ -69,15 +69,15 @@ def test_a_baseline_fails_on_eager_growth(pytester):
 
         OPTIONS = dict(runner="v2", modes="PIECEWISE", layers=1, steps=6, jobs=1)
 
-        def test_same_regions(capturelint):
-            capturelint.check(**OPTIONS).assert_clean()
+        def test_same_regions(capturelint_check):
+            capturelint_check.check(**OPTIONS).assert_clean()
 
-        def test_wider_region(capturelint):
-            capturelint.check(eager_region="wide", **OPTIONS).assert_clean()
+        def test_wider_region(capturelint_check):
+            capturelint_check.check(eager_region="wide", **OPTIONS).assert_clean()
 
         @pytest.mark.capturelint(baseline="regions.json", max_eager_growth=1000)
-        def test_within_budget(capturelint):
-            capturelint.check(eager_region="wide", **OPTIONS).assert_clean()
+        def test_within_budget(capturelint_check):
+            capturelint_check.check(eager_region="wide", **OPTIONS).assert_clean()
     """
     result = run(pytester, source, "--capturelint-baseline", "regions.json")
     result.assert_outcomes(passed=2, failed=1)
@@ -93,9 +93,9 @@ def test_a_bad_option_is_a_capturelint_error(pytester):
         import pytest
         from capturelint.errors import CapturelintError
 
-        def test_regions(capturelint):
+        def test_regions(capturelint_check):
             with pytest.raises(CapturelintError, match="unknown"):
-                capturelint.check(runner="v9")
+                capturelint_check.check(runner="v9")
     """)
     result.assert_outcomes(passed=1)
 
@@ -105,12 +105,12 @@ def test_a_markers_unknown_option_or_bad_value_is_named_before_anything_runs(pyt
         import pytest
 
         @pytest.mark.capturelint(bogus=1)
-        def test_unknown(capturelint):
-            capturelint.check()
+        def test_unknown(capturelint_check):
+            capturelint_check.check()
 
         @pytest.mark.capturelint(layers="2")
-        def test_bad_value(capturelint):
-            capturelint.check()
+        def test_bad_value(capturelint_check):
+            capturelint_check.check()
     """)
     result.assert_outcomes(errors=2)
     result.stdout.fnmatch_lines(["*UsageError: @pytest.mark.capturelint(...) has no option 'bogus'; its options are *",

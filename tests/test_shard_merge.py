@@ -141,7 +141,7 @@ def test_merged_shards_are_the_unsharded_json_byte_for_byte_and_exit_1(failing, 
         code = cli("merge", *(failing[("json", k)][1] for k in order), "-o", merged)
         assert code == status
         assert merged.read_bytes() == whole.read_bytes()
-    assert capsys.readouterr().err.splitlines()[-1] == "4 findings (CL101 x2, CL201 x2) in 4 configurations"
+    assert capsys.readouterr().err.splitlines()[-1] == "4 findings (CL101 x2, CL201 x2) in 4 configurations [engine bundled]"
 
 
 def test_merged_clean_shards_are_the_unsharded_json_and_exit_0(clean, tmp_path):

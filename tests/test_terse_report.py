@@ -61,6 +61,11 @@ def test_the_seed_case_reads_at_a_glance(seed):
     assert lines[0].startswith("replay DIFFERS from eager execution in v1/PIECEWISE (token agreement ")
     assert "matches in v1/FULL, v1/FULL_DECODE_ONLY" in lines[0]
     assert re.search(r"\(compared: \d+ replay steps with their eager shadow; each output with its eager twin\)$", lines[0])
+    # what "matches" covers: per configuration the steps it exercised, as the JSON says them
+    exercised = [line.split(" exercised: ") for line in lines if " exercised: " in line]
+    assert exercised == [[f"{c['runner']}/{c['mode']}", "; ".join(c["checked"]["exercised"])]
+                         for c in doc["configurations"]]
+    assert all("tokens (replayed " in text for _, text in exercised)
     # one line per problem: every (rule, source line) of the JSON findings once, nothing else
     findings = doc["findings"]
     expected = {(where(f), f["code"]) for f in findings}
@@ -93,12 +98,30 @@ def test_verbose_keeps_the_evidence(seed):
     out, doc = seed["verbose"], json.loads(seed["json"])
     flat = " ".join(out.replace("│", " ").split())
     assert out.count("CL101 baked-control-flow [R1]") == 8 and out.count("CL201 declared-eager-captured") == 8
-    assert "Why: Model Runner V1 captures its PIECEWISE graphs without attention metadata" in flat
     assert "segments: C:" in out and "E _sparse_indexer_and_attn:" in out
     assert "seen at replay steps" in out and "aten.constant_pad_nd.default" in out
     for f in doc["findings"]:
         assert f"capture: {f['capture_frame']['file']}:{f['capture_frame']['line']}" in out
-        assert " ".join(f["message"].split()) in flat  # every finding's whole message
+        parts = MessageParts.of(f["message"])  # every finding's message is said: once per problem where shared
+        for part in (parts.what, parts.why, parts.fix):
+            assert " ".join(part.split()).rstrip(".") in flat
+    # why and fix once per problem, not once per finding
+    assert out.count("  why: ") == out.count("  fix: ") == 2
+    assert "Model Runner V1 captures its PIECEWISE graphs without attention metadata" in flat
+
+
+def test_verbose_adds_and_never_removes(seed):
+    """``-v`` prints the default report first (the verdict line, the grouped problems with
+    their why and fix, exactly as without it), then the evidence, then the summary."""
+    default, verbose = seed["rich"].splitlines(), seed["verbose"].splitlines()
+    closing = next(i for i, line in enumerate(default) if "--verbose shows each" in line)
+    head = default[:closing]
+    assert head[0].startswith("replay DIFFERS from eager execution") and len(head) >= 7
+    assert verbose[:len(head)] == head
+    assert verbose[len(head)] == "evidence"
+    assert verbose[-2:] == default[-2:]  # the same summary and hint close both
+    problems = [line for line in verbose if line.startswith("problem ")]
+    assert [p.split(":")[0] for p in problems] == ["problem 1 of 2", "problem 2 of 2"]
 
 
 def test_group_ids_in_json_and_sarif(seed):
@@ -144,7 +167,7 @@ def test_a_clean_run_says_what_was_compared_and_lists_no_finding(capsys, cached_
     assert re.fullmatch(r"replay matches eager execution in v2/PIECEWISE \(compared: \d+ replay steps with their "
                         r"eager shadow; each output with its eager twin\)", lines[0])
     assert not any(FINDING_LINE.match(line) for line in lines)
-    assert lines[-1] == "no findings in 1 configuration: replay matches eager execution"
+    assert lines[-1] == "no findings in 1 configuration: replay matches eager execution [engine bundled]"
 
 
 def test_rules_code_explains_the_rule(capsys):

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 from capturelint.adapters.common import CheckPlan
 from capturelint.common_options import CHECK, ENGINE, SHARED
 from capturelint.errors import CapturelintError
+from capturelint.hosting import hosting
 from capturelint.limits import default_jobs
 from capturelint.options import DEFAULT_ENGINE, EngineOptions, Kind, OptionSpec, Surface, parse_option
 from capturelint.settings import Settings, merge, shown
@@ -321,6 +322,7 @@ def _starting() -> None:
         _before_run.pop(0)()
 
 
+@hosting
 def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
     """The plan of the engine asked for: a script (``capturelint run``) chooses the
     script adapter, ``--target`` the target adapter, else ``--engine`` over the settings
@@ -329,7 +331,9 @@ def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
     ``plan.reuse`` false with ``--no-reuse``."""
     if options.script is not None:
         name = SCRIPT
-    elif options.target is not None:
+    elif options.target is not None or options.targets is not None:
+        name = TARGET
+    elif options.engine is None and settings.targets:  # the project's own engine is the default
         name = TARGET
     else:
         name = merge(options.engine, settings.engine, DEFAULT_ENGINE)
@@ -338,14 +342,32 @@ def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
                                    f"{' or '.join(names())}")
         if name not in names():
             raise CapturelintError(f"unknown engine {name!r}; use {' or '.join(names())}")
+    by_settings = name == TARGET and options.target is None and options.targets is None
     for given in options.given:
         if given not in _reads(name):
+            if by_settings:
+                spelled = {s.name: s for s in option_specs()}[given].named(options.surface)
+                engine = "--engine bundled" if options.surface is not Surface.API else "engine='bundled'"
+                raise CapturelintError(f"{spelled} configures capturelint's engines, and this project checks its own "
+                                       f"targets ({shown(settings.source)}: targets), which do not read it; add "
+                                       f"{engine} to check capturelint's engine, or drop {spelled}")
             raise CapturelintError(refusal(given, name, options.surface))
     plan = adapter(name).make_plan(settings, options)
     jobs = merge(options.jobs, settings.jobs, None)
     return dataclasses.replace(plan, jobs=jobs if jobs is not None else default_jobs(), reuse=options.reuse)
 
 
+def subject(plan: CheckPlan) -> dict[str, Any]:
+    """What the plan checks, as every report says it: ``{"engine": "bundled"}``, the
+    targets' names (``{"targets": ["tests/t.py:targets"]}``), ``{"script": "train.py"}``."""
+    if plan.engine == TARGET:
+        return adapter(TARGET).subject(plan)  # type: ignore[attr-defined, no-any-return]
+    if plan.engine == SCRIPT:
+        return {"script": str(plan.target)}
+    return {"engine": plan.engine}
+
+
+@hosting
 def load(plan: CheckPlan) -> CheckPlan:
     """The plan with what it needs built (a target's engines: its configurations known)."""
     _starting()
@@ -357,6 +379,7 @@ def unit(plan: CheckPlan) -> str:
     return adapter(plan.engine).UNIT
 
 
+@hosting
 def run_check(plan: CheckPlan, progress: Progress | None = None, shadow: bool = True, static: bool = False,
               keep_captures: bool = False) -> Report:
     """Check every configuration of the plan (its shard's; ``plan.jobs`` at once);
@@ -366,6 +389,7 @@ def run_check(plan: CheckPlan, progress: Progress | None = None, shadow: bool = 
     return adapter(plan.engine).run_check(plan, progress, shadow, static, keep_captures)
 
 
+@hosting
 def record_regions(plan: CheckPlan, progress: Progress | None = None) -> RegionMap:
     """Every configuration's captures, recorded without the shadow: the region map that
     ``snapshot`` writes and ``diff`` compares."""
@@ -373,6 +397,7 @@ def record_regions(plan: CheckPlan, progress: Progress | None = None) -> RegionM
     return adapter(plan.engine).record_regions(plan, progress)
 
 
+@hosting
 def suggest_slots(plan: CheckPlan) -> list[Slot]:
     """The plan's configurations for ``capturelint suggest``."""
     _starting()
@@ -404,4 +429,4 @@ def unregister(name: str) -> None:
 __all__ = ["Adapter", "CheckPlan", "ENTRY_POINTS", "EngineOptions", "Family", "FamilyOptions", "SCRIPT", "TARGET",
            "adapter", "before_engines_run", "default_texts", "engine_option_names", "engine_options",
            "family_options", "family_specs", "load", "load_settings", "make_plan", "names", "option_specs",
-           "record_regions", "refusal", "register", "run_check", "suggest_slots", "unit", "unregister"]
+           "record_regions", "refusal", "register", "run_check", "subject", "suggest_slots", "unit", "unregister"]

@@ -11,7 +11,9 @@ bare-graph rules find who holds each graph input themselves) and no eager twin.
 While it runs, ``sys.argv`` is ``[SCRIPT, *ARGS]``, ``__name__`` is ``"__main__"``,
 the script's folder is first on ``sys.path``, and what it prints goes to standard
 error (standard output carries the report); all are restored after. Its own exit
-status (``sys.exit(3)``) is kept apart from capturelint's: the report's note says it.
+status (``sys.exit(3)``) is kept apart from capturelint's: the report's note says it. A
+script that ends with ``os._exit(n)`` ends its run there, as with ``sys.exit(n)``: it is
+checked up to that call, and the note says so (``capturelint.hosting``).
 An exception it does not catch is a one-line error naming the script's line, and a
 script that captures no graph is an error too: nothing was compared.
 """
@@ -33,6 +35,7 @@ from capturelint.adapters.common import (
 )
 from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
+from capturelint.hosting import ProgramExit, called
 from capturelint.options import EngineOptions
 from capturelint.pipeline import Configuration, Task, check_configuration, run_all
 from capturelint.report import ConfigReport, Report
@@ -53,11 +56,13 @@ RUNNER = "script"
 @dataclasses.dataclass
 class Script:
     """The script and its arguments; ``status`` is its own exit status once it ran
-    (``None`` until then; 0 when it ended without ``sys.exit``)."""
+    (``None`` until then; 0 when it ended without ``sys.exit``); ``ended_by``: the call
+    that ended it (``os._exit(5)``: ``capturelint.hosting``), ``None`` when it ran to its end."""
 
     path: Path
     args: tuple[str, ...] = ()
     status: int | None = None
+    ended_by: str | None = None
 
     @property
     def name(self) -> str:
@@ -74,8 +79,13 @@ class Script:
                 runpy.run_path(str(self.path), run_name="__main__")
         except SystemExit as e:
             self.status = _exit_status(e)
+            self.ended_by = called(e) if isinstance(e, ProgramExit) else None
         except Exception as e:
             # ``from e``: the pipeline finds a host sync that failed a capture as the cause
+            limit = frames.limit_of(e)
+            if limit is not None:
+                raise CapturelintError(f"the script {self.name} met a limit of capturelint, not a bug of the script: "
+                                       f"{limit}") from e
             raise CapturelintError(
                 f"the script {self.name} raised {type(e).__name__} at {frames.traceback_frame(e)}: {e}; this is a bug "
                 "of the script, not a replay hazard: fix it and run again"
@@ -84,6 +94,8 @@ class Script:
             sys.argv, sys.path[:] = saved_argv, saved_path
 
     def note(self) -> str | None:
+        if self.ended_by is not None:  # os._exit: its status, even 0, and that what followed the call did not run
+            return f"the script ended with {self.ended_by}; it was checked up to that call"
         return None if not self.status else f"the script exited with status {self.status}"
 
 

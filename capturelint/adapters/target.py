@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -51,8 +52,9 @@ from capturelint.adapters.common import (
 )
 from capturelint.analyzer import RunLabel
 from capturelint.errors import CapturelintError
+from capturelint.hosting import called, exit_call
 from capturelint.harness import TwinResult
-from capturelint.options import EngineOptions
+from capturelint.options import EngineOptions, Surface
 from capturelint.pipeline import Configuration, check_all, check_configuration
 from capturelint.records import ContextProbe, ScopeGroup
 from capturelint.report import Report
@@ -98,43 +100,154 @@ class Target:
     scope_group: ScopeGroup | None = layer_scope_group
 
 
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Where some of a check's targets come from: a spec (``FILE.py:FUNCTION`` or
+    ``MODULE:FUNCTION``) or objects the Python API was given.
+
+    ``name`` is how reports say it and how region maps key its configurations: the spec
+    with its file relative to the project root (the folder of the settings file), so it
+    reads the same from every working directory; ``spec`` is what is imported (the file's
+    path absolute); ``paths`` go on ``sys.path`` first (the project root, then the
+    ``pythonpath`` setting), as pytest puts the root of a project there; ``asked`` names
+    it in errors (``--target 'x.py:f'``, ``pyproject.toml: targets 'x.py:f'``); ``made``
+    holds the API's ``Target`` objects or their callable."""
+
+    name: str
+    spec: str = dataclasses.field(default="", compare=False)
+    paths: tuple[str, ...] = dataclasses.field(default=(), compare=False)
+    asked: str = dataclasses.field(default="", compare=False)
+    made: Any = dataclasses.field(default=None, compare=False, repr=False)
+    root: str | None = dataclasses.field(default=None, compare=False)  # the project root (frames.set_display_root)
+
+
 def load_targets(spec: str) -> list[Target]:
     """Import ``SPEC`` and call it; every way this can fail is a one-line error."""
     return target_factory(spec)()
 
 
-def target_factory(spec: str) -> Callable[[], list[Target]]:
+def target_factory(spec: str | Source) -> Callable[[], list[Target]]:
     """Import ``SPEC``'s file or module once, and return what calls its function and
     checks the result: each call builds the targets anew (``capturelint suggest`` builds
     fresh engines with some functions made eager breaks)."""
-    where, sep, name = spec.rpartition(":")
-    if not sep or not where or not name:
-        raise CapturelintError(f"--target {spec!r} is not MODULE:FUNCTION or FILE.py:FUNCTION; e.g. myengine.check:targets")
-    module = _import(where, spec)
-    factory = getattr(module, name, None)
-    if not callable(factory):
-        raise CapturelintError(f"--target {spec!r}: {where} has no function {name!r}; define it to return Target objects")
+    source = spec if isinstance(spec, Source) else Source(spec, spec, asked=f"--target {spec!r}")
+    asked = source.asked
+    if source.made is not None:
+        factory, name = _objects(source.made), "targets"
+    else:
+        where, sep, name = source.spec.rpartition(":")
+        if not sep or not where or not name:
+            raise CapturelintError(f"{asked} is not MODULE:FUNCTION or FILE.py:FUNCTION; e.g. myengine.check:targets")
+        module = _import(where, asked, source.paths)
+        factory = getattr(module, name, None)
+        if not callable(factory):
+            shown_where = source.name.rpartition(":")[0]
+            raise CapturelintError(f"{asked}: {shown_where} has no function {name!r}; define it to return Target "
+                                   "objects")
 
     def make() -> list[Target]:
         try:
             with emulate_cuda():
                 made = factory()
         except SystemExit as e:
-            raise _exited(spec, f"{name}()", e) from None
+            raise _exited(asked, f"{name}()", e) from None
+        except CapturelintError:
+            raise
         except Exception as e:
-            raise CapturelintError(f"--target {spec!r}: {name}() raised {type(e).__name__}: {e}; fix it, then run again") from e
+            raise CapturelintError(f"{asked}: {name}() raised {type(e).__name__}: {e}; fix it, then run again") from e
         targets = list(made) if isinstance(made, (list, tuple)) else [made]
         if not targets or not all(isinstance(t, Target) for t in targets):
-            raise CapturelintError(f"--target {spec!r}: {name}() must return a Target or a non-empty list of Targets (capturelint.target.Target)")
-        return [_guarded_target(spec, t) for t in targets]
+            raise CapturelintError(f"{asked}: {name}() must return a Target or a non-empty list of Targets "
+                                   "(capturelint.target.Target)")
+        return [_guarded_target(asked, t) for t in targets]
 
     return make
 
 
-def _exited(spec: str, where: str, e: SystemExit) -> CapturelintError:
+def _objects(made: Any) -> Callable[[], Any]:
+    """The factory of the API's ``targets=``: a callable is called for each build; a list
+    of ``Target`` objects is the same objects each time (``suggest`` then needs a callable,
+    to build fresh engines)."""
+    if callable(made) and not isinstance(made, Target):
+        return made  # type: ignore[no-any-return]
+    return lambda: list(made) if isinstance(made, (list, tuple)) else made
+
+
+def sources_of(settings: Settings, options: EngineOptions) -> tuple[Source, ...]:
+    """The sources of a check's targets: the API's objects (``targets=``), else
+    ``--target SPEC`` (a command line's path relative to the working directory; the
+    API's, like the settings', relative to the project root when there is a settings
+    file), else the ``targets`` setting (relative to the settings file)."""
+    root = settings.root
+    paths = tuple(str(p) for p in ([root] if root is not None else []) + list(settings.pythonpath or ()))
+    found = str(root) if root is not None else None
+    if options.targets is not None:
+        made = options.targets
+        if isinstance(made, (str, os.PathLike)) or (isinstance(made, (list, tuple)) and made
+                                                     and all(isinstance(m, (str, os.PathLike)) for m in made)):
+            specs = [os.fspath(made)] if isinstance(made, (str, os.PathLike)) else [os.fspath(m) for m in made]
+            return tuple(dataclasses.replace(_spec_source(spec, _base(settings, options), root, paths,
+                                                          f"targets={spec!r}"), root=found) for spec in specs)
+        if callable(made) and not isinstance(made, Target):
+            name = f"{getattr(made, '__module__', '?')}:{getattr(made, '__qualname__', repr(made))}"
+        elif isinstance(made, Target) or (isinstance(made, (list, tuple)) and made
+                                          and all(isinstance(m, Target) for m in made)):
+            name = "Target objects"
+        else:
+            raise CapturelintError("check() got targets= of another kind; give Target objects (capturelint.target."
+                                   "Target), a function returning them, or FILE.py:FUNCTION specs")
+        return (Source(name, paths=paths, asked=f"targets={name}", made=made, root=found),)
+    if options.target is not None:
+        asked = f"--target {options.target!r}" if options.surface is Surface.COMMAND_LINE else \
+            f"target={options.target!r}"
+        return (dataclasses.replace(_spec_source(options.target, _base(settings, options), root, paths, asked),
+                                    root=found),)
+    where = shown(settings.source) if settings.source is not None else "settings"
+    out = []
+    for spec in settings.targets or ():
+        source = _spec_source(spec, Path.cwd(), root, paths, "")
+        out.append(dataclasses.replace(source, asked=f"{where}: targets {source.name!r}", root=found))
+    return tuple(out)
+
+
+def _base(settings: Settings, options: EngineOptions) -> Path:
+    """Where a relative target path is read from: the working directory on the command
+    line (as users type paths); the project root from the API and the pytest plugin, so
+    that a test passes from wherever pytest was started."""
+    if options.surface is Surface.COMMAND_LINE or settings.root is None:
+        return Path.cwd()
+    return settings.root
+
+
+def _spec_source(spec: str, base: Path, root: Path | None, paths: tuple[str, ...], asked: str) -> Source:
+    where, sep, name = spec.rpartition(":")
+    if not where.endswith(".py"):
+        return Source(spec, spec, paths, asked)
+    path = (base / where).resolve()
+    shown_as = _shown_path(path, root)
+    if root is None:  # no settings file: the nearest folder above with a pyproject.toml is the project's root
+        project = next((d for d in path.parents if (d / "pyproject.toml").is_file()), None)
+        if project is not None:
+            paths = (str(project), *paths)
+    return Source(f"{shown_as}:{name}", f"{path}:{name}", paths, asked)
+
+
+def _shown_path(path: Path, root: Path | None) -> str:
+    """``path`` relative to the project root, else to the working directory, else whole."""
+    for base in (root, Path.cwd()):
+        if base is None:
+            continue
+        try:
+            return path.relative_to(base.resolve()).as_posix()
+        except ValueError:
+            continue
+    return path.as_posix()
+
+
+def _exited(asked: str, where: str, e: SystemExit) -> CapturelintError:
     return CapturelintError(
-        f"--target {spec!r}: {where} called sys.exit({e.code!r}), so the check could not finish and has no verdict; "
-        "remove the sys.exit call (or guard it with if __name__ == '__main__')"
+        f"{asked}: {where} called {called(e)}, so the check could not finish and has no verdict; "
+        f"remove the {exit_call(e)} call (or guard it with if __name__ == '__main__')"
     )
 
 
@@ -165,11 +278,11 @@ def _guarded(spec: str, where: str, fn: Callable[[], Any], compared: bool = Fals
             if not raises:
                 raise
             raise CapturelintError(
-                f"--target {spec!r}: {where} raised {type(e).__name__}: {e}; fix it, then run again") from e
+                f"{spec}: {where} raised {type(e).__name__}: {e}; fix it, then run again") from e
         if compared and next(iter(flatten_tensors(output)), None) is None:
             got = "None" if output is None else f"a {type(output).__name__} with no tensors"
             raise CapturelintError(
-                f"--target {spec!r}: {where} returned {got}, so there is nothing to compare; with eager() given, run() "
+                f"{spec}: {where} returned {got}, so there is nothing to compare; with eager() given, run() "
                 "and eager() must each return the output to compare: tensors, or lists, tuples or dicts of them"
             )
         return output
@@ -177,13 +290,20 @@ def _guarded(spec: str, where: str, fn: Callable[[], Any], compared: bool = Fals
     return call
 
 
-def _import(where: str, spec: str) -> Any:
+def _import(where: str, asked: str, paths: tuple[str, ...] = ()) -> Any:
+    """Import a target's file or module with its project's folders on ``sys.path``
+    (``Source.paths``: the project root and the ``pythonpath`` setting) and, first, the
+    file's own folder, as pytest does."""
+    for entry in reversed(paths):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
     if where.endswith(".py"):
         path = Path(where)
         if not path.is_file():
-            raise CapturelintError(f"--target {spec!r}: no file {where}; give a path to a .py file or a module name")
-        # The file's folder goes on sys.path so that it can import its neighbours.
-        sys.path.insert(0, str(path.resolve().parent))
+            raise CapturelintError(f"{asked}: no file {_shown_path(path.resolve(), None)}; "
+                                   "give a path to a .py file or a module name")
+        sys.path.insert(0, str(path.resolve().parent))  # first: the file imports its neighbours
+        shown_file = _shown_path(path.resolve(), None)
         module_name = f"capturelint_target_{path.stem}"
         loader_spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(loader_spec)  # type: ignore[arg-type]
@@ -192,17 +312,17 @@ def _import(where: str, spec: str) -> Any:
             with emulate_cuda():  # module-level code may use the device (Net().cuda(), torch.device("cuda"))
                 loader_spec.loader.exec_module(module)  # type: ignore[union-attr]
         except SystemExit as e:
-            raise _exited(spec, f"importing {where}", e) from None
+            raise _exited(asked, f"importing {shown_file}", e) from None
         except Exception as e:
-            raise CapturelintError(f"--target {spec!r}: importing {where} raised {type(e).__name__}: {e}") from e
+            raise CapturelintError(f"{asked}: importing {shown_file} raised {type(e).__name__}: {e}") from e
         return module
     try:
         with emulate_cuda():
             return importlib.import_module(where)
     except SystemExit as e:
-        raise _exited(spec, f"importing {where}", e) from None
+        raise _exited(asked, f"importing {where}", e) from None
     except Exception as e:
-        raise CapturelintError(f"--target {spec!r}: cannot import module {where}: {type(e).__name__}: {e}") from e
+        raise CapturelintError(f"{asked}: cannot import module {where}: {type(e).__name__}: {e}") from e
 
 
 def _twin(eager: Callable[[], Any]) -> Callable[[Any], TwinResult]:
@@ -241,38 +361,54 @@ def run_targets(targets: list[Target], codes: frozenset[str], progress: Callable
 
 
 def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
-    """The plan of ``--target SPEC``: the rules selected and the invariants in force
+    """The plan of a user's targets (``sources_of``: the API's objects, ``--target
+    SPEC`` or the ``targets`` setting): the rules selected and the invariants in force
     (settings and ``--invariants FILE``; a target has no defaults). Engine keys of the
     settings are project-wide (the same table serves ``check`` of capturelint's engines
-    and ``--target``): a warning names them."""
+    and the targets): a warning names them."""
     warnings: tuple[str, ...] = ()
     keys = list(settings.engine_keys)
     if keys and settings.source is not None:
         warnings = (f"{shown(settings.source)}: [tool.capturelint] {', '.join(keys)} configure{'s' * (len(keys) == 1)} "
-                    "capturelint's engines and do not apply to --target (its Target objects say their runner, mode and "
-                    "workload)",)
+                    f"capturelint's engines and do not apply to {'--target' if options.target else 'targets'} (its "
+                    "Target objects say their runner, mode and workload)",)
     return CheckPlan(codes=resolve_codes(options, settings), engine=NAME,
-                     invariants=resolve_invariants(settings, options.invariants_file), target=options.target,
-                     warnings=warnings)
+                     invariants=resolve_invariants(settings, options.invariants_file),
+                     sources=sources_of(settings, options), warnings=warnings)
 
 
 def load(plan: CheckPlan) -> CheckPlan:
-    """Import the target's file or module and build its targets, once: the plan's
-    configurations are theirs (``runner``, ``mode``)."""
+    """Import each source's file or module and build its targets, once: the plan's
+    configurations are theirs (``runner``, ``mode``). ``plan.loaded``: per source, its
+    factory and targets."""
     if plan.loaded is not None:
         return plan
-    make = target_factory(str(plan.target))
-    targets = tuple(make())
-    return dataclasses.replace(plan, configured=tuple((t.runner, t.mode) for t in targets), loaded=(make, targets))
+    loaded = []
+    roots = {source.root for source in plan.sources}
+    frames.set_display_root(roots.pop() if len(roots) == 1 else None)
+    for source in plan.sources:
+        make = target_factory(source)
+        loaded.append((source, make, tuple(make())))
+    configured = tuple((t.runner, t.mode) for _, _, targets in loaded for t in targets)
+    return dataclasses.replace(plan, configured=configured, loaded=tuple(loaded))
+
+
+def _named(plan: CheckPlan) -> list[tuple[str, Target]]:
+    """Every target of a loaded plan with its source's name, in report order."""
+    return [(source.name, t) for source, _, targets in plan.loaded for t in targets]
 
 
 def run_check(plan: CheckPlan, progress: Callable[[str], None] | None = None, shadow: bool = True,
               static: bool = False, keep_captures: bool = False) -> Report:
-    """Check the plan's targets (its shard's), ``plan.jobs`` at once."""
+    """Check the plan's targets (its shard's), ``plan.jobs`` at once; each configuration
+    of the report names its source (``ConfigReport.target``)."""
     plan = load(plan)
-    targets = select(plan.loaded[1], plan.shard)
-    return run_targets(targets, plan.codes, progress, invariants=plan.invariants, static=static, jobs=plan.jobs,
-                       shadow=shadow, keep_captures=keep_captures)
+    named = select(_named(plan), plan.shard)
+    report = run_targets([t for _, t in named], plan.codes, progress, invariants=plan.invariants, static=static,
+                         jobs=plan.jobs, shadow=shadow, keep_captures=keep_captures)
+    for config, (name, _) in zip(report.configs, named):
+        config.target = name
+    return report
 
 
 def record_regions(plan: CheckPlan, progress: Callable[[str], None] | None = None) -> RegionMap:
@@ -281,24 +417,29 @@ def record_regions(plan: CheckPlan, progress: Callable[[str], None] | None = Non
 
 
 def suggest_slots(plan: CheckPlan) -> list[Slot]:
-    """``capturelint suggest --target SPEC``: one slot per target; each check calls the
+    """``capturelint suggest`` of targets: one slot per target; each check calls its
     factory again, so the engine it checks is built with the region in place (breaks
     are capturelint's runtime's)."""
     from capturelint.suggest import Slot
 
     plan = load(plan)
-    make, targets = plan.loaded
-    labels = [f"{t.runner}/{t.mode}" for t in targets]
     decorator = runtime_break()
+    entries = [(make, i, t) for _, make, targets in plan.loaded for i, t in enumerate(targets)]
+    labels = [f"{t.runner}/{t.mode}" for _, _, t in entries]
     out = []
-    for i, t in enumerate(targets):
-        label = labels[i] if labels.count(labels[i]) == 1 else f"{labels[i]}#{i}"
+    for n, (make, i, t) in enumerate(entries):
+        label = labels[n] if labels.count(labels[n]) == 1 else f"{labels[n]}#{n}"
 
-        def check(i: int = i) -> Any:
+        def check(make: Callable[[], list[Target]] = make, i: int = i) -> Any:
             return check_configuration(configuration(make()[i]), plan.codes)
 
         out.append(Slot(label, t.runner, t.mode, check, decorator))
     return out
+
+
+def subject(plan: CheckPlan) -> dict[str, Any]:
+    """What the plan checks, as reports say it: ``{"targets": [names]}``."""
+    return {"targets": [source.name for source in plan.sources]}
 
 
 def default_invariants() -> tuple[Any, ...]:
@@ -306,5 +447,5 @@ def default_invariants() -> tuple[Any, ...]:
     return ()
 
 
-__all__ = ["NAME", "Target", "default_invariants", "load", "load_targets", "make_plan", "record_regions",
-           "run_check", "run_targets", "suggest_slots", "target_factory"]
+__all__ = ["NAME", "Source", "Target", "default_invariants", "load", "load_targets", "make_plan", "record_regions",
+           "run_check", "run_targets", "sources_of", "subject", "suggest_slots", "target_factory"]

@@ -9,6 +9,7 @@ import click
 
 from capturelint import api
 from capturelint.commands.common import (
+    terminal_options,
     GroupedCommand,
     command_options,
     engine_options,
@@ -28,9 +29,11 @@ from capturelint.rules import rule_infos
 @engine_options
 @shared_options("select", "ignore", "invariants", "static", "baseline", "max_eager_growth", "accept_findings",
                 "update_accepted", "format", "output", "verbose", "exit_zero", "strict", "require_oracle", "shard")
+@terminal_options
 def check(**kw: Any) -> int:
-    """Check that CUDA-graph replay of the bundled engine computes what eager execution
-    computes, under each runner and CUDA-graph mode.
+    """Check that CUDA-graph replay computes what eager execution computes: of the
+    project's own targets when its pyproject.toml names them ([tool.capturelint]
+    targets), else of the bundled engine (--engine), under each runner and CUDA-graph mode.
 
     Its captures are also held to the declared region invariants (capturelint
     invariants lists them). With --static only the captures are checked (invariants, host syncs): fast, but
@@ -57,8 +60,7 @@ def check(**kw: Any) -> int:
                             max_eager_growth=kw["max_eager_growth"], shard=kw["shard"], keep_captures=rep.captures,
                             accept_findings=kw["accept_findings"], update_accepted=bool(kw["update_accepted"]))
     fallback = api.fallback_uri(settings)
-    # suggest finds eager regions: no hint where only suppression comments are reported
-    hint = suggest_hint(kw) if any(f.runner or f.mode for f in report.findings) else None
+    hint = suggest_hint(kw) if suggestable(report) else None
     emit(rep, report, output, Options(verbose=bool(kw["verbose"]), fallback_uri=fallback, hint=hint,
                                       rules=rule_infos()))
     if not (rep.summary and is_stdout(output)):
@@ -66,6 +68,15 @@ def check(**kw: Any) -> int:
     if kw["exit_zero"]:
         return EXIT_CLEAN
     return EXIT_FINDINGS if report.failed else EXIT_CLEAN
+
+
+def suggestable(report: Any) -> bool:
+    """Whether ``capturelint suggest`` can help with the report's findings: it moves eager
+    regions of graphs it re-runs in pieces (capturelint's runtime, the engines), so not
+    for findings of a suppression comment alone, nor of a configuration whose graphs are
+    all bare ``torch.cuda.CUDAGraph``\\ s (no region to move: its search would end in no
+    candidate)."""
+    return any(c.findings and (c.checked.shadowed_steps or not c.checked.bare_replays) for c in report.configs)
 
 
 def suggest_hint(kw: dict[str, Any]) -> str:

@@ -15,7 +15,7 @@ from capturelint.adapters import registry
 from capturelint.api import ProgressReporter, plan_for, say, warn  # noqa: F401  (the commands' output)
 from capturelint.common_options import BY_NAME, ENGINE, GROUPS, REPORT, SPEED, WHAT  # noqa: F401
 from capturelint.options import EngineOptions, Kind, OptionSpec, Surface, parse_option, spelled  # noqa: F401
-from capturelint.output import stderr_console, stdout_console  # noqa: F401  (the commands' consoles)
+from capturelint.output import TERMINAL, quiet_from_env, stderr_console, stdout_console  # noqa: F401  (the commands' consoles)
 from capturelint.settings import Settings
 
 if TYPE_CHECKING:
@@ -96,12 +96,21 @@ def _parsed(spec: OptionSpec) -> Callable[[click.Context, click.Parameter, Any],
     return callback
 
 
-def spec_option(spec: OptionSpec, help: str | None = None, group: str | None = None) -> Callable[[Callable], Callable]:
+def spec_option(spec: OptionSpec, help: str | None = None, group: str | None = None,
+                apply: Callable[[click.Context, Any], None] | None = None) -> Callable[[Callable], Callable]:
     """The click option of ``spec``: its flag (and short flag), its value parsed by the
-    one builder, listed in ``--help`` under its group with its default."""
+    one builder, listed in ``--help`` under its group with its default; ``apply``: the
+    command does not receive the value, ``apply(ctx, value)`` is called with it (``None``
+    when not given) as the command line is read."""
     decls = [spec.flag, *([spec.short] if spec.short else []), spec.name]
+    parsed = _parsed(spec)
+    callback = parsed
+    if apply is not None:
+        def callback(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+            apply(ctx, parsed(ctx, param, value))
+
     kw: dict[str, Any] = dict(cls=SpecOption, group=group or spec.group, help=help or spec.help_text,
-                              callback=_parsed(spec), default=None)
+                              callback=callback, default=None, expose_value=apply is None)
     if spec.kind is Kind.SWITCH:
         kw.update(is_flag=True, flag_value=spec.switched)
     else:
@@ -124,6 +133,27 @@ def spec_options(*specs: OptionSpec) -> Callable[[Callable], Callable]:
         return fn
 
     return decorate
+
+
+def _set_color(ctx: click.Context, value: str | None) -> None:
+    TERMINAL.color, TERMINAL.lines = value or "auto", True
+    ctx.call_on_close(_reset_terminal)  # the next command (or the API) in this process starts afresh
+
+
+def _set_quiet(ctx: click.Context, value: bool | None) -> None:
+    TERMINAL.quiet = bool(value) or quiet_from_env()
+
+
+def _reset_terminal() -> None:
+    TERMINAL.color, TERMINAL.quiet, TERMINAL.lines = "auto", False, False
+
+
+def terminal_options(fn: Callable) -> Callable:
+    """``--quiet`` and ``--color`` (``capturelint.common_options.TERMINAL``): set
+    ``capturelint.output.TERMINAL`` for the command while it runs, which its progress
+    and consoles read."""
+    fn = spec_option(BY_NAME["color"], apply=_set_color)(fn)
+    return spec_option(BY_NAME["quiet"], apply=_set_quiet)(fn)
 
 
 def shared_options(*names: str) -> Callable[[Callable], Callable]:

@@ -10,6 +10,7 @@ import click
 
 from capturelint.adapters import registry
 from capturelint.commands.common import (
+    terminal_options,
     OTHER,
     REPORT,
     GroupedCommand,
@@ -24,6 +25,7 @@ from capturelint.commands.common import (
 )
 from capturelint.common_options import BY_NAME
 from capturelint.errors import EXIT_CLEAN, CapturelintError
+from capturelint.lists import cut
 
 
 @click.command(cls=GroupedCommand)
@@ -33,6 +35,7 @@ from capturelint.errors import EXIT_CLEAN, CapturelintError
               "query and the ops it selects under each runner and mode (captures the graphs: a static check).")
 @click.option("--format", "fmt", type=click.Choice(["rich", "json"]), default="rich", show_default=True,
               cls=SpecOption, group=REPORT)
+@terminal_options
 def invariants(explain_id: str | None, fmt: str, **kw: Any) -> int:
     """List the declared region invariants in force (bundled defaults, settings file,
     --invariants FILE) and where each comes from; --explain ID shows the graph query it
@@ -98,7 +101,7 @@ def _print_explained(e: dict[str, Any]) -> None:
             console.print(Text(f"{head}: does not apply to any captured graph", style="dim"))
             continue
         for sel in c["selections"]:
-            graphs = ", ".join(sel["graphs"][:5]) + (f" ... and {len(sel['graphs']) - 5} more" if len(sel["graphs"]) > 5 else "")
+            graphs = cut(sel["graphs"])
             console.print(Text(f"{head} · graphs {graphs} ({sel['runtime_mode']}): {sel['selected']} ops selected",
                                style="bold" if sel["selected"] else "yellow"))
             for op in sel["ops"]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from capturelint.commands.common import say, warn
+from capturelint.commands.common import say, terminal_options, warn
 from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS, CapturelintError
 from capturelint.output import check_output_path, is_stdout, write_file, write_stdout
 from capturelint.rules import rule_infos
@@ -20,10 +20,11 @@ FORMATS = formats("check")
               help="Output format (default: the inputs' format, json or sarif); SARIF inputs give SARIF only.")
 @click.option("-o", "--output", metavar="FILE", help="Write the merged report to FILE (atomically) instead of stdout; - is stdout.")
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings.")
-@click.option("-v", "--verbose", is_flag=True, help="--format rich: the evidence (every finding with its ops, source lines and replay steps, every graph's segments) instead of one line per problem.")
+@click.option("-v", "--verbose", is_flag=True, help="--format rich: the default report, then the evidence (every graph's segments, every finding with its ops, source lines and replay steps).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), metavar="PYPROJECT",
               help="The settings the check read (SARIF locates findings without a source line at this file; default: "
                    "the nearest pyproject.toml).")
+@terminal_options
 def merge(reports: tuple[str, ...], fmt: str | None, output: str | None, exit_zero: bool, verbose: bool,
           config_path: str | None) -> int:
     """Join the reports of the shards of one check (check --shard K/N, JSON or SARIF) into the report one unsharded check would have written.
@@ -65,7 +66,8 @@ def merge(reports: tuple[str, ...], fmt: str | None, output: str | None, exit_ze
         warn(f"invariant(s) {', '.join(empty)} applied to captured graphs but selected no op: the selector "
              "probably does not say what was meant; see capturelint invariants --explain ID")
     rep = reporter("check", fmt or "json")
-    emit(rep, report, output, Options(verbose=verbose, fallback_uri=_fallback_uri(config_path), rules=rule_infos()))
+    emit(rep, report, output, Options(verbose=verbose, fallback_uri=_fallback_uri(config_path), rules=rule_infos(),
+                                      command="merge"))
     if not (rep.summary and is_stdout(output)):
         say(report.summary_line())
     if exit_zero:

@@ -14,6 +14,7 @@ import click
 from capturelint import api
 from capturelint.adapters import registry
 from capturelint.commands.common import (
+    terminal_options,
     OTHER,
     REPORT,
     WHAT,
@@ -57,6 +58,7 @@ def _option(*decls: str, group: str = OTHER, **kw: Any) -> Any:
 @_option("--no-fold", is_flag=True, group=REPORT, help="Draw every layer; by default consecutive layers of the same "
          "structure (scopes, op counts, segments, findings) are drawn once, e.g. 'model.layers.0-3 (×4)'.")
 @_option("--no-check", is_flag=True, group=WHAT, help="Record the captures only: faster, but no findings are marked.")
+@terminal_options
 def show(fmt: str, output: str | None, ops: bool, all_graphs: bool, no_fold: bool, no_check: bool, **kw: Any) -> int:
     """Show the regions of each runner and mode: captured segments and eager breaks in
     execution order, layer by layer, the module scopes in each with their op counts,
@@ -103,6 +105,7 @@ AGAINST = {  # diff's --against-* options: a shared option's spec, for the other
 
 @click.command(cls=GroupedCommand)
 @click.argument("snapshots", nargs=-1, metavar="[OLD.json [NEW.json]]", type=click.Path(dir_okay=False))
+@shared_options("target")
 @engine_options
 @spec_option(AGAINST["runner"])
 @spec_option(AGAINST["mode"])
@@ -111,6 +114,7 @@ AGAINST = {  # diff's --against-* options: a shared option's spec, for the other
          help="Compare with V1 metadata builders allocating per step (--engine bundled).")
 @_option("--format", "fmt", type=click.Choice(DIFF_FORMATS), default="rich", show_default=True, group=REPORT)
 @_option("-o", "--output", metavar="FILE", group=REPORT, help="Write the report to FILE instead of stdout.")
+@terminal_options
 def diff(snapshots: tuple[str, ...], against_runner: tuple[Runner, ...] | None, against_mode: Any,
          against_eager_region: Any, against_fresh_metadata: bool, fmt: str, output: str | None, **kw: Any) -> int:
     """Compare two region recordings: ops that moved between captured and eager
@@ -155,7 +159,8 @@ def diff(snapshots: tuple[str, ...], against_runner: tuple[Runner, ...] | None, 
         if snapshots:
             before = load_snapshot(snapshots[0])  # fail on a bad file before running anything
             with ProgressReporter(len(left.configurations)) as progress:
-                result = diff_by_key(before, registry.record_regions(left, progress), snapshots[0], "the current engine")
+                now = "the current targets" if left.sources else "the current engine"
+                result = diff_by_key(before, registry.record_regions(left, progress), snapshots[0], now)
         else:
             right = resolve_plan(settings, {**kw, **against}, also_given=tuple(against))
             with ProgressReporter(len(left.configurations) + len(right.configurations)) as progress:
@@ -195,15 +200,18 @@ def _describe_side(kw: dict[str, Any]) -> str:
 # --------------------------------------------------------------------- snapshot
 
 @click.command(cls=GroupedCommand)
+@shared_options("target")
 @engine_options
 @_option("-o", "--output", metavar="FILE", group=REPORT,
          help="Write the snapshot to FILE (atomically, after the run; default: stdout).")
 @_option("--update", metavar="FILE", group=REPORT, help="Rewrite the snapshot FILE with the current recording, "
          "accepting every change, and say what changed (a file that is not a snapshot is refused).")
+@terminal_options
 def snapshot(output: str | None, update: str | None, **kw: Any) -> int:
     """Record the region map of every runner and mode (default: runners v1 and v2, all
-    four modes) as a stable, reviewable JSON file: per graph, its segments in order
-    (captured or eager break) and per module scope the count of each op.
+    four modes; a project's targets: each target, keyed by its spec, runner and mode) as
+    a stable, reviewable JSON file: per graph, its segments in order (captured or eager
+    break) and per module scope the count of each op.
 
     Use it as the baseline of `capturelint check --baseline FILE`; when a region change
     is intended, accept it with `capturelint snapshot --update FILE` and commit the file.

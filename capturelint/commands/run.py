@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from capturelint.adapters import registry
-from capturelint.commands.common import GroupedCommand, say, settings_for, shared_options, spec_option, warn
+from capturelint.commands.common import GroupedCommand, say, settings_for, shared_options, spec_option, terminal_options, warn
 from capturelint.common_options import BY_NAME
 from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS, CapturelintError
 from capturelint.options import EngineOptions
@@ -26,6 +26,7 @@ from capturelint.rules import rule_infos
 @shared_options("config")
 @click.argument("script", metavar="SCRIPT.py")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@terminal_options
 def run(script: str, args: tuple[str, ...], **kw: Any) -> int:
     """Run a Python script as written for a GPU (python SCRIPT.py ARGS...) under the
     emulated CUDA device, and check every CUDA graph it captures and replays.
@@ -58,7 +59,8 @@ def run(script: str, args: tuple[str, ...], **kw: Any) -> int:
     if missing is not None and (require_oracle or settings.require_oracle):
         raise CapturelintError(missing)
     fallback = str(settings.source.name) if settings.source else "pyproject.toml"
-    emit(rep, report, output, Options(verbose=bool(kw["verbose"]), fallback_uri=fallback, rules=rule_infos()))
+    emit(rep, report, output, Options(verbose=bool(kw["verbose"]), fallback_uri=fallback, rules=rule_infos(),
+                                      command="run"))
     if not (rep.summary and is_stdout(output)):
         say(report.summary_line() + "".join(f" ({c.note})" for c in report.configs if c.note))
     if kw["exit_zero"]:

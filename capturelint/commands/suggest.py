@@ -8,12 +8,14 @@ import click
 
 from capturelint import api
 from capturelint.commands.common import (
+    terminal_options,
     OTHER,
     REPORT,
     GroupedCommand,
     SpecOption,
     command_options,
     engine_options,
+    given_flags,
     say,
     settings_for,
     shared_options,
@@ -37,6 +39,7 @@ DEFAULT_MAX_CANDIDATES = 12  # capturelint.suggest.DEFAULT_MAX_CANDIDATES (a tes
 @click.option("--max-candidates", type=int, default=DEFAULT_MAX_CANDIDATES, show_default=True, metavar="N",
               cls=SpecOption, group=OTHER, help="Try at most N regions (each a full check of every failing "
                                                 "configuration).")
+@terminal_options
 def suggest(fmt: str, max_candidates: int, **kw: Any) -> int:
     """Find the smallest eager region that makes replay equal eager: try the functions on the capture-time stack of each finding as eager breaks, verify each with the full check, and rank the clean ones by eager ops per step.
 
@@ -60,7 +63,22 @@ def suggest(fmt: str, max_candidates: int, **kw: Any) -> int:
     if fmt == "patch" and not report.found:
         say(report.summary_line())
         return EXIT_CLEAN if not report.failing else EXIT_FINDINGS
-    emit(rep, report, output, Options())
+    emit(rep, report, output, Options(hint=apply_hint(kw, max_candidates) if report.found else None))
     if not (rep.summary and is_stdout(output)):
         say(report.summary_line())
     return EXIT_FINDINGS if report.failing and not report.found else EXIT_CLEAN
+
+
+def apply_hint(kw: dict[str, Any], max_candidates: int) -> str:
+    """``apply it: capturelint suggest ... --format patch | git apply``: the command that
+    writes the best region's patch, with this run's own options."""
+    import shlex
+
+    from capturelint.adapters import registry
+
+    names = ("target",) if kw.get("target") is not None else registry.engine_option_names()
+    args = given_flags(kw, (*names, "config", "select", "ignore"))
+    if max_candidates != DEFAULT_MAX_CANDIDATES:
+        args += ["--max-candidates", str(max_candidates)]
+    command = " ".join(["capturelint", "suggest"] + [shlex.quote(a) for a in args] + ["--format", "patch"])
+    return f"apply the best region: {command} | git apply"

@@ -30,15 +30,12 @@ from rich.panel import Panel
 from rich.text import Text
 
 from capturelint.graph import scope_group
+from capturelint.lists import and_more, cut, cut_list
 from capturelint.region_changes import ConfigChange, Direction, RegionChanges, SegmentChange
-
-LIST_CUT = 5
 
 
 def _lines(items: list[Text], indent: str = "    ") -> list[Text]:
-    if len(items) > LIST_CUT:
-        return items[:LIST_CUT] + [Text(f"{indent}... and {len(items) - LIST_CUT} more", style="dim")]
-    return items
+    return cut_list(items, lambda n: Text(f"{indent}{and_more(n)}", style="dim"))
 
 
 def _moved_lines(change: "ConfigChange") -> list[Text]:
@@ -59,9 +56,7 @@ def _moved_lines(change: "ConfigChange") -> list[Text]:
         for scope in sorted(by_scope, key=_natural):
             ops = sorted(by_scope[scope].items(), key=lambda kv: (-kv[1], kv[0]))
             total = sum(n for _, n in ops)
-            listed = ", ".join(f"{op} ×{n}" for op, n in ops[:LIST_CUT])
-            if len(ops) > LIST_CUT:
-                listed += f" ... and {len(ops) - LIST_CUT} more"
+            listed = cut([f"{op} ×{n}" for op, n in ops])
             g = graphs[scope]
             items.append(Text(f"    {scope}: {total} op{'s' * (total != 1)} in {g} graph{'s' * (g != 1)} ({listed})", style=style))
         total = sum(sum(v.values()) for v in by_scope.values())
@@ -95,15 +90,10 @@ def config_change_lines(change: "ConfigChange") -> list[Text]:
     out.extend(_segment_lines("segments added", change.segments_added, "green"))
     out.extend(_segment_lines("segments removed", change.segments_removed, "magenta"))
     if change.graphs_added:
-        out.append(Text(f"  graphs added: {_cut(change.graphs_added)}", style="green"))
+        out.append(Text(f"  graphs added: {cut(change.graphs_added)}", style="green"))
     if change.graphs_removed:
-        out.append(Text(f"  graphs removed: {_cut(change.graphs_removed)}", style="magenta"))
+        out.append(Text(f"  graphs removed: {cut(change.graphs_removed)}", style="magenta"))
     return out
-
-
-def _cut(items: tuple[str, ...] | list[str]) -> str:
-    head = ", ".join(items[:LIST_CUT])
-    return head + (f" ... and {len(items) - LIST_CUT} more" if len(items) > LIST_CUT else "")
 
 
 def region_changes_panel(changes: "RegionChanges", title: str = "region changes") -> Panel:
@@ -113,11 +103,11 @@ def region_changes_panel(changes: "RegionChanges", title: str = "region changes"
         parts.extend(config_change_lines(c))
     unchanged = [c.label for c in changes.configs if not c.changed]
     if unchanged:
-        parts.append(Text(f"unchanged: {_cut(unchanged)}", style="green"))
+        parts.append(Text(f"unchanged: {cut(unchanged)}", style="green"))
     if changes.new_configs:
-        parts.append(Text(f"new, not in the baseline (listed, not checked): {_cut(list(changes.new_configs))}", style="cyan"))
+        parts.append(Text(f"new, not in the baseline (listed, not checked): {cut(list(changes.new_configs))}", style="cyan"))
     if changes.missing_configs:
-        parts.append(Text(f"in the baseline but not run: {_cut(list(changes.missing_configs))}", style="dim"))
+        parts.append(Text(f"in the baseline but not run: {cut(list(changes.missing_configs))}", style="dim"))
     for note in changes.notes:
         parts.append(Text(f"note: {note}", style="yellow"))
     parts.append(Text(changes.summary_line(), style="bold red" if changes.failed else "bold"))

@@ -29,6 +29,7 @@ from typing import Callable, Hashable, Sequence
 import graphviz
 
 from capturelint.errors import CapturelintError
+from capturelint.lists import and_more, cut_list
 from capturelint.render.fold import Item, Layer, Piece, Row, Segment, item_rows, rows, split_layer
 from capturelint.render.view import ConfigView, GraphView, scope_label, short_op, view_segments
 
@@ -366,7 +367,7 @@ def changes_dot(pairs, changes, fold: bool = True) -> str:
 
 
 def _cut(notes: list[str]) -> tuple[str, ...]:
-    return tuple(notes[:5] + [f"... and {len(notes) - 5} more"] if len(notes) > 5 else notes)
+    return tuple(cut_list(notes, and_more))
 
 
 def _diff_item(item: Item, layer: Layer) -> tuple[list[str], dict[str, str]]:

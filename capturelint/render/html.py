@@ -3,22 +3,31 @@
 A file to keep as a CI artifact or to link from a pull request: no network (CSS, the
 little JavaScript and the diagrams' SVG are inline; no external ``src``, ``href`` or
 ``url()``), and the same command gives byte-identical HTML (no timestamps). A check
-report holds, in order:
+report holds, in order, so that the first screen answers (the verdict, the problems and
+what was compared) and everything else is one click away:
 
 - **the verdict**: a headline that never says "matches" about what was not compared
-  (it follows ``Report.summary_line``), and the summary line itself;
+  (it follows ``Report.summary_line``; with findings, how many problems and where replay
+  differs), the verdict line (what was compared) and the summary line itself;
+- **the contents**: a link to each part below and to each configuration's diagram
+  (those with findings named with their count);
+- **the problems**: one entry per problem as the terminal prints them (``path:line:
+  CODE``, why, fix), each linking its findings;
 - **what was compared**: per runner and mode, the eager region, whether replay was
   compared with eager execution (and why not), what was checked, and the numerical
   evidence (token agreement, largest replay-vs-eager step error, eager-twin error);
-- **the findings**: a table of contents, then one ``<article id="finding-N">`` per
-  finding (``report.html#finding-3`` opens on it) with its code, ``path:line``, message,
-  and the source lines around each of its frames (read when the report is written,
-  the frame's line highlighted);
-- **the regions**: per runner and mode the Graphviz diagram (``render.dot``, drawn by
-  ``dot -Tsvg``) with zoom controls, and each shown graph's segments as ``<details>``
-  (scopes, op counts, links to the findings placed there);
-- **region changes** against a baseline (``check --baseline``).
+- **the regions**: per runner and mode a ``<details>`` (open where it has findings)
+  with the Graphviz diagram (``render.dot``, drawn by ``dot -Tsvg``) with zoom
+  controls, and each shown graph's segments as ``<details>`` (scopes, op counts, links
+  to the findings placed there); a link to a closed one opens it;
+- **the findings one by one**: one ``<article id="finding-N">`` per finding
+  (``report.html#finding-3`` opens on it) with its code, ``path:line``, message, and the
+  source lines around each of its frames (read when the report is written, the frame's
+  line highlighted);
+- the findings suppressed or accepted, and **region changes** against a baseline
+  (``check --baseline``).
 
+The header names the command that made the report (``capturelint run`` for a script).
 ``show`` gives the regions alone, ``diff`` the region changes and a before/after
 diagram per pair of configurations. Everything a reviewer needs works with
 JavaScript off: the findings and diagrams are plain HTML and inline SVG, anchors are
@@ -67,23 +76,49 @@ def require_dot(alternative: str) -> None:
 # ------------------------------------------------------------------- documents
 
 
-def check_html(report: Report) -> str:
-    """The check report (see the module docstring)."""
+def check_html(report: Report, command: str = "check") -> str:
+    """The check report (see the module docstring); ``command`` names what made it in its
+    header (``run`` for ``capturelint run``)."""
     from capturelint.render.view import report_views
 
     findings = report.findings
     ids = {id(f): f"finding-{i}" for i, f in enumerate(findings, 1)}
     headline, tone = _verdict(report)
+    views = report_views(report)
     body = [
-        _verdict_section("capturelint check", headline, tone, report.verdict_line(), report.summary_line()),
+        _verdict_section(f"capturelint {command}", headline, tone, report.verdict_line(), report.summary_line()),
+        _contents(report, views),
+        _problems_section(findings, ids),
         _compared_section(report.configs, report.static),
-        _findings_section(findings, ids, _Sources()),
+        _regions_section(views, ids),
+        _details_section(findings, ids, _Sources()),
         _waived_section(report),
-        _regions_section(report_views(report), ids),
     ]
     if report.region_changes is not None:
         body.append(_changes_section(report.region_changes, "Region changes against the baseline"))
-    return _page("capturelint check", body)
+    return _page(f"capturelint {command}", body)
+
+
+def _contents(report: Report, views: list[ConfigView]) -> str:
+    """The line under the verdict that puts every part one click away: the problems,
+    what was compared, each configuration's diagram (those with findings first named
+    with their count), the findings one by one."""
+    links = [f'<a href="#findings">problems ({len(report.groups)})</a>' if report.findings else "",
+             '<a href="#compared">what was compared</a>']
+    diagrams = []
+    for n, cv in enumerate(views, 1):
+        count = f" ({len(cv.findings)} finding{'s' * (len(cv.findings) != 1)})" if cv.findings else ""
+        tone = ' class="fail"' if cv.findings else ""
+        diagrams.append(f'<a href="#config-{n}"{tone}>{esc(cv.runner)}/{esc(cv.mode)}{esc(count)}</a>')
+    if diagrams:
+        links.append("diagrams: " + ", ".join(diagrams))
+    if report.findings:
+        links.append(f'<a href="#finding-details">findings one by one ({len(report.findings)})</a>')
+    if report.waived or report.stale_accepted():
+        links.append('<a href="#suppressed">not failed on</a>')
+    if report.region_changes is not None:
+        links.append('<a href="#region-changes">region changes</a>')
+    return '<nav id="contents" class="toc">' + " · ".join(t for t in links if t) + "</nav>"
 
 
 def show_html(views: list[ConfigView], ops: bool = False) -> str:
@@ -97,7 +132,7 @@ def show_html(views: list[ConfigView], ops: bool = False) -> str:
         _verdict_section("capturelint show", "Regions", "info", summary_line(views)),
         _findings_section(findings, ids, _Sources(), "No finding is marked on these regions (show --no-check checks "
                           "nothing)."),
-        _regions_section(views, ids, ops),
+        _regions_section(views, ids, ops, expand=True),
     ]
     return _page("capturelint show", body)
 
@@ -137,9 +172,15 @@ def _page(title: str, body: list[str]) -> str:
 
 
 def _verdict(report: Report) -> tuple[str, str]:
-    """The headline and its tone (``fail``, ``warn``, ``pass``), as ``summary_line`` says it."""
+    """The headline and its tone (``fail``, ``warn``, ``pass``), as ``summary_line`` says it:
+    with findings, how many problems and where replay differs."""
     if report.findings:
-        return "Findings", "fail"
+        groups, n = report.groups, len(report.findings)
+        counted = f"{n} finding{'s' * (n != 1)} in {len(groups)} problem{'s' * (len(groups) != 1)}"
+        if report.diverged:
+            labels = ", ".join(c.label for c in report.diverged)
+            return f"Replay differs from eager execution in {labels}: {counted}", "fail"
+        return counted[0].upper() + counted[1:], "fail"
     if report.failed:  # no finding: the baseline gate failed
         return "Regions changed beyond the baseline's budget", "fail"
     if report.diverged:
@@ -170,6 +211,8 @@ def _compared_section(configs: list[ConfigReport], static: bool) -> str:
         else:
             compared = f"NO ({c.checked.not_compared()})"
         notes = [t for t in (c.unchecked_text(), c.note) if t]
+        exercised = (f'<p class="exercised">exercised: {esc(c.checked.exercised_text())}</p>'
+                     if c.checked.exercised else "")
         if n is None:
             numbers = ['<td colspan="4" class="none">nothing compared numerically</td>']
         else:
@@ -185,7 +228,7 @@ def _compared_section(configs: list[ConfigReport], static: bool) -> str:
             f'<tr class="{tone}"><th scope="row">{esc(c.label)}</th><td>{esc(c.region_title)}</td>'
             f"<td>{esc(compared)}</td>{''.join(numbers)}"
             f"<td>{'<b>differs</b>' if c.diverged else 'no' if n is not None else ''}</td><td>{len(c.findings)}</td>"
-            f"<td>{esc(c.checked.describe())}"
+            f"<td>{esc(c.checked.describe())}{exercised}"
             + "".join(f'<p class="note">{esc(t)}</p>' for t in notes) + "</td></tr>"
         )
     return (
@@ -205,14 +248,26 @@ def _fmt(x: float | None, spec: str, absent: str = "") -> str:
 
 
 def _findings_section(findings: list[Finding], ids: dict[int, str], sources: _Sources, empty: str = "No findings.") -> str:
+    """The problems, then every finding one by one (``show``: both in one place)."""
+    return _problems_section(findings, ids, empty) + _details_section(findings, ids, sources)
+
+
+def _problems_section(findings: list[Finding], ids: dict[int, str], empty: str = "No findings.") -> str:
+    """One entry per problem, as the terminal prints it, each linking its findings."""
     if not findings:
         return f'<section id="findings"><h2>Findings</h2><p class="none">{esc(empty)}</p></section>'
     groups = group_findings(findings)
     problems = "".join(_problem(g, ids) for g in groups)
-    articles = "".join(_finding(f, ids[id(f)], sources, group_id(f)) for f in findings)
     count = f"{len(findings)} finding{'s' if len(findings) != 1 else ''} in {len(groups)} problem{'s' if len(groups) != 1 else ''}"
-    return (f'<section id="findings"><h2>Problems ({esc(count)})</h2><ol class="problems">{problems}</ol>'
-            f"<h2>Findings, one per location</h2>{articles}</section>")
+    return f'<section id="findings"><h2>Problems ({esc(count)})</h2><ol class="problems">{problems}</ol></section>'
+
+
+def _details_section(findings: list[Finding], ids: dict[int, str], sources: _Sources) -> str:
+    """Every finding one by one, with the source lines around its frames."""
+    if not findings:
+        return ""
+    articles = "".join(_finding(f, ids[id(f)], sources, group_id(f)) for f in findings)
+    return f'<section id="finding-details"><h2>Findings, one per location</h2>{articles}</section>'
 
 
 def _problem(g: FindingGroup, ids: dict[int, str]) -> str:
@@ -271,7 +326,7 @@ class _Sources(SourceFiles):
     lines around a frame's, with that line marked."""
 
     def excerpt(self, label: str, frame: Frame) -> str:
-        head = f'<figcaption>{esc(label)}: <code>{esc(frame.file)}:{frame.line}</code> in {esc(frame.function)}</figcaption>'
+        head = f'<figcaption>{esc(label)}: <code>{esc(frame.location)}</code> in {esc(frame.function)}</figcaption>'
         lines = self.lines(frame)
         if isinstance(lines, str):
             return f'<figure class="source">{head}<p class="none">source not shown: {esc(lines)}</p></figure>'
@@ -289,7 +344,10 @@ class _Sources(SourceFiles):
 # --------------------------------------------------------------------- regions
 
 
-def _regions_section(views: list[ConfigView], ids: dict[int, str], ops: bool = False) -> str:
+def _regions_section(views: list[ConfigView], ids: dict[int, str], ops: bool = False, expand: bool = False) -> str:
+    """Per configuration its diagram and segments, in a ``<details>`` open where it has
+    findings (``expand``: every one, as ``show`` draws them), so that a check of many
+    configurations is not a page of diagrams; the contents link each."""
     from capturelint.render.dot import report_dot
 
     parts = []
@@ -304,7 +362,9 @@ def _regions_section(views: list[ConfigView], ids: dict[int, str], ops: bool = F
         unplaced = "".join(f'<li><a href="#{ids[id(f)]}">{esc(f.code)} {esc(f.condition)}</a> {esc(f.scope)} · '
                            f"{esc(f.op)} in {esc(f.segment)} (not in the shown graphs)</li>" for f in cv.unplaced)
         parts.append(
-            f'<details class="config" id="config-{n}" open><summary><h3>{esc(cv.title)}</h3></summary>'
+            f'<details class="config" id="config-{n}"{" open" if cv.findings or expand else ""}><summary><h3>{esc(cv.title)}</h3>'
+            + (f' <span class="tag">{len(cv.findings)} finding{"s" * (len(cv.findings) != 1)}</span>' if cv.findings
+               else "") + "</summary>"
             f'<p class="totals">{esc(cv.totals_line())}</p>'
             + (f'<p class="note">{esc(cv.note)}</p>' if cv.note else "")
             + diagram + graphs + (f'<ul class="unplaced">{unplaced}</ul>' if unplaced else "") + "</details>"
@@ -402,8 +462,8 @@ h2{border-bottom:1px solid var(--line);padding-bottom:.2em;margin-top:1.6em}
 table{border-collapse:collapse;margin:.4em 0}th,td{border:1px solid var(--line);padding:.25em .5em;text-align:left;
  vertical-align:top}thead th{background:#f2f4f7}
 tr.fail th{color:var(--fail)}tr.warn th{color:var(--warn)}tr.pass th{color:var(--pass)}
-.note{color:var(--warn);margin:.3em 0 0}.none{color:var(--muted)}
-.toc ol{padding-left:2em}.toc a{text-decoration:none}
+.note{color:var(--warn);margin:.3em 0 0}.exercised{margin:.3em 0 0}.none{color:var(--muted)}
+.toc{margin:.4em 0 1em;color:var(--muted)}.toc a{text-decoration:none}.toc a.fail{color:var(--fail)}
 .problems{padding-left:1.5em}.problem{margin:.2em 0 1em}.problem p{margin:.15em 0}.problem .code{color:var(--fail)}
 .problem:target{background:#fef3f2}.problem .members a{margin-right:.6em}
 .finding{border:1px solid var(--line);border-left:5px solid var(--fail);border-radius:4px;padding:.3em 1em .6em;
@@ -414,9 +474,9 @@ tr.fail th{color:var(--fail)}tr.warn th{color:var(--warn)}tr.pass th{color:var(-
 .steps{color:var(--muted);margin:.2em 0}
 figure.source{margin:.5em 0}figure.source pre{background:#f8f9fb;border:1px solid var(--line);padding:.4em 0;
  margin:.2em 0;overflow-x:auto}
-.line{display:block;padding:0 .8em}.line::before{content:attr(data-n);display:inline-block;width:4.5em;
+.source .line{display:block;padding:0 .8em}.source .line::before{content:attr(data-n);display:inline-block;width:4.5em;
  color:var(--muted);user-select:none}
-mark.line{background:#fff3c4;font-weight:bold;color:inherit}
+.source mark.line{background:#fff3c4;font-weight:bold;color:inherit}
 details.config{border:1px solid var(--line);border-radius:4px;padding:.2em 1em;margin:1em 0}
 details.config>summary h3{display:inline;margin:0}summary{cursor:pointer}
 .diagram{margin:.5em 0}.diagram input{margin-left:.8em}.zoom-label{color:var(--muted)}
@@ -435,6 +495,14 @@ footer{margin-top:2em;color:var(--muted)}
 
 SCRIPT = """
 document.documentElement.className = 'js';
+function openTarget() {  // a link to a collapsed diagram (or into it) opens it
+  var t = location.hash && document.getElementById(decodeURIComponent(location.hash.slice(1)));
+  var shown = t;
+  for (; t; t = t.parentElement) { if (t.tagName === 'DETAILS' && !t.open) { t.open = true; } }
+  if (shown) { shown.scrollIntoView(); }
+}
+window.addEventListener('hashchange', openTarget);
+openTarget();
 document.querySelectorAll('.canvas').forEach(function (c) {
   var drag = null;
   c.addEventListener('mousedown', function (e) {

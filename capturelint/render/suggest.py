@@ -22,11 +22,11 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.text import Text
 
+from capturelint.lists import and_more, cut_list, shown
+
 # The report it draws is ``capturelint.suggest.SuggestReport`` (its ``suggestions``,
 # ``configurations`` of ``Outcome``, ``trials``...), read by attribute: a reporter
 # imports nothing above the report model, not even for annotations.
-SHOWN_SUGGESTIONS = 5
-SHOWN_REMAINING = 5
 
 
 def _verdict(o: Any) -> str:
@@ -70,21 +70,19 @@ def render_suggest(report: Any, console: Console) -> None:
             line.append(" · ", style="dim")
         line.append(_verdict(o) if not o.clean else f"{o.label} clean", style="red" if not o.clean else "green")
     console.print(line)
-    for s in report.suggestions[:SHOWN_SUGGESTIONS]:
+    suggestions, more = shown(report.suggestions)
+    for s in suggestions:
         console.print(_suggestion_panel(s))
-    if len(report.suggestions) > SHOWN_SUGGESTIONS:
-        console.print(Text(f"... and {len(report.suggestions) - SHOWN_SUGGESTIONS} more verified regions (--format json "
-                           "lists them)", style="dim"))
+    if more:
+        console.print(Text(f"{and_more(more)} verified regions (--format json lists them)", style="dim"))
     failed = report.unsuccessful()
     if report.failing and failed:
         parts: list[Any] = []
         for t in failed:
             o = t.outcomes[-1]
             parts.append(Text(" + ".join(r.qualname for r in t.region) + f": {_verdict(o)}", style="bold"))
-            for what in o.findings[:SHOWN_REMAINING]:
-                parts.append(Text(f"  remains: {what}"))
-            if len(o.findings) > SHOWN_REMAINING:
-                parts.append(Text(f"  ... and {len(o.findings) - SHOWN_REMAINING} more", style="dim"))
+            parts.extend(cut_list([Text(f"  remains: {what}") for what in o.findings],
+                                  lambda n: Text(f"  {and_more(n)}", style="dim")))
         console.print(Panel(Group(*parts), title="tried without success", title_align="left", border_style="red"))
     if report.failing and not report.candidates:
         console.print(Text("no candidate: no finding has an engine function on its capture-time stack that can be made "

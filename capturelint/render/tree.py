@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.text import Text
 from rich.tree import Tree
 
+from capturelint.lists import cut
 from capturelint.render.fold import Layer, Piece, Row, rows, split_layer
 from capturelint.render.view import ConfigView, GraphView, finding_tag, num, op_runs, scope_label, view_segments
 
@@ -129,9 +130,7 @@ def summary_line(views: list[ConfigView]) -> str:
     shown = sum(len(v.graphs) for v in views)
     total = sum(v.total_graphs for v in views)
     findings = sum(len(v.findings) for v in views)
-    eager = ", ".join(f"{v.runner}/{v.mode} {num(v.eager_ops_per_step)}" for v in views[:5])
-    if n > 5:
-        eager += f" ... and {n - 5} more"
+    eager = cut([f"{v.runner}/{v.mode} {num(v.eager_ops_per_step)}" for v in views])
     line = f"{_plural(n, 'configuration')}, {shown} of {_plural(total, 'graph')} shown"
     if n:
         line += f"; eager ops per step: {eager}"

@@ -6,6 +6,7 @@ import textwrap
 from typing import TYPE_CHECKING, ClassVar, Iterator
 
 from capturelint.findings import Condition, Finding, Frame, RuleInfo
+from capturelint.lists import cut
 
 if TYPE_CHECKING:  # the rule registry imports without torch (``capturelint rules``)
     from capturelint.analyzer import BareView, HazardView, RegionView, RunLabel, RunOutcome, StepView
@@ -110,32 +111,13 @@ class Rule:
         message: str,
     ) -> Finding:
         op = capture_op or shadow_op
-        return Finding(
-            code=self.code,
-            name=self.name,
-            condition=self.condition,
-            runner=view.label.runner,
-            mode=view.label.mode,
-            graph=view.capture.graph,
-            runtime_mode=view.capture.runtime_mode,
-            segment=view.segment_label(segment),
-            segment_index=segment,
-            op=op.op if op else "",
-            scope=(op.scope if op else "") or "<top>",
-            tensor=tensor,
-            capture_frame=capture_op.frame if capture_op else None,
-            capture_stack=capture_op.stack if capture_op else (),
-            shadow_frame=shadow_op.frame if shadow_op else None,
-            message=message,
-            steps=(view.shadow.step,),
-        )
+        return Finding.of(self, view.site(segment), op=op.op if op else "", scope=op.scope if op else None,
+                          tensor=tensor, capture_frame=capture_op.frame if capture_op else None,
+                          shadow_frame=shadow_op.frame if shadow_op else None, message=message,
+                          capture_stack=capture_op.stack if capture_op else (), steps=(view.shadow.step,))
 
 
 def where(frame: Frame | None) -> str:
-    return f"{frame.file}:{frame.line}" if frame else "<unknown>"
+    return frame.location if frame else "<unknown>"
 
 
-def cut(items: list[str], limit: int = 5) -> str:
-    """Join at most ``limit`` items, then "... and N more"."""
-    shown = ", ".join(items[:limit])
-    return shown + (f" ... and {len(items) - limit} more" if len(items) > limit else "")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Iterator
 
-from capturelint.findings import Condition, EditLine, Finding, LineRole
+from capturelint.findings import Condition, EditLine, Finding, LineRole, Site
 from capturelint.rules.base import Rule, where
 
 if TYPE_CHECKING:
@@ -122,10 +122,9 @@ class StaleInput(Rule):
         )
         edit = (EditLine(event.rebound_at, LineRole.REBINDING) if event.rebound_at is not None
                 else EditLine(allocated, LineRole.ALLOCATION) if allocated is not None else None)
-        seg = f"{capture.graph} #{event.segment} captured"
-        yield Finding(self.code, self.name, self.condition, label.runner, label.mode, capture.graph, capture.runtime_mode,
-                      seg, event.segment, first.op, first.scope or "<top>", name, first.frame, None, message,
-                      allocation_frame=allocated, edit=edit)
+        site = Site.captured(label.runner, label.mode, capture.graph, capture.runtime_mode, event.segment)
+        yield Finding.of(self, site, op=first.op, scope=first.scope, tensor=name, capture_frame=first.frame,
+                         shadow_frame=None, message=message, allocation_frame=allocated, edit=edit)
 
     def _also(self, others: int) -> str:
         return self.readers_note.format(others=others, s="s" * (others != 1)) if others else ""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from capturelint.findings import Condition, Finding, Frame
+from capturelint.findings import Condition, Finding, Frame, Site
 from capturelint.rules.base import Rule, where
 from capturelint.runtime.protocol import SegmentKind, is_host_sync_op
 
@@ -69,5 +69,6 @@ class HostSyncInCapture(Rule):
     def make(self, label: RunLabel, graph: str, runtime_mode: str, segment: str, index: int, op: str, scope: str, frame: Frame | None,
              stack: tuple[Frame, ...] = ()) -> Finding:
         message = self.message.format(op=op, segment=segment, at=where(frame))
-        return Finding(self.code, self.name, self.condition, label.runner, label.mode, graph, runtime_mode, segment,
-                       index, op, scope or "<top>", None, frame, None, message, capture_stack=stack)
+        site = Site(label.runner, label.mode, graph, runtime_mode, segment, index)
+        return Finding.of(self, site, op=op, scope=scope, tensor=None, capture_frame=frame, shadow_frame=None,
+                          message=message, capture_stack=stack)

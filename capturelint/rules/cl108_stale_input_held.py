@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from capturelint.findings import Condition, EditLine, Finding, LineRole
+from capturelint.findings import Condition, EditLine, Finding, LineRole, Site
 from capturelint.rules.base import Rule, cut, where
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ class StaleInputHeld(Rule):
             op=first.op, graph=capture.graph, at=where(first.frame), holder=event.holder, geometry=geometry,
             replay=event.replay, replay_at=where(event.replay_frame), rebound=rebound, held=held,
         )
-        yield Finding(self.code, self.name, self.condition, view.label.runner, view.label.mode, capture.graph,
-                      capture.runtime_mode, f"{capture.graph} #{event.segment} captured", event.segment, first.op,
-                      first.scope or "<top>", event.holder, first.frame, event.rebound_at, message,
-                      steps=(event.replay,), allocation_frame=allocated, edit=edit)
+        site = Site.captured(view.label.runner, view.label.mode, capture.graph, capture.runtime_mode, event.segment)
+        yield Finding.of(self, site, op=first.op, scope=first.scope, tensor=event.holder, capture_frame=first.frame,
+                         shadow_frame=event.rebound_at, message=message, steps=(event.replay,),
+                         allocation_frame=allocated, edit=edit)

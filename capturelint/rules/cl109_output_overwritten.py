@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from capturelint.findings import Condition, EditLine, Finding, LineRole
+from capturelint.findings import Condition, EditLine, Finding, LineRole, Site
 from capturelint.rules.base import Rule, where
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class OutputOverwritten(Rule):
         # that holds the output several times was filled elsewhere: the read stays
         edit = (EditLine(event.taken_frame, LineRole.VIEW)
                 if event.kind is ReadKind.OVERWRITTEN and event.taken_frame is not None else None)
-        yield Finding(self.code, self.name, self.condition, view.label.runner, view.label.mode, capture.graph,
-                      capture.runtime_mode, f"{capture.graph} #0 captured", 0, event.op,
-                      (producer.scope if producer else "") or "<top>", tensor, producer.frame if producer else None,
-                      event.frame, message, steps=(event.replay,), edit=edit)
+        site = Site.captured(view.label.runner, view.label.mode, capture.graph, capture.runtime_mode, 0)
+        yield Finding.of(self, site, op=event.op, scope=producer.scope if producer else None, tensor=tensor,
+                         capture_frame=producer.frame if producer else None, shadow_frame=event.frame, message=message,
+                         steps=(event.replay,), edit=edit)

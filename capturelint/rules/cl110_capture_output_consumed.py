@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from capturelint.findings import Condition, Finding
+from capturelint.findings import Condition, Finding, Site
 from capturelint.rules.base import Rule, where
 
 if TYPE_CHECKING:
@@ -67,7 +67,6 @@ class CaptureOutputConsumed(Rule):
             return
         capture, tensor, producer = view.capture, view.tensor_name(), view.producer
         message = self.message.format(op=event.op, at=where(event.frame), tensor=tensor, graph=capture.graph)
-        yield Finding(self.code, self.name, self.condition, view.label.runner, view.label.mode, capture.graph,
-                      capture.runtime_mode, f"{capture.graph} #0 captured", 0, event.op,
-                      (producer.scope if producer else "") or "<top>", tensor, producer.frame if producer else None,
-                      event.frame, message)
+        site = Site.captured(view.label.runner, view.label.mode, capture.graph, capture.runtime_mode, 0)
+        yield Finding.of(self, site, op=event.op, scope=producer.scope if producer else None, tensor=tensor,
+                         capture_frame=producer.frame if producer else None, shadow_frame=event.frame, message=message)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from capturelint.findings import Condition, Finding
+from capturelint.findings import Condition, Finding, Site
 from capturelint.rules.base import Rule, where
 from capturelint.runtime.protocol import OverwrittenRead
 
@@ -93,10 +93,11 @@ class PoolMemoryShared(Rule):
             freed=self.freed_note.format(op=freed.op, at=where(freed.frame)) if freed else "a block of its capture",
             replay_at=where(event.replay_frame), nbytes=event.nbytes, read=observed,
         )
-        yield Finding(self.code, self.name, self.condition, view.label.runner, view.label.mode, event.graph.label,
-                      event.graph.mode, f"{event.graph.label} #0 captured", 0, producer.op if producer else "",
-                      (producer.scope if producer else "") or "<top>", tensor, producer.frame if producer else None,
-                      event.replay_frame, message, capture_stack=producer.stack if producer else ())
+        site = Site.captured(view.label.runner, view.label.mode, event.graph.label, event.graph.mode, 0)
+        yield Finding.of(self, site, op=producer.op if producer else "", scope=producer.scope if producer else None,
+                         tensor=tensor, capture_frame=producer.frame if producer else None,
+                         shadow_frame=event.replay_frame, message=message,
+                         capture_stack=producer.stack if producer else ())
 
 
 def _producer(capture: Stream, storage: int) -> OpRecord | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from capturelint.findings import Condition, Finding
+from capturelint.findings import Condition, Finding, Site
 from capturelint.rules.base import Rule, where
 from capturelint.runtime.protocol import StreamCaptureEvent, StreamHazard
 
@@ -71,8 +71,9 @@ class EventAcrossCapture(Rule):
 
     ## Why is this bad?
     A capture records work without running it: an event recorded in a capture stands
-    for a graph node, not for completed work, so CUDA refuses waits on it from outside
-    the capture (vLLM #56785: an indexer's event recorded in a piecewise segment and
+    for a graph node, not for completed work, and replaying the graph does not record
+    it again (unless it was made with `torch.cuda.Event(external=True)`), so CUDA
+    refuses waits on it from outside the capture, before or after a replay (vLLM #56785: an indexer's event recorded in a piecewise segment and
     waited on after an eager break, `cudaErrorInvalidValue` at capture), and
     `cudaStreamEndCapture` fails with `cudaErrorStreamCaptureUnjoined` while a forked
     stream is not joined. Work on a stream that never branched out from the capture
@@ -129,9 +130,10 @@ class EventAcrossCapture(Rule):
             message = self.uncaptured_message.format(**fields)
         else:
             message = self.freed_message.format(**fields)
-        yield Finding(self.code, self.name, self.condition, view.label.runner, view.label.mode, graph,
-                      e.graph.mode if e.graph is not None else "", segment, e.segment, e.op, "<top>", tensor,
-                      e.first, e.second, message)
+        site = Site(view.label.runner, view.label.mode, graph, e.graph.mode if e.graph is not None else "", segment,
+                    e.segment)
+        yield Finding.of(self, site, op=e.op, scope=None, tensor=tensor, capture_frame=e.first, shadow_frame=e.second,
+                         message=message)
 
     @staticmethod
     def _tensor(view: HazardView, e: StreamCaptureEvent) -> str | None:

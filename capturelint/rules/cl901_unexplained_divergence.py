@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from capturelint.findings import DIVERGENCE_TOLERANCE, Condition, Finding
+from capturelint.findings import DIVERGENCE_TOLERANCE, Condition, Finding, Site
 from capturelint.rules.base import Rule
 
 if TYPE_CHECKING:
@@ -72,5 +72,5 @@ class UnexplainedDivergence(Rule):
         if twin_error is not None:
             tokens += self.twin_note.format(error=twin_error)
         message = self.message.format(max_step_error=max_step_error, tokens=tokens)
-        return Finding(self.code, self.name, self.condition, label.runner, label.mode, "", "", "", -1, "", "<top>", None,
-                       None, None, message)
+        return Finding.of(self, Site(label.runner, label.mode), op="", scope=None, tensor=None, capture_frame=None,
+                          shadow_frame=None, message=message)

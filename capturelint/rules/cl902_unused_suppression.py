@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from capturelint.findings import Condition, EditLine, Finding, LineRole
+from capturelint.findings import Condition, EditLine, Finding, LineRole, Site
 from capturelint.rules.base import Rule
 
 if TYPE_CHECKING:
@@ -64,5 +64,5 @@ class UnusedSuppression(Rule):
         codes = ", ".join(unused)
         message = self.message.format(text=s.text, at=s.where, codes=codes,
                                       them="its rule" if len(unused) == 1 else "their rules")
-        return Finding(self.code, self.name, self.condition, "", "", "", "", "", -1, s.text, "<top>", None, s.frame,
-                       None, message, edit=EditLine(s.frame, LineRole.COMMENT))
+        return Finding.of(self, Site(), op=s.text, scope=None, tensor=None, capture_frame=s.frame, shadow_frame=None,
+                          message=message, edit=EditLine(s.frame, LineRole.COMMENT))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from capturelint.findings import Condition, EditLine, Finding, LineRole
+from capturelint.findings import Condition, EditLine, Finding, LineRole, Site
 from capturelint.rules.base import Rule
 
 if TYPE_CHECKING:
@@ -54,5 +54,5 @@ class InvalidSuppression(Rule):
         for s in view.suppressions:
             if s.problem is not None:
                 message = self.message.format(text=s.text, at=s.where, problem=s.problem)
-                yield Finding(self.code, self.name, self.condition, "", "", "", "", "", -1, s.text, "<top>", None,
-                              s.frame, None, message, edit=EditLine(s.frame, LineRole.COMMENT))
+                yield Finding.of(self, Site(), op=s.text, scope=None, tensor=None, capture_frame=s.frame,
+                                 shadow_frame=None, message=message, edit=EditLine(s.frame, LineRole.COMMENT))

@@ -47,15 +47,10 @@ def violation_finding(rule: Rule, view: RegionView, v: Violation) -> Finding:
     first = G.nodes[("op", v.first)]
     scopes = [G.nodes[("op", i)]["scope"] for i in v.ops]
     segment = v.segment if v.segment is not None else first["segment"]
-    return Finding(
-        code=rule.code, name=rule.name, condition=rule.condition, runner=view.label.runner, mode=view.label.mode,
-        graph=view.capture.graph, runtime_mode=view.capture.runtime_mode,
-        segment=view.segment_label(segment) if v.segment is not None else f"{view.capture.graph} step",
-        segment_index=segment, op=first["op"],
-        scope=(v.group or "<step>") if v.segment is None else (common_scope(scopes) or "<top>"), tensor=None,
-        capture_frame=Frame(first["file"], first["line"], first["function"]), shadow_frame=None, message="",
-        invariant=v.invariant.id,
-    )
+    site = view.site(segment, None if v.segment is not None else f"{view.capture.graph} step")
+    return Finding.of(rule, site, op=first["op"], scope=(v.group or "<step>") if v.segment is None else common_scope(scopes),
+                      tensor=None, capture_frame=Frame(first["file"], first["line"], first["function"]),
+                      shadow_frame=None, message="", invariant=v.invariant.id)
 
 
 def common_scope(scopes: list[str]) -> str:

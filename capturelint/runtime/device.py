@@ -53,7 +53,8 @@ statistics), ``mem_get_info`` the host's free and total memory, and ``empty_cach
 CUDA enabled" or similar): ``torch.Generator(device="cuda")``, ``torch.load(...,
 map_location="cuda")``, CUDA storages and legacy tensor types (``torch.cuda.FloatTensor``),
 ``torch.accelerator``, ``torch.cuda.MemPool``, multi-device programs, custom CUDA and
-Triton kernels, and training under ``make_graphed_callables`` (inference only).
+Triton kernels. ``capturable=True`` optimizers accept the emulated device's tensors
+(``_capturable_devices``).
 
 **Scope.** The patched attributes (``torch.cuda``'s, ``Tensor.record_stream``,
 autocast's constructor) are process-wide; the mode is per thread (torch keeps function
@@ -381,6 +382,16 @@ def _autocast_on_cpu(self: Any, device_type: str, dtype: torch.dtype | None = No
     _autocast_init(self, device_type, dtype, enabled, cache_enabled)
 
 
+def _capturable_devices(supports_xla: bool = True) -> list[str]:
+    """The devices a ``capturable=True`` optimizer accepts, with the emulated device's
+    tensors (CPU tensors) among them: Adam, AdamW and the others check each parameter's
+    device against this list before a step, and a program written for a GPU sets
+    ``capturable=True`` to capture its step."""
+    import torch.optim.optimizer as optimizer
+
+    return [*optimizer._get_capturable_supported_devices(supports_xla), "cpu"]
+
+
 def patches() -> Iterator[tuple[Any, str, Any]]:
     """(owner, attribute, value) for everything the emulated device replaces."""
     import torch.cuda.nvtx as nvtx
@@ -389,6 +400,20 @@ def patches() -> Iterator[tuple[Any, str, Any]]:
         yield torch.cuda, name, value
     yield nvtx, "_nvtx", _Nvtx()
     yield torch.amp.autocast_mode.autocast, "__init__", _autocast_on_cpu
+    for module in _optimizer_modules():  # each imported the function by name
+        yield module, "_get_capturable_supported_devices", _capturable_devices
+
+
+def _optimizer_modules() -> list[Any]:
+    import sys
+
+    import torch.optim.optimizer as optimizer
+    from torch.optim import Adadelta, Adam, Adamax, AdamW, ASGD, NAdam, RAdam, RMSprop, Rprop  # noqa: F401  (their modules)
+
+    original = optimizer._get_capturable_supported_devices
+    return [m for name, m in list(sys.modules.items())
+            if name.startswith("torch.optim.") and m is not optimizer
+            and getattr(m, "_get_capturable_supported_devices", None) is original]
 
 
 __all__ = ["CAPABILITY", "CPU", "DEVICE_NAME", "CudaOnCpuMode", "DeviceProperties", "SURFACE", "device_index",

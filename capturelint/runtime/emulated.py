@@ -10,7 +10,7 @@ as it would on a GPU.
 ``capture_end``, ``replay``, ``reset``, ``pool``), ``graph`` (the
 ``torch.cuda.graph`` context manager), ``graph_pool_handle`` and the private pools'
 model (``PrivatePool``), stream and event stand-ins, ``Tensor.record_stream``,
-``make_graphed_callables`` (inference only), and ``emulate_cuda()``, which
+``make_graphed_callables`` (forward graphs, and backward graphs in training), and ``emulate_cuda()``, which
 installs all of them in ``torch.cuda`` on a machine without CUDA, with the emulated
 CUDA device of ``runtime.device`` (``.cuda()``, ``device="cuda"`` and the
 ``torch.cuda`` queries on the CPU), so that unmodified code written for a GPU runs.
@@ -19,7 +19,8 @@ CUDA device of ``runtime.device`` (``.cuda()``, ``device="cuda"`` and the
 observers of ``protocol`` as an unsegmented graph: it keeps no Python, so its replays
 get no shadow. A graphed callable (``make_graphed_callables``) keeps the callable, so
 it announces a graph of one captured segment whose every replay offers a shadow, as a
-breakable runtime's graph does (``_Graphed``).
+breakable runtime's graph does (``_Graphed``); in training its backward graph keeps no
+Python and announces itself as a bare graph (``graphed NAME backward@FILE:LINE``).
 
 **Capture semantics, as on a GPU.**
 
@@ -118,8 +119,9 @@ current for the block). A stream joins the capture by waiting on an event record
 it (``side.wait_stream(current)``: a fork) and must be joined back (the capture stream
 waits on an event recorded on it after its last work) before ``capture_end``, or the
 capture fails as ``cudaStreamEndCapture`` does (``cudaErrorStreamCaptureUnjoined``).
-An event remembers the capture that recorded it until a replay of that graph records
-it for real; waiting on it from outside that capture (an eager break, after the graph,
+An event remembers the capture that recorded it: a record in a capture is a node
+internal to the graph, and replays do not record the event again (only an
+``Event(external=True)`` is recorded by each replay), so waiting on it from outside that capture (an eager break, after the graph,
 another captured segment), making a capturing stream wait on an event recorded outside
 it, or synchronizing with or querying a captured event from the host raise
 ``StreamCaptureError``, as CUDA refuses them ("It is invalid to merge two separate
@@ -159,7 +161,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from capturelint.runtime import device as emulated_device
-from capturelint.runtime import frames, holders, protocol
+from capturelint.runtime import frames, holders, protocol, training
 from capturelint.runtime.protocol import HostSyncEvent, HostSyncInCaptureError
 from capturelint.runtime.schema import ReplayKind, op_info
 
@@ -713,12 +715,12 @@ class EmulatedCUDAGraph:
         self._pool_allocations: list[PoolAllocation] = []
         self._held: dict[StorageId, int] = {}
         # Streams and events (the module docstring): the stream the capture began on,
-        # the streams forked into it (and the line that forked each), the events it recorded.
+        # the streams forked into it (and the line that forked each).
         self._origin: EmulatedStream | None = None
         self._forks: dict[EmulatedStream, protocol.Frame] = {}
-        self._events: list[EmulatedEvent] = []
         self._begun_at = protocol.UNKNOWN_FRAME
         self._outsiders: set[EmulatedStream] = set()  # streams outside the capture that got work in it
+        self._training: training.Watch | None = None  # a captured training step's state (runtime.training)
 
     @property
     def where(self) -> tuple[protocol.GraphInfo, int]:
@@ -771,6 +773,7 @@ class EmulatedCUDAGraph:
         protocol.capturing_as_on_gpu(True).__enter__()
         if self.owner is None:
             protocol.announce("on_graph_begin", self.info, protocol.Phase.CAPTURE)
+        self._training = training.capture_begun(self)
 
     def capture_end(self, check_joined: bool = True) -> None:
         """End the capture. As ``cudaStreamEndCapture``, it fails when a stream forked
@@ -795,6 +798,7 @@ class EmulatedCUDAGraph:
         if self.owner is None:
             protocol.announce("on_graph_end", self.info, protocol.Phase.CAPTURE, None)
         self._settle()
+        training.capture_ended(self._training, self._allocated)
         self._replays = 0
         if self.owner is None and protocol.has_observers():
             inputs = [sid for sid in self._borrowed.storages() if sid not in _graph_owned]
@@ -909,6 +913,8 @@ class EmulatedCUDAGraph:
             protocol.announce("on_graph_begin", self.info, protocol.Phase.REPLAY)
         segment = self.owner[1] if self.owner is not None else 0
         self._replays += 1
+        if self._training is not None:
+            self._training.before_replay(frames.user_frame(2))
         if self._holders is not None:
             self._holders.refresh()  # before looking for freed inputs: a stale snapshot holds old locals
         poison_freed(self._borrowed, self.info, segment, self.poisoned, self._holders)
@@ -920,9 +926,6 @@ class EmulatedCUDAGraph:
                 if c.outputs:
                     for dst, src in zip(c.outputs, op_info(c.func).fresh_outputs(out)):
                         dst.copy_(src)
-        for event in self._events:
-            if event.capture is self:
-                event.capture = None  # the graph's event-record node recorded it for real
         if self._pool_model is not None:
             self._pool_model.replayed(self, frames.user_frame(2))
         if bare:
@@ -941,7 +944,6 @@ class EmulatedCUDAGraph:
         if self._pool_model is not None:
             self._pool_model.forget(self)
             self._pool_model, self._pool_allocations = None, []
-        self._events = []
         if self._captured:
             for sid in self._allocated:
                 left = _graph_owned.get(sid, 0) - 1
@@ -1066,8 +1068,8 @@ class EmulatedStream:
 
 class EmulatedEvent:
     """An event stand-in that remembers where it was recorded: on which stream, in
-    which capture (``capture``: a captured record, until a replay of that graph records
-    it for real), at which line. Waiting on it across a capture boundary raises
+    which capture (``capture``: a captured record, which replays do not record again;
+    until the event is recorded outside a capture), at which line. Waiting on it across a capture boundary raises
     ``StreamCaptureError`` as CUDA refuses it (the module docstring)."""
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
@@ -1094,7 +1096,6 @@ class EmulatedEvent:
         self._frame = frames.user_frame(2)
         if stream._capture is not None:
             stream._tick = self._tick = next(_ticks)
-            stream._capture._events.append(self)
         else:
             self._tick = stream._tick
         self._seen = {**stream._seen, stream: self._tick}
@@ -1209,13 +1210,18 @@ class graph:
 def make_graphed_callables(
     callables: Any, sample_args: Any, num_warmup_iters: int = 3, allow_unused_input: bool = False, pool: Any = None
 ) -> Any:
-    """``torch.cuda.make_graphed_callables`` for inference (no autograd), built as
-    PyTorch builds it: ``sample_args`` hold tensors only (nested in tuples, lists or
-    dicts); every callable is warmed up, then each is captured on its sample arguments,
-    all into one memory pool; a module comes back as itself with its ``forward``
-    replaced (the original runs when its training flag differs from the capture's), a
-    function as a new function. A call copies its arguments into the static inputs,
-    replays, and returns the static outputs (``_Graphed``)."""
+    """``torch.cuda.make_graphed_callables``, built as PyTorch builds it: ``sample_args``
+    hold tensors only (nested in tuples, lists or dicts); every callable is warmed up,
+    then each forward is captured on its sample arguments and, for a callable that
+    trains (grad enabled, and a sample argument or a module parameter requiring grad),
+    each backward in reverse order (``torch.autograd.grad`` of the outputs with respect
+    to the arguments and parameters that require grad, on static output gradients), all
+    into one memory pool. A module comes back as itself with its ``forward`` replaced
+    (the original runs when its training flag differs from the capture's), a function
+    as a new function. A call copies its arguments into the static inputs, replays the
+    forward and returns the static outputs (``_Graphed``); in training it is an
+    autograd function whose backward copies the incoming gradients into the static
+    output gradients and replays the backward graph."""
     single = not isinstance(callables, tuple)
     fns = (callables,) if single else callables
     samples = (sample_args,) if single else sample_args
@@ -1227,29 +1233,34 @@ def make_graphed_callables(
             raise AssertionError(  # PyTorch's own check, in its words
                 "In the beta API, sample_args for each callable must contain only Tensors. Other types are not allowed."
             )
-        if any(a.requires_grad for a in leaves) or (
-            isinstance(fn, torch.nn.Module) and any(p.requires_grad for p in fn.parameters()) and torch.is_grad_enabled()
-        ):
-            raise RuntimeError(
-                "the emulated make_graphed_callables supports inference only: run it under torch.no_grad() "
-                "with inputs that do not require grad"
-            )
-        flat.append((tuple(args), leaves, spec))
+        params = tuple(fn.parameters()) if isinstance(fn, torch.nn.Module) else ()
+        surface = tuple(leaves) + params
+        training = torch.is_grad_enabled() and any(t.requires_grad for t in surface)
+        flat.append((tuple(args), leaves, spec, surface, training))
     mempool = graph_pool_handle() if pool is None else pool
-    for fn, (args, _, _) in zip(fns, flat):
+    for fn, (args, _, _, surface, training) in zip(fns, flat):
         for _ in range(num_warmup_iters):
-            fn(*args)
+            outputs = [o for o in tree_flatten(fn(*args))[0] if isinstance(o, torch.Tensor) and o.requires_grad]
+            if training and outputs:
+                torch.autograd.grad(outputs, [t for t in surface if t.requires_grad],
+                                    [torch.empty_like(o) for o in outputs], allow_unused=allow_unused_input)
     graphed = []
-    for i, (fn, (args, leaves, spec)) in enumerate(zip(fns, flat)):
+    for i, (fn, (args, leaves, spec, surface, training)) in enumerate(zip(fns, flat)):
         module = isinstance(fn, torch.nn.Module)
         name = type(fn).__name__ if module else getattr(fn, "__qualname__", type(fn).__name__)
         label = f"graphed {name}" + ("" if single else f"#{i}") + f"@{where.file}:{where.line}"
         g = _Graphed(fn, fn.forward if module else fn, label, leaves, spec)
         g.capture(mempool, args)
-        if module:
+        graphed.append(g)
+    for g, (_, _, _, surface, training) in reversed(list(zip(graphed, flat))):
+        if training:  # backward graphs in reverse order, as PyTorch captures them
+            g.capture_backward(mempool, surface, allow_unused_input)
+    out = []
+    for fn, g in zip(fns, graphed):
+        if isinstance(fn, torch.nn.Module):
             fn.forward = g.forward
-        graphed.append(fn if module else g)
-    return graphed[0] if single else tuple(graphed)
+        out.append(fn if isinstance(fn, torch.nn.Module) else g)
+    return out[0] if single else tuple(out)
 
 
 class _Graphed:
@@ -1276,6 +1287,8 @@ class _Graphed:
         self.training = fn.training if isinstance(fn, torch.nn.Module) else None
         self.graph: EmulatedCUDAGraph | None = None
         self.static_out: Any = None
+        self.backward_graph: EmulatedCUDAGraph | None = None  # in training (``capture_backward``)
+        self._autograd: Any = None
 
     def _segment(self, phase: protocol.Phase) -> protocol.SegmentInfo:
         return protocol.SegmentInfo(self.info.id, 0, protocol.SegmentKind.CAPTURED, None, phase)
@@ -1295,6 +1308,58 @@ class _Graphed:
         protocol.announce("on_segment_end", self._segment(phase))
         protocol.announce("on_graph_end", self.info, phase, self.static_out)
 
+    def capture_backward(self, pool: Any, surface: tuple[torch.Tensor, ...], allow_unused: bool) -> None:
+        """Capture the backward graph: the gradients of the outputs that require grad
+        with respect to the static input surface (the sample arguments, then a module's
+        parameters) that requires grad, from static output gradients. It has no Python
+        to re-run, so it is announced as a bare graph (labelled ``... backward``): its
+        replays get no shadow, and the bare-graph rules watch its memory."""
+        outputs = [o for o in tree_flatten(self.static_out)[0] if isinstance(o, torch.Tensor)]
+        needs = [o for o in outputs if o.requires_grad]
+        grad_outputs = [torch.empty_like(o) if o.requires_grad else None for o in outputs]
+        wanted = [t for t in surface if t.requires_grad]
+        grads: tuple = ()
+        bwd = EmulatedCUDAGraph()
+        bwd._where = frames.user_frame(3)
+        bwd._info = protocol.GraphInfo(next(_bare_ids), self.info.label.replace("@", " backward@", 1),
+                                       str(protocol.CUDAGraphMode.FULL), False, protocol.BreakOutputs.DISCARD, False)
+        if needs:
+            with graph(bwd, pool=pool):
+                grads = torch.autograd.grad(needs, wanted, [g for g in grad_outputs if g is not None],
+                                            only_inputs=True, allow_unused=allow_unused)
+        it = iter(grads)
+        grad_inputs = tuple(next(it) if t.requires_grad and grads else None for t in surface)
+        self.backward_graph = bwd if needs else None
+        flat_out = tuple(outputs)
+        n_user = len(self.static_in)
+        graphed = self
+
+        class Graphed(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: Any, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                graphed._replay(inputs[:n_user])
+                return tuple(o.detach() for o in flat_out)
+
+            @staticmethod
+            @torch.autograd.function.once_differentiable
+            def backward(ctx: Any, *grads_in: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+                with torch.no_grad():
+                    for static, grad in zip(grad_outputs, grads_in):
+                        if static is not None and grad is not None and static.data_ptr() != grad.data_ptr():
+                            static.copy_(grad)
+                if graphed.backward_graph is not None:
+                    graphed.backward_graph.replay()
+                return tuple(b.detach() if b is not None else None for b in grad_inputs)
+
+        params = tuple(surface[n_user:])
+        spec = tree_flatten(self.static_out)[1]
+
+        def functionalized(*args: Any) -> Any:
+            leaves = self._leaves(args)
+            return tree_unflatten(list(Graphed.apply(*leaves, *params)), spec)
+
+        self._autograd = functionalized
+
     def forward(self, *args: Any) -> Any:
         """A graphed module's ``forward``: the graph, or the original ``forward`` when
         the module's training flag is not the one it was captured with."""
@@ -1303,12 +1368,21 @@ class _Graphed:
         return self(*args)
 
     def __call__(self, *args: Any) -> Any:
+        if self._autograd is not None:
+            return self._autograd(*args)
+        return self._replay(self._leaves(args))
+
+    def _leaves(self, args: tuple) -> list[torch.Tensor]:
         leaves = tree_flatten(args)[0]
         if len(leaves) != len(self.static_in) or not all(isinstance(a, torch.Tensor) for a in leaves):
             raise TypeError(
                 f"graph {self.info.label} takes {len(self.static_in)} tensors, as its sample_args, but was called "
                 f"with ({', '.join(type(a).__name__ for a in leaves)}); pass tensors in the sample's order and format"
             )
+        return leaves
+
+    def _replay(self, leaves: Any) -> Any:
+        """Copy the arguments into the static inputs, offer the shadow, replay the forward."""
         with torch.no_grad():
             for dst, src in zip(self.static_in, leaves):
                 if dst.data_ptr() != src.data_ptr():
@@ -1443,6 +1517,7 @@ def _surface() -> Iterator[tuple[Any, str, Any]]:
     for name in ("CUDAGraph", "graph", "graph_pool_handle"):
         yield graphs_module, name, _SURFACE[name]
     yield from emulated_device.patches()
+    yield from training.patches()  # the captured training step's watch (runtime.training)
     # the pools' record_stream (CL111, CL112): torch parses a stream argument before any
     # mode sees the call, so it is patched on the class
     yield torch.Tensor, "record_stream", record_stream

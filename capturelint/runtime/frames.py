@@ -95,9 +95,25 @@ def installed_path(absolute: str) -> str | None:
     return os.path.relpath(absolute, site) if site else None
 
 
+_display_root: str | None = None
+
+
+def set_display_root(root: str | None) -> None:
+    """Show files below ``root`` (a project's root: the folder of its settings file)
+    relative to it, so that a project's findings and graph names read the same from
+    every working directory (its region maps compare across them)."""
+    global _display_root
+    root = os.path.abspath(root) if root is not None else None
+    if root != _display_root:
+        _display_root = root
+        _display_cache.clear()
+        _frames.clear()
+
+
 def display_path(filename: str) -> str:
-    """``filename`` as shown in findings: relative to the folder that holds the
-    ``capturelint`` package or to the working directory when below one, else absolute."""
+    """``filename`` as shown in findings: relative to the project root
+    (``set_display_root``), to the folder that holds the ``capturelint`` package or to
+    the working directory when below one, else absolute."""
     shown = _display_cache.get(filename)
     if shown is None:
         absolute = os.path.abspath(filename)
@@ -108,6 +124,8 @@ def display_path(filename: str) -> str:
         installed = installed_path(absolute)
         if installed is not None:
             shown = installed
+        elif _display_root is not None and absolute.startswith(_display_root + os.sep):
+            shown = os.path.relpath(absolute, _display_root)
         elif absolute.startswith(package_root + os.sep):
             shown = os.path.relpath(absolute, package_root)
         elif absolute.startswith(cwd + os.sep):
@@ -199,6 +217,36 @@ def capture_stack(stack: tuple[Frame, ...], entry: tuple[Frame, ...]) -> tuple[F
     if entry and len(stack) >= len(entry) and stack[len(stack) - len(entry):] == entry:
         return stack[: len(stack) - len(entry)]
     return stack
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_ENGINE_DIR = os.path.join(_PACKAGE_DIR, "engine") + os.sep  # the bundled engine: engine code
+_UNCOVERED = ("Torch not compiled with CUDA enabled", "Found no NVIDIA driver", "No CUDA GPUs are available",
+              "without ATen_cuda library")
+# What capturelint raises on purpose in torch's or CUDA's voice (a capture begun twice,
+# a graphed callable called with the wrong tensors): the program's mistake, not a limit.
+_DELIBERATE = (RuntimeError, TypeError, AssertionError, ValueError)
+
+
+def limit_of(e: BaseException) -> str | None:
+    """What of capturelint ``e`` comes from, when it does not come from the program: a
+    call the emulated CUDA device does not cover (torch's "not compiled with CUDA"), or
+    an error capturelint's own code raised that it never raises on purpose. ``None``
+    when the program raised it (its own code, or torch on its behalf)."""
+    if any(text in str(e) for text in _UNCOVERED):
+        at, said = traceback_frame(e), str(e).split(". ")[0].rstrip(".")
+        return (f"the emulated CUDA device does not cover the call at {at.file}:{at.line} ({said}); "
+                "docs/emulation.md lists what it emulates")
+    tb = e.__traceback__
+    if tb is None or isinstance(e, _DELIBERATE):
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    path = os.path.abspath(tb.tb_frame.f_code.co_filename)
+    if path.startswith(_PACKAGE_DIR) and not path.startswith(_ENGINE_DIR):
+        where = os.path.relpath(path, os.path.dirname(_PACKAGE_DIR.rstrip(os.sep)))
+        return f"capturelint's own code raised {type(e).__name__} at {where}:{tb.tb_lineno}: {e}"
+    return None
 
 
 def traceback_frame(e: BaseException) -> Frame:

@@ -139,8 +139,13 @@ class Frame:
     source: str = dataclasses.field(default="", compare=False, repr=False)
     first_line: int = dataclasses.field(default=0, compare=False, repr=False)
 
+    @property
+    def location(self) -> str:
+        """``file:line``, as findings, editors and ``grep`` spell a place in the source."""
+        return f"{self.file}:{self.line}"
+
     def __str__(self) -> str:
-        return f"{self.file}:{self.line} in {self.function}"
+        return f"{self.location} in {self.function}"
 
     def to_json(self) -> dict[str, Any]:
         return {"file": self.file, "line": self.line, "function": self.function}
@@ -345,6 +350,37 @@ class StreamCaptureEvent:
     storage: int | None = None
 
 
+class TrainingHazard(enum.Enum):
+    """What ``TrainingHazardEvent`` reports (``runtime.training``)."""
+
+    BAKED_LR = "baked-lr"  # a Python-float learning rate changed after its step was captured
+    GRAD_REBOUND = "grad-rebound"  # a parameter's .grad no longer the tensor the capture's backward writes
+    AUTOCAST_CACHE = "autocast-cache"  # autocast with its weight cache on around or inside a capture
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingHazardEvent:
+    """A hazard of a captured training step the emulated runtime saw (``kind``):
+    ``first`` is where the captured thing was made (the captured ``optimizer.step()``, the
+    capture, the ``autocast`` entered), ``second`` where it went wrong (the line that
+    changed or re-bound it, else the replay; the capture for an autocast cache).
+    ``subject`` names what (``SGD.param_groups[0]['lr']``, ``model.0.weight.grad``),
+    ``captured`` and ``now`` its value at capture and at the replay, ``count`` how many
+    of its kind the same graph has (parameters whose ``.grad`` was re-bound),
+    ``changed_by`` what changed it (a scheduler), ``storage`` the tensor concerned."""
+
+    kind: TrainingHazard
+    first: Frame
+    second: Frame
+    graph: GraphInfo
+    subject: str
+    captured: str = ""
+    now: str = ""
+    count: int = 1
+    changed_by: str = ""
+    storage: int | None = None
+
+
 class StreamCaptureError(RuntimeError):
     """What CUDA refuses at capture, as the emulated primitive refuses it: waiting on an
     event across a capture boundary, or ending a capture with a forked stream not
@@ -391,6 +427,9 @@ class CaptureObserver:
 
     def on_stream_hazard(self, event: StreamCaptureEvent) -> None:
         """A hazard across a capture boundary that CUDA does not refuse (a race)."""
+
+    def on_training_hazard(self, event: TrainingHazardEvent) -> None:
+        """A hazard of a captured training step (``runtime.training``)."""
 
     def before_replay(self, graph: GraphInfo, shadow: Callable[[], Any]) -> None:
         """Called before each replay of a segmented graph. ``shadow()`` runs the same

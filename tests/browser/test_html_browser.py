@@ -86,7 +86,8 @@ def test_a_reviewer_sees_the_verdict_findings_and_diagram(browser, report, tmp_p
     # the page's own script ran, or did not: the no-javascript run is really without it
     assert driver.find_element(By.TAG_NAME, "html").get_attribute("class") == ("js" if javascript else "")
     verdict = driver.find_element(By.CSS_SELECTOR, "#verdict h1")
-    assert verdict.is_displayed() and verdict.text == "Findings"
+    assert verdict.is_displayed() and verdict.text.startswith("Replay differs from eager execution in v1/PIECEWISE: ")
+    assert verdict.text.endswith(f"{len(findings)} findings in 2 problems")
     for i, f in enumerate(findings, 1):
         article = driver.find_element(By.ID, f"finding-{i}")
         message = article.find_element(By.CSS_SELECTOR, ".message")
@@ -103,6 +104,40 @@ def test_a_reviewer_sees_the_verdict_findings_and_diagram(browser, report, tmp_p
         driver.execute_script("arguments[0].scrollIntoView()", element)
         shot = tmp_path / f"report-{name}-{'js' if javascript else 'nojs'}.png"
         assert driver.save_screenshot(str(shot)) and shot.read_bytes().startswith(PNG)
+
+
+def _top_and_bottom(driver, selector: str) -> tuple[float, float]:
+    return tuple(driver.execute_script("var r = document.querySelector(arguments[0]).getBoundingClientRect();"
+                                       "return [r.top + window.scrollY, r.bottom + window.scrollY];", selector))
+
+
+def test_the_first_screen_answers(browser, report):
+    """At 1440 x 900 the first screen holds the verdict line, the problems and what was
+    compared; the diagram of the configuration with findings is one click away."""
+    from selenium.webdriver.common.by import By
+
+    driver, javascript = browser
+    path, _ = report
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                           {"width": 1440, "height": 900, "deviceScaleFactor": 1, "mobile": False})
+    try:
+        driver.get(path.as_uri())
+        assert driver.execute_script("return [window.innerWidth, window.innerHeight]") == [1440, 900]
+        for selector in ("#verdict h1", "#verdict .summary", "#findings .problems", "#compared table"):
+            top, bottom = _top_and_bottom(driver, selector)
+            assert bottom <= 900, (selector, top, bottom)
+        assert "compared:" in driver.find_element(By.CSS_SELECTOR, "#verdict .summary").text
+        # a problem's line has no source listing's line-number box before it
+        line = driver.find_element(By.CSS_SELECTOR, ".problem p.line")
+        assert driver.execute_script("return getComputedStyle(arguments[0], '::before').content", line) == "none"
+        # the diagram: one click on the contents' link to the configuration with findings
+        link = driver.find_element(By.CSS_SELECTOR, '#contents a[href="#config-1"]')
+        assert _top_and_bottom(driver, "#contents")[1] <= 900 and "finding" in link.text
+        link.click()
+        svg = driver.find_element(By.CSS_SELECTOR, "#config-1 .canvas svg")
+        assert svg.is_displayed() and _in_view(driver, driver.find_element(By.ID, "config-1"))
+    finally:
+        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
 
 
 def test_a_findings_anchor_navigates_to_it(browser, report):

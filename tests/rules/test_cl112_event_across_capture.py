@@ -69,11 +69,31 @@ def test_event_recorded_in_the_capture_and_waited_on_after_it(tmp_path, capsys):
     assert doc["numerical"] == []
 
 
-def test_waiting_after_a_replay_recorded_it_for_real_is_clean(tmp_path, capsys):
-    body = EVENT_AFTER_GRAPH.format(wait="g.replay(); side.wait_event(ready)  # after a replay: a real record")
+def test_a_replay_does_not_record_an_event_recorded_in_the_capture(tmp_path, capsys):
+    """A record in a capture is a node internal to the graph: replaying the graph does
+    not record the event, so a wait on it after a replay is refused as well."""
+    body = EVENT_AFTER_GRAPH.format(wait="g.replay(); side.wait_event(ready)  # WAIT after a replay")
+    code, doc, err, lines = check(tmp_path, capsys, body)
+    assert code == 1, err
+    f = only(doc)
+    assert f["capture_frame"]["line"] == line_of(lines, "# RECORD")
+    assert f["shadow_frame"]["line"] == line_of(lines, "# WAIT")
+    assert "outside any capture" in f["message"]
+    assert doc["numerical"] == [] and "matches" not in json.dumps(doc["summary"])
+
+
+def test_an_external_event_is_recorded_by_every_replay_and_waiting_on_it_is_clean(tmp_path, capsys):
+    body = EVENT_AFTER_GRAPH.replace("torch.cuda.Event()", "torch.cuda.Event(external=True)").format(
+        wait="g.replay(); side.wait_event(ready)")
     code, doc, err, _ = check(tmp_path, capsys, body)
     assert code == 0, doc["findings"] if doc else err
     assert doc["findings"] == []
+
+
+def test_an_event_recorded_again_outside_the_capture_is_clean(tmp_path, capsys):
+    body = EVENT_AFTER_GRAPH.format(wait="g.replay(); ready.record(); side.wait_event(ready)")
+    code, doc, err, _ = check(tmp_path, capsys, body)
+    assert code == 0, doc["findings"] if doc else err
 
 
 def test_host_synchronizing_with_a_captured_event(tmp_path, capsys):

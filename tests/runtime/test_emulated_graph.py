@@ -350,7 +350,28 @@ def test_make_graphed_callables_on_a_tuple_with_a_shared_pool():
     assert torch.equal(b(x), second(x))
 
 
-def test_make_graphed_callables_is_inference_only():
-    module = nn.Linear(4, 4)
-    with torch.enable_grad(), pytest.raises(RuntimeError, match="inference"):
-        make_graphed_callables(module, (torch.randn(2, 4),))
+def test_make_graphed_callables_in_training_replays_forward_and_backward_graphs():
+    torch.manual_seed(0)
+    module, twin = nn.Linear(4, 3), nn.Linear(4, 3)
+    twin.load_state_dict(module.state_dict())
+    x = torch.randn(2, 4, requires_grad=True)
+    with torch.enable_grad():
+        graphed = make_graphed_callables(module, (x,))
+        for _ in range(2):
+            module.zero_grad(set_to_none=True)
+            twin.zero_grad(set_to_none=True)
+            a = torch.randn(2, 4, requires_grad=True)
+            b = a.detach().clone().requires_grad_()
+            graphed(a).pow(2).sum().backward()
+            twin(b).pow(2).sum().backward()
+            assert torch.equal(a.grad, b.grad)
+            assert torch.equal(module.weight.grad, twin.weight.grad) and torch.equal(module.bias.grad, twin.bias.grad)
+        # As in PyTorch (pytorch/pytorch#181723): a .grad that autograd took from the
+        # backward graph's static gradient is that graph's memory, so the next replay
+        # overwrites it before accumulating into it: twice the second step's gradient.
+        module.zero_grad(set_to_none=True)
+        graphed(torch.randn(2, 4)).pow(2).sum().backward()
+        graphed(second := torch.randn(2, 4)).pow(2).sum().backward()
+        twin.zero_grad(set_to_none=True)
+        twin(second).pow(2).sum().backward()
+        assert torch.allclose(module.weight.grad, 2 * twin.weight.grad)

@@ -59,9 +59,43 @@ select = [
 '''
 
 
+GENERIC_TOML = '''
+[tool.capturelint.invariants.attention-eager]
+require = "eager"
+modes = ["PIECEWISE"]
+why = """vLLM's Attention runs the attention kernel in the eager break unified_attention_with_output \\
+(model_executor/layers/attention/attention.py:770): it reads each step's attention metadata (query start \\
+locations, sequence lengths, block tables) and picks its launch from the step's sizes, so captured it would \\
+replay the capture's; only the KV-cache write (unified_kv_cache_update) is captured. Selected: the attention \\
+kernel, the opaque op, and the profile run's zero fill of the output (TritonAttentionImpl.forward, what a capture \\
+without metadata runs there)"""
+select = [
+    { scope = "model.layers.*.self_attn.attn", op = ["capturelint_vllm.unified_attention*", "vllm.unified_attention_with_output*"] },
+    { scope = "model.layers.*.self_attn.attn", function = "forward", op = "aten.fill_*" },
+]
+'''
+
+DSV4_IDS = ("dsv4-v1-attention-prep-eager", "dsv4-sparse-attention-eager")
+GENERIC_IDS = ("attention-eager",)
+
+
 def default_invariants() -> tuple[Invariant, ...]:
-    """vLLM's invariants, with source ``default``."""
+    """vLLM's invariants for DeepSeek V4 (the default architecture), with source ``default``."""
     return shipped_defaults(DEFAULTS_TOML, "capturelint/adapters/vllm/invariants.py")
 
 
-__all__ = ["DEFAULTS_TOML", "default_invariants"]
+def generic_invariants() -> tuple[Invariant, ...]:
+    """The generic attention family's (``generic``): the attention kernel stays in its
+    eager break in PIECEWISE graphs."""
+    return shipped_defaults(GENERIC_TOML, "capturelint/adapters/vllm/invariants.py")
+
+
+def family_invariants(family: str, invariants: tuple[Invariant, ...]) -> tuple[Invariant, ...]:
+    """``invariants`` for one family's configurations: the other families' defaults
+    left out (a project's own apply to every family)."""
+    others = GENERIC_IDS if family == "deepseek-v4" else DSV4_IDS
+    return tuple(i for i in invariants if not (i.source == "default" and i.id in others))
+
+
+__all__ = ["DEFAULTS_TOML", "DSV4_IDS", "GENERIC_IDS", "GENERIC_TOML", "default_invariants", "family_invariants",
+           "generic_invariants"]

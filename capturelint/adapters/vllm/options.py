@@ -10,6 +10,9 @@ Nothing here imports torch or vLLM.
 - ``--capture-sizes N,N,...``: vLLM's ``cudagraph_capture_sizes`` (default 2,4);
 - ``--batch-sizes N,N,...``: the requests running in each step, cycled over ``--steps``
   (default 1,2,3,3,2,1; ``workload``);
+- ``--model ARCH|all``: the architecture checked (``archs``; default
+  ``DeepseekV4ForCausalLM``): a name of vLLM's model registry that the adapter builds, or
+  ``all`` (every one, a row per architecture, runner and mode);
 - ``--vllm-runner-impl real|reproduced``: which step loop runs a serving configuration:
   ``real`` (the default), vLLM's own model runners wherever they can drive it
   (PIECEWISE graphs; FULL ones run the reproduction, ``runners.real`` says why);
@@ -22,12 +25,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from capturelint.options import BreakOutputs, Choice, OptionSpec, choice_value, sizes_value
+from capturelint.adapters.vllm import archs
+from capturelint.options import BreakOutputs, Choice, OptionProblem, OptionSpec, choice_value, sizes_value
 
 DEFAULT_LAYERS = 3  # one layer of each kind (layers.layer_ratios)
 MAX_TOKENS = 64  # scheduler_config.max_num_batched_tokens of the tiny model: the largest capture size
 MAX_REQS = 16  # scheduler_config.max_num_seqs: the largest batch
 DEFAULT_STEPS = 6
+DEFAULT_CAPTURE_SIZES = (2, 4)  # the workload's (``workload.RunSpec``), known before torch loads
+DEFAULT_BATCH_SIZES = (1, 2, 3, 3, 2, 1)
 SPEC_METHODS = ("mtp", "dspark")  # the drafts vLLM 0.33.0 ships for DeepSeek V4
 
 
@@ -43,6 +49,23 @@ class RunnerImpl(Choice):
 
     REAL = "real"  # vLLM's own model runners where they can drive it (PIECEWISE)
     REPRODUCED = "reproduced"  # their capture conditions, reproduced, everywhere
+
+
+def model_value(value: Any) -> str:
+    """``--model``: an architecture ``archs`` checks (any case), or ``all``; a name of
+    vLLM's list not checked yet says why, any other name lists the supported ones."""
+    if not isinstance(value, str):
+        raise OptionProblem("must be an architecture name or \"all\"", f'"{archs.DEFAULT}"')
+    if value.lower() == archs.ALL:
+        return archs.ALL
+    arch = archs.lookup(value)
+    supported = ", ".join(archs.SUPPORTED) + " or all"
+    if arch is None:
+        raise OptionProblem(f"unknown architecture {value!r}; --engine vllm checks {supported}", alone=True)
+    if not arch.supported:
+        raise OptionProblem(f"architecture {arch.name} is not supported yet ({arch.reason}); --engine vllm checks "
+                            f"{supported}", alone=True)
+    return arch.name
 
 
 READS = ("engine", "runner", "mode", "eager_region", "layers", "steps", "seed", "reuse")
@@ -61,6 +84,10 @@ OPTIONS = (
     OptionSpec("batch_sizes", sizes_value, "The requests running in each step, cycled over --steps; a growing batch "
                "prefills the joining requests (a mixed prefill-decode step), a shrinking one lets the oldest leave.",
                "", metavar="N,N,...", default_text="1,2,3,3,2,1"),
+    OptionSpec("model", model_value, "The architecture checked: vLLM's own model class where the adapter builds "
+               "one (a tiny configuration made in code, random weights), or all: every supported architecture, a row "
+               "per architecture, runner and mode (docs/vllm-architectures.md).", "", metavar="ARCH",
+               default=archs.DEFAULT),
     OptionSpec("vllm_runner_impl", choice_value(RunnerImpl, "runner implementation"), "Which step loop runs a "
                "serving configuration: vLLM's own model runners wherever they can drive it (PIECEWISE; FULL runs the "
                "reproduction), or the model runners' capture conditions reproduced everywhere.", "",
@@ -78,6 +105,7 @@ class Knobs:
     capture_sizes: tuple[int, ...] | None = None
     batch_sizes: tuple[int, ...] | None = None
     vllm_runner_impl: RunnerImpl = RunnerImpl.REAL
+    model: str = archs.DEFAULT
 
     def recorded(self) -> dict[str, Any]:
         """What a region map records of them (``capturelint.snapshot.EngineParams``):
@@ -86,5 +114,5 @@ class Knobs:
                 "batch_sizes": self.batch_sizes}
 
 
-__all__ = ["DEFAULTS", "DEFAULT_LAYERS", "DEFAULT_STEPS", "Knobs", "MAX_REQS", "MAX_TOKENS", "OPTIONS", "READS", "RunnerImpl", "SPEC_METHODS",
+__all__ = ["DEFAULTS", "DEFAULT_BATCH_SIZES", "DEFAULT_CAPTURE_SIZES", "DEFAULT_LAYERS", "DEFAULT_STEPS", "Knobs", "MAX_REQS", "MAX_TOKENS", "OPTIONS", "READS", "RunnerImpl", "SPEC_METHODS",
            "SpecMethod"]

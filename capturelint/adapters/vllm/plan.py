@@ -24,6 +24,15 @@ Options, resolved like the bundled engine's (command line over settings over def
   refused). DSpark runs only on V2 (its default runner); ``--runner v1`` (or
   ``all``) with it is vLLM's own refusal (``DSPARK_V1_REFUSAL``).
 
+- ``--model ARCH|all`` (``options``, ``archs``): the architecture checked. DeepSeek V4 (the
+  default) is the tiny model of ``model``; a generic-attention architecture
+  (``Qwen3ForCausalLM``, ``LlamaForCausalLM``) is vLLM's own model class run whole on
+  vLLM's own runners in both modes (``generic``; ``--layers`` default 2; ``--spec``,
+  ``--eager-region narrow|wide`` and ``--vllm-runner-impl reproduced`` are DeepSeek V4's
+  and refused). ``all``: every supported architecture, its configurations labelled
+  ``ARCH:runner/mode`` (so ``--shard`` deals them and ``merge`` joins them); the names
+  of vLLM's list not checked yet are said before the check runs (``archs.table`` makes
+  the table of the report).
 - ``--vllm-runner-impl real|reproduced`` (``options``): vLLM's own model runners drive
   the PIECEWISE configurations (``runners.real``, the default), or the reproduction of
   their capture conditions drives every one (``runners.reproduced``; FULL always).
@@ -50,8 +59,11 @@ from capturelint.adapters.common import (
     run_plan,
     slots,
 )
-from capturelint.adapters.vllm.invariants import default_invariants
+from capturelint.adapters.vllm import archs
+from capturelint.adapters.vllm.invariants import default_invariants, family_invariants, generic_invariants
 from capturelint.adapters.vllm.options import (
+    DEFAULT_BATCH_SIZES,
+    DEFAULT_CAPTURE_SIZES,
     DEFAULT_LAYERS,
     DEFAULT_STEPS,
     MAX_REQS,
@@ -96,6 +108,15 @@ def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
                                f"vllm-runner-impl), and unset {RETIRED_ENV}")
     knobs = resolve_knobs(Knobs, settings, options)
     spec = knobs.spec
+    model = knobs.model
+    if model != archs.DEFAULT:
+        for name, flag, why in (("spec", "--spec", "checks DeepSeek V4's drafts"),
+                                ("vllm_runner_impl", "--vllm-runner-impl", "picks DeepSeek V4's step loop"),
+                                ("eager_region", "--eager-region", "forces DeepSeek V4's attention regions")):
+            value = getattr(knobs, name, None) if name != "eager_region" else options.eager_region
+            if name in options.given and value not in (None, RunnerImpl.REAL) and str(value) != "per-runner":
+                raise CapturelintError(f"{flag} {why}; --model {model} runs vLLM's own regions on vLLM's own runners: "
+                                       f"drop {flag} or use --model {archs.DEFAULT}")
 
     def spec_runners(runners: tuple[Runner, ...]) -> None:
         if spec is SpecMethod.DSPARK and Runner.V1 in runners:
@@ -124,11 +145,42 @@ def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
         knobs = dataclasses.replace(knobs, capture_sizes=tuple(sorted(set(knobs.capture_sizes))))
     # DSpark runs only on V2 (config/vllm.py:3110-3113): its default runner
     default_runners = (Runner.V2,) if spec is SpecMethod.DSPARK else tuple(Runner)
+    defaults = {archs.DEFAULT: default_invariants, archs.ALL: lambda: default_invariants() + generic_invariants()}
     plan = resolve_plan(settings, options, NAME, default_runners=lambda: default_runners, default_modes=VLLM_MODES,
-                        invariants=default_invariants, mode_refused=refused, check_runners=spec_runners, knobs=knobs)
+                        invariants=defaults.get(model, generic_invariants), mode_refused=refused,
+                        check_runners=spec_runners, knobs=knobs)
+    if model == archs.ALL:
+        # every supported architecture's configurations, labelled ARCH:runner (archs.split_label)
+        plan = dataclasses.replace(plan, configured=tuple(
+            (f"{arch}:{runner}", str(mode)) for arch in archs.SUPPORTED for runner in plan.runners
+            for mode in plan.modes), warnings=plan.warnings + (
+            f"--model all checks {', '.join(archs.SUPPORTED)}; {len(archs.NOT_YET)} names of vLLM's "
+            "DEFAULT_BREAKABLE_CUDAGRAPH_ARCHITECTURES are not supported yet (docs/vllm-architectures.md says why)",))
     if spec is not None and plan.layers not in (None, 1):  # from the command line or the settings
         raise CapturelintError(SPEC_LAYERS_REFUSAL.format(layers=plan.layers))
+    if spec is None:
+        refuse_unreplayed(knobs, plan.steps or DEFAULT_STEPS)
     return plan
+
+
+def refuse_unreplayed(knobs: Knobs, steps: int) -> None:
+    """Refuse, before the run, a serving workload whose every step is larger than every
+    capture size: each request schedules at least one token, so such a step runs eagerly
+    (vLLM dispatches a step to the smallest capture size >= its token count, eager above
+    the largest) and nothing would be replayed, so nothing compared."""
+    captures = knobs.capture_sizes or DEFAULT_CAPTURE_SIZES
+    sizes = knobs.batch_sizes or DEFAULT_BATCH_SIZES
+    batches = [sizes[i % len(sizes)] for i in range(steps)]
+    if min(batches) <= max(captures):
+        return
+    wider = ",".join(map(str, sorted({*captures, max(batches)})))
+    raise CapturelintError(
+        f"--batch-sizes {','.join(map(str, sizes))} over {steps} step(s) runs at least {min(batches)} requests (a token "
+        f"each) per step, more than the largest capture size, {max(captures)} (--capture-sizes "
+        f"{','.join(map(str, captures))}), so every step runs eagerly and no CUDA graph is replayed; add a capture size "
+        f"as large as a batch (e.g. --capture-sizes {wider}) or run smaller batches (e.g. --batch-sizes "
+        f"{','.join(str(n) for n in range(1, max(captures) + 1))})"
+    )
 
 
 def load(plan: CheckPlan) -> CheckPlan:
@@ -156,14 +208,28 @@ def forward_context_probe() -> ContextSnapshot:
     return ContextSnapshot(ContextSummary("metadata", f"attn_metadata held {len(md)} entries"), tuple(tensors))
 
 
-def _spec(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Any:
+def _arch(runner: Any, plan: CheckPlan) -> tuple[str, Runner]:
+    """The architecture and runner of a configuration: ``ARCH:v1`` under ``--model all``
+    (``archs.split_label``), else the plan's ``--model``."""
+    if isinstance(runner, Runner):
+        return plan.knobs.model, runner
+    arch, plain = archs.split_label(str(runner))
+    return arch, Runner(plain)
+
+
+def _generic(arch: str) -> bool:
+    return arch != archs.DEFAULT
+
+
+def _spec(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode, arch: str = archs.DEFAULT) -> Any:
     from capturelint.adapters.vllm.workload import RunSpec
 
     knobs: Knobs = plan.knobs
     workload = {name: value for name, value in (("capture_sizes", knobs.capture_sizes),
                                                  ("batch_sizes", knobs.batch_sizes)) if value is not None}
     # --spec: sliding-window target layers (SPEC_LAYERS_REFUSAL)
-    layers = plan.layers or (1 if knobs.spec else DEFAULT_LAYERS)
+    default_layers = 2 if _generic(arch) else (1 if knobs.spec else DEFAULT_LAYERS)  # generic.DEFAULT_LAYERS: 2
+    layers = plan.layers or default_layers
     return RunSpec(runner=runner, mode=mode, eager_region=plan.eager_region, layers=layers,
                    steps=plan.steps or DEFAULT_STEPS, seed=plan.seed, **workload)
 
@@ -185,7 +251,7 @@ def missing_op(e: BaseException) -> CapturelintError | None:
     return None
 
 
-def real_runner(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> bool:
+def real_runner(plan: CheckPlan, runner: Any, mode: CUDAGraphMode) -> bool:
     """Whether vLLM's own model runner drives this configuration (``runners.real``:
     PIECEWISE graphs, V1 and V2) rather than the reproduction of its capture conditions
     (``runners.reproduced``: FULL graphs, and every one with ``--vllm-runner-impl
@@ -193,6 +259,9 @@ def real_runner(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> bool:
     from capturelint.adapters.vllm.runners import real
 
     knobs: Knobs = plan.knobs
+    arch, runner = _arch(runner, plan)
+    if _generic(arch):
+        return True  # vLLM's own runners, PIECEWISE and FULL (generic)
     return not knobs.spec and knobs.vllm_runner_impl is RunnerImpl.REAL and real.supports(runner, mode)
 
 
@@ -200,6 +269,11 @@ def step_loop(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Any:
     """The step loop of one configuration: the speculative-decoding loop of ``--spec``,
     vLLM's own model runner (``runners.real``) where it drives the configuration, else
     the model runner's capture conditions reproduced (``runners.reproduced``)."""
+    arch, _ = _arch(runner, plan)
+    if _generic(arch):
+        from capturelint.adapters.vllm import generic
+
+        return generic.loop_for(arch)
     if plan.knobs.spec:
         from capturelint.adapters.vllm.runners.spec import LOOPS
 
@@ -213,14 +287,18 @@ def step_loop(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Any:
     return ReproducedLoop
 
 
-def configuration(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Configuration:
+def configuration(plan: CheckPlan, runner: Any, mode: Any) -> Configuration:
     """Build the tiny model for one runner and mode (inside ``cpu_shim``, and for vLLM's
-    own runner inside ``runners.real.runner_context``)."""
+    own runner inside ``runners.real.runner_context``). Under ``--model all`` the
+    configuration is checked as its plain runner (``v1``: the invariants of a runner
+    apply) and labelled ``ARCH:runner`` after (``check_one``)."""
     from capturelint.adapters.vllm.model import compare, region_of
     from capturelint.harness import TwinResult
     from capturelint.pipeline import Configuration
 
-    spec = _spec(plan, runner, mode)
+    arch, plain = _arch(runner, plan)
+    mode = CUDAGraphMode(str(mode))
+    spec = _spec(plan, plain, mode, arch)
     loop = step_loop(plan, runner, mode)
     engine = loop(spec)
 
@@ -232,14 +310,25 @@ def configuration(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Confi
         agreement, error = compare(loop(spec).generate(), loop(spec, graphs=False).generate())
         return TwinResult(agreement, error)
 
-    return Configuration(RunLabel(str(runner), str(mode)), engine.generate, engine.roots(), region_of(engine.model),
+    family = archs.ARCHS[arch].family
+    region = "per-runner" if _generic(arch) else region_of(engine.model)
+    return Configuration(RunLabel(str(plain), str(mode)), engine.generate, engine.roots(), region,
                          forward_context_probe, layer_scope_group, twin, require_replays=True,
-                         eager_region_option=str(plan.eager_region), invariants=plan.invariants,
-                         capture_only=engine.capture)
+                         eager_region_option=str(plan.eager_region),
+                         invariants=family_invariants(family, plan.invariants), capture_only=engine.capture)
 
 
-def check_one(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode, shadow: bool = True,
-              static: bool = False) -> ConfigReport:
+def _relabel(report: ConfigReport, runner: str) -> ConfigReport:
+    """``report`` with its runner label ``runner`` (``ARCH:v1``), its findings too."""
+    report.runner = runner
+    report.findings = [dataclasses.replace(f, runner=runner) for f in report.findings]
+    report.waived = [dataclasses.replace(w, finding=dataclasses.replace(w.finding, runner=runner)) for w in report.waived]
+    if report.numerical is not None:
+        report.numerical = dataclasses.replace(report.numerical, runner=runner)
+    return report
+
+
+def check_one(plan: CheckPlan, runner: Any, mode: Any, shadow: bool = True, static: bool = False) -> ConfigReport:
     """Build and check one configuration under ``cpu_shim``; a ``torch.ops`` kernel vLLM
     calls without a reference here (while building, running or in the eager twin) is the
     one-line error that names it."""
@@ -247,15 +336,25 @@ def check_one(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode, shadow: bool
     from capturelint.adapters.vllm.runners.real import runner_context
     from capturelint.pipeline import check_configuration
 
+    arch, plain = _arch(runner, plan)
+    mode = CUDAGraphMode(str(mode))  # a --model all configuration's mode is its label
     real = real_runner(plan, runner, mode)
-    with cpu_shim(), runner_context(runner) if real else contextlib.nullcontext():
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(cpu_shim())
+        if real:
+            stack.enter_context(runner_context(plain))
+        if _generic(arch):
+            from capturelint.adapters.vllm.generic import attention_backend
+
+            stack.enter_context(attention_backend())
         try:
-            return check_configuration(configuration(plan, runner, mode), plan.codes, shadow=shadow, static=static)
+            report = check_configuration(configuration(plan, runner, mode), plan.codes, shadow=shadow, static=static)
         except (CapturelintError, AttributeError) as e:
             error = missing_op(e)
             if error is None:
                 raise
             raise error from None
+    return report if isinstance(runner, Runner) else _relabel(report, str(runner))
 
 
 def run_check(plan: CheckPlan, progress: Callable[[str], None] | None = None, shadow: bool = True,

@@ -27,10 +27,9 @@ import torch
 
 from capturelint.adapters.vllm import layers as vllm_layers
 from capturelint.adapters.vllm.model import MAX_BLOCKS, SWA_BLOCK, VOCAB
+from capturelint.adapters.vllm.options import DEFAULT_BATCH_SIZES, DEFAULT_CAPTURE_SIZES
 from capturelint.options import CUDAGraphMode, EagerRegion, Runner
 
-DEFAULT_CAPTURE_SIZES = (2, 4)
-DEFAULT_BATCH_SIZES = (1, 2, 3, 3, 2, 1)
 PROMPT_LENS = (2, 3)  # request r's prompt has PROMPT_LENS[r % 2] tokens
 MAX_SEQ = MAX_BLOCKS * SWA_BLOCK  # a request finishes when it holds this many tokens
 

@@ -151,7 +151,7 @@ from typing import Any, Iterator
 import torch
 
 from capturelint.adapters.vllm import layers as vllm_layers
-from capturelint.adapters.vllm.model import HIDDEN, SWA_BLOCK, VOCAB, WINDOW, build_model
+from capturelint.adapters.vllm.model import SWA_BLOCK, WINDOW, build_model
 from capturelint.adapters.vllm.workload import RunSpec, prompts, workload
 from capturelint.errors import CapturelintError
 from capturelint.options import CUDAGraphMode, Runner
@@ -194,7 +194,7 @@ def supports(runner: Runner, mode: CUDAGraphMode) -> bool:
     return mode is CUDAGraphMode.PIECEWISE
 
 
-_MODEL_FIELDS = dict(
+MODEL_FIELDS = dict(
     runner_type="generate", enable_prompt_embeds=False, is_multimodal_raw_input_only_model=False,
     is_mm_prefix_lm=False, uses_mrope=False, mrope_num_dims=0, supports_multimodal_inputs=False,
     is_encoder_decoder=False, logprobs_mode="raw_logprobs", use_fp64_gumbel=False, logits_processors=None,
@@ -204,24 +204,27 @@ _MODEL_FIELDS = dict(
 )
 
 
-def _configure(vc: Any, spec: RunSpec, graphs: bool) -> None:
-    """What a CUDA platform would have left in the configuration (see the module docstring)."""
+def _configure(vc: Any, spec: RunSpec, graphs: bool, fields: dict[str, Any] = MODEL_FIELDS,
+               block_size: int = vllm_layers.COMPRESSED_BLOCK) -> None:
+    """What a CUDA platform would have left in the configuration (see the module
+    docstring); ``fields`` and ``block_size`` are the model family's."""
     from vllm.config import CompilationMode
     from vllm.config import CUDAGraphMode as VllmMode
 
     mc = vc.model_config
-    for name, value in _MODEL_FIELDS.items():
+    for name, value in fields.items():
         setattr(mc, name, value)
     mc.original_max_model_len = mc.max_model_len
-    mc.get_inputs_embeds_size = lambda: HIDDEN
-    mc.get_vocab_size = lambda: VOCAB
+    hidden, vocab = mc.hf_config.hidden_size, mc.hf_config.vocab_size
+    mc.get_inputs_embeds_size = lambda: hidden
+    mc.get_vocab_size = lambda: vocab
     mc.get_sliding_window = lambda: None  # the model's windows are its layers' own (V2's model state reads it)
     mc.hf_text_config = mc.hf_config
     mc.hf_config.num_nextn_predict_layers = 0  # read by the SWA builder (transformers_utils/deepseek_v4_utils.py:18)
     # the block size a CUDA platform takes from the DeepSeek V4 backend's kernel block
     # sizes (sparse_mla.py get_supported_kernel_block_sizes: 256; platforms/interface.py);
     # CpuPlatform leaves 16, which gives the ratio-128 cache pages of zero entries
-    vc.cache_config.block_size = vllm_layers.COMPRESSED_BLOCK
+    vc.cache_config.block_size = block_size
     cc = vc.compilation_config
     cc.mode = CompilationMode.NONE
     cc.cudagraph_mode = VllmMode[spec.mode.value] if graphs else VllmMode.NONE
@@ -342,7 +345,7 @@ class VllmRunnerLoop:
 
         from vllm.config import set_current_vllm_config
 
-        if not supports(spec.runner, spec.mode):
+        if not (self.DRIVES_FULL or supports(spec.runner, spec.mode)):
             raise CapturelintError(f"vLLM's own runner is driven for PIECEWISE graphs only, not {spec.mode}")
         unhonoured = _unhonoured(spec)
         if unhonoured:
@@ -350,16 +353,15 @@ class VllmRunnerLoop:
                                    "--vllm-runner-impl reproduced")
         GPUModelRunner = importlib.import_module(RUNNERS[spec.runner]).GPUModelRunner
         self.spec = spec
-        self.steps = workload(spec)
+        self.steps = self._workload(spec)
         self.requests = 1 + max(s.req for step in self.steps for s in step)
         self.starts: dict[int, int] = {}  # each request's position when it joins
         for step in self.steps:
             for s in step:
                 self.starts.setdefault(s.req, s.start)
-        self.model, self.vc = build_model(spec.runner, spec.layers, spec.seed, spec.eager_region)
-        self.model.__class__ = type("TinyDeepseekV4ForVllm", (_VllmModel, type(self.model)), {})
+        self.model, self.vc = self._build(spec)
         self.model.logits_seen = []
-        _configure(self.vc, spec, graphs)
+        _configure(self.vc, spec, graphs, self.MODEL_FIELDS, self.BLOCK_SIZE)
         with set_current_vllm_config(self.vc):
             self.runner = GPUModelRunner(self.vc, torch.device("cuda"))
             self.runner.load_model(model=self.model)
@@ -367,6 +369,22 @@ class VllmRunnerLoop:
         self._prefill()
         self.prompts = prompts(self.steps, spec.seed)  # ReproducedLoop's
         self.captured = False
+
+    # The model family's hooks (``generic.GenericRunnerLoop`` overrides them): the fields
+    # of the model configuration the runner reads, the KV block size a CUDA platform takes
+    # from the family's attention backend, the workload, the model, the stand-in prefill.
+    MODEL_FIELDS = MODEL_FIELDS
+    DRIVES_FULL = False  # FULL graphs: the reproduction's for DeepSeek V4 (module docstring), vLLM's for generic
+    BLOCK_SIZE = vllm_layers.COMPRESSED_BLOCK
+
+    def _workload(self, spec: RunSpec) -> list[Any]:
+        return workload(spec)
+
+    def _build(self, spec: RunSpec) -> tuple[Any, Any]:
+        """The tiny DeepSeek V4 with the vLLM model interface (``_VllmModel``)."""
+        model, vc = build_model(spec.runner, spec.layers, spec.seed, spec.eager_region)
+        model.__class__ = type("TinyDeepseekV4ForVllm", (_VllmModel, type(model)), {})
+        return model, vc
 
     def _kv_cache_config(self) -> Any:
         """vLLM's KV cache plan for the layers' specs: the engine core's steps
@@ -509,6 +527,10 @@ class VllmRunnerLoop:
 
     def roots(self) -> dict[str, Any]:
         """The model, the runner's persistent input buffers, the KV caches."""
+        return {"model": self.model, "runner": self._buffers(), "caches": self._caches()}
+
+    def _buffers(self) -> Any:
+        """The runner's persistent input buffers."""
         r = self.runner
         if self.spec.runner is Runner.V1:
             buffers = types.SimpleNamespace(input_ids=r.input_ids.gpu, positions=r.positions, seq_lens=r.seq_lens,
@@ -519,6 +541,10 @@ class VllmRunnerLoop:
             ib = r.input_buffers
             buffers = types.SimpleNamespace(input_ids=ib.input_ids, positions=ib.positions, seq_lens=ib.seq_lens,
                                             query_start_loc=ib.query_start_loc, slot_mappings=r.block_tables.slot_mappings)
+        return buffers
+
+    def _caches(self) -> list[tuple[str, Any]]:
+        """The KV caches, by name."""
         caches = [(f"kv_cache.layers.{i}.swa", layer.attn.swa_cache_layer.kv_cache)
                   for i, layer in enumerate(self.model.layers)]
         for i, attn in enumerate(layer.attn for layer in self.model.layers):  # named as vllm_layers names them
@@ -530,7 +556,7 @@ class VllmRunnerLoop:
                 caches.append((f"kv_cache.layers.{i}.indexer", attn.indexer.k_cache.kv_cache))
                 caches.append((f"kv_cache.layers.{i}.indexer_compressor_state",
                                attn.indexer.compressor.state_cache.kv_cache))
-        return {"model": self.model, "runner": buffers, "caches": caches}
+        return caches
 
 
 def _rid(req: int) -> str:

@@ -1,7 +1,8 @@
 """The Rich form of the check report: concise by default, the evidence with ``--verbose``.
 
 The default (``render_concise``) reads at a glance, as ruff and flake8 print: the
-verdict and what was compared in one line, then one entry per problem (a
+verdict and what was compared in one line, a line per configuration saying which steps
+it exercised (``Checked.exercised``), then one entry per problem (a
 ``capturelint.findings.FindingGroup``: the findings of one cause in every layer, graph
 and configuration), its why and its fix, then the summary::
 
@@ -20,10 +21,21 @@ and configuration), its why and its fix, then the summary::
 Each entry is one logical line (``soft_wrap``: the terminal wraps it, a file keeps it
 whole, so ``grep path:line`` finds it).
 
-``--verbose`` (``render_rich`` with ``verbose``) prints the evidence: a panel per
-runner and mode with every graph's segments and every finding, then the summary.
+``--verbose`` (``render_rich`` with ``verbose``) adds, never removes (as ``ruff -v`` and
+``pytest -v`` do): the default report first, exactly as without it (less its closing
+"--verbose shows" line), then the evidence: a panel per runner and mode (what was
+compared, every graph's segments), then per problem each finding with its ops, source
+lines and replay steps. The why and the fix were said once per problem above; a
+finding's own sentences are printed only where they differ from its problem's.
 Printed form (abridged)::
 
+    replay DIFFERS from eager execution in v1/PIECEWISE (...)
+
+    capturelint/engine/dsv4/attention.py:305: CL101 ... [4 findings: ...]
+      why: ...
+      fix: ...
+
+    evidence
     ╭─ runner v1 · mode PIECEWISE · eager region narrow ─────────────────────────╮
     │ numerical: token agreement 0.18 with the eager twin, max replay-vs-eager   │
     │ step error 3.21 over 20 replay steps                                       │
@@ -31,9 +43,12 @@ Printed form (abridged)::
     │ compared                                                                   │
     │ graphs decode/1, decode/2 (PIECEWISE): 120 captured ops, 4 eager ops       │
     │   segments: C:28 | E _sparse_indexer_and_attn:1 | C:30 | ...               │
-    │ CL101 baked-control-flow [R1] model.layers.0.attn · dsv4.fused_...         │
-    │ ...                                                                        │
+    │ 4 findings (problems 1)                                                    │
     ╰────────────────────────────────────────────────────────────────────────────╯
+    problem 1 of 1: capturelint/engine/dsv4/attention.py:305: CL101 (4 findings)
+    CL101 baked-control-flow [R1] model.layers.0.attn · dsv4.fused_...
+      segment ...
+    ...
     4 findings (CL101 x4) in 1 configuration
 
 The segments of a graph get a line of their own and wrap between segments (never cut),
@@ -52,7 +67,8 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.text import Text
 
-from capturelint.findings import Finding
+from capturelint.findings import Finding, MessageParts
+from capturelint.lists import and_more, shown
 from capturelint.regions import GraphMap
 from capturelint.report import Report, graph_order
 from capturelint.runtime.protocol import SegmentKind
@@ -73,15 +89,14 @@ def _segments_text(g: GraphMap) -> Text:
 
 
 def render_rich(report: Report, console: Console, verbose: bool = False) -> None:
-    """The concise report, or with ``verbose`` the evidence (``render_evidence``)."""
-    if verbose:
-        render_evidence(report, console)
-    else:
-        render_concise(report, console)
+    """The concise report; with ``verbose`` the same report followed by the evidence
+    (``render_evidence``): ``--verbose`` adds, never removes."""
+    render_concise(report, console, evidence=verbose)
 
 
-def render_concise(report: Report, console: Console) -> None:
-    """The verdict, one entry per problem with its why and fix, the summary."""
+def render_concise(report: Report, console: Console, evidence: bool = False) -> None:
+    """The verdict, one entry per problem with its why and fix, the summary; with
+    ``evidence``, the evidence (``render_evidence``) before the summary."""
     failed = report.failed or report.diverged
     console.print(Text(report.verdict_line(), style="red" if report.diverged else "yellow" if report.not_compared
                        else "green"), soft_wrap=True)
@@ -89,6 +104,9 @@ def render_concise(report: Report, console: Console) -> None:
         for note in (cfg.unchecked_text(), cfg.note):
             if note:
                 console.print(Text(f"{cfg.label}: {note}", style="yellow"), soft_wrap=True)
+    for cfg in report.configs:  # what the comparison covers: the steps each configuration ran
+        if cfg.checked.exercised:
+            console.print(Text(f"{cfg.label} exercised: {cfg.checked.exercised_text()}", style="dim"), soft_wrap=True)
     groups = report.groups
     if groups:
         console.print()
@@ -108,13 +126,18 @@ def render_concise(report: Report, console: Console) -> None:
     if waived or stale:
         console.print()
     if waived:
-        console.print(Text(f"{waived}, not failed on: --verbose lists each with the comment or file that accepts it",
-                           style="dim"), soft_wrap=True)
-    for e in stale[:5]:
+        more = "listed below with" if evidence else "--verbose lists each with"
+        console.print(Text(f"{waived}, not failed on: {more} the comment or file that accepts it", style="dim"),
+                      soft_wrap=True)
+    listed, left = shown(stale)
+    for e in listed:
         console.print(Text(f"accepted, no longer found: {e.describe()}", style="dim"), soft_wrap=True)
-    if len(stale) > 5:
-        console.print(Text(f"... and {len(stale) - 5} more accepted findings no longer found", style="dim"))
-    if groups:
+    if left:
+        console.print(Text(f"{and_more(left)} accepted findings no longer found", style="dim"))
+    if evidence:
+        console.print()
+        render_evidence(report, console, summary=False)
+    elif groups:
         n, codes = len(report.findings), sorted({g.code for g in groups})
         console.print()
         console.print(Text(f"{_count(n, 'finding')} in {_count(len(groups), 'problem')}: --verbose shows each with its "
@@ -128,9 +151,14 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'s' * (n != 1)}"
 
 
-def render_evidence(report: Report, console: Console) -> None:
+def render_evidence(report: Report, console: Console, summary: bool = True) -> None:
     """A panel per runner and mode (what was compared, every graph structure with its
-    segments' op counts, every finding), then the summary."""
+    segments' op counts, which problems it has), then per problem every finding with its
+    evidence (its why and fix only where they differ from the problem's, which the
+    concise report says once), then the summary (``summary``)."""
+    groups = report.groups
+    number = {id(f): i for i, g in enumerate(groups, 1) for f in g.findings}
+    console.print(Text("evidence", style="bold"))
     for cfg in report.configs:
         title = f"runner {cfg.runner} · mode {cfg.mode} · eager region {cfg.region_title}"
         parts: list[Any] = []
@@ -148,6 +176,8 @@ def render_evidence(report: Report, console: Console) -> None:
                 steps = f" over {n.replay_steps} replays (not shadowed: no step-by-step comparison)"
             parts.append(Text(f"numerical: {tokens}{steps}", style="red" if n.diverged else "green"))
         parts.append(Text(f"checked: {cfg.checked.describe()}", style="dim"))
+        if cfg.checked.exercised:
+            parts.append(Text(f"exercised: {cfg.checked.exercised_text()}", style="dim"))
         unchecked = cfg.unchecked_text()
         if unchecked:
             parts.append(Text(unchecked, style="yellow"))
@@ -156,38 +186,41 @@ def render_evidence(report: Report, console: Console) -> None:
         if cfg.graphs:
             # Graphs of one mode usually share their segment structure (only the padded
             # size differs): one entry per structure, listing the graphs.
-            groups: dict[tuple, list[GraphMap]] = {}
+            structures: dict[tuple, list[GraphMap]] = {}
             for g in sorted(cfg.graphs, key=graph_order):
-                groups.setdefault((g.runtime_mode, g.segments), []).append(g)
-            for members in groups.values():
+                structures.setdefault((g.runtime_mode, g.segments), []).append(g)
+            for members in structures.values():
                 g = members[0]
                 head = Text(f"graphs {', '.join(m.graph for m in members)}", style="bold")
                 head.append(f" ({g.runtime_mode}): {g.captured_ops} captured ops, {g.eager_ops} eager ops")
                 parts.append(head)
                 parts.append(_segments_text(g))
-        for f in cfg.findings:
-            parts.append(render_finding(f))
-        if not cfg.findings and cfg.diverged:
+        if cfg.findings:
+            problems = sorted({number[id(f)] for f in cfg.findings if id(f) in number})
+            parts.append(Text(f"{_count(len(cfg.findings), 'finding')}: problem{'s' * (len(problems) != 1)} "
+                              f"{', '.join(map(str, problems))} below", style="red"))
+        elif cfg.diverged:
             parts.append(Text("no findings, but replay differs from eager execution: the rules that report it are "
                               "not selected", style="red"))
-        elif not cfg.findings and cfg.waived:
+        elif cfg.waived:
             parts.append(Text(f"no findings that fail the check ({len(cfg.waived)} suppressed or accepted, listed "
                               "below)", style="yellow"))
-        elif not cfg.findings:
+        else:
             parts.append(Text("no findings", style="green" if unchecked is None else "yellow"))
         border = "red" if cfg.findings or cfg.diverged else "green" if unchecked is None else "yellow"
         console.print(Panel(Group(*parts), title=title, title_align="left", border_style=border))
-    if report.suppression_findings:  # of no configuration: the suppression comments'
-        console.print(Panel(Group(*(render_finding(f) for f in report.suppression_findings)),
-                            title="suppression comments", title_align="left", border_style="red"))
+    for i, g in enumerate(groups, 1):
+        head = Text(f"problem {i} of {len(groups)}: {g.where}: {g.code} ({_count(len(g.findings), 'finding')})",
+                    style="bold")
+        console.print(head, soft_wrap=True)
+        said = g.parts
+        for f in g.findings:
+            console.print(render_finding(f, said), soft_wrap=True)
     if report.waived or report.stale_accepted():
         console.print(waived_panel(report))
-    if report.region_changes is not None:  # the gate's panel
-        from capturelint.render.changes import region_changes_panel
-
-        console.print(region_changes_panel(report.region_changes))
-    style = "bold red" if report.failed or report.diverged else "bold yellow" if report.not_compared else "bold green"
-    console.print(Text(report.summary_line(), style=style))
+    if summary:
+        style = "bold red" if report.failed or report.diverged else "bold yellow" if report.not_compared else "bold green"
+        console.print(Text(report.summary_line(), style=style))
 
 
 def waived_panel(report: Report) -> Panel:
@@ -205,7 +238,10 @@ def waived_panel(report: Report) -> Panel:
     return Panel(Group(*parts), title=f"not failed on: {title}", title_align="left", border_style="yellow")
 
 
-def render_finding(f: Finding) -> Text:
+def render_finding(f: Finding, said: MessageParts | None = None) -> Text:
+    """One finding's evidence: its ops, segment, source lines and replay steps, then its
+    message; with ``said`` (its problem's what, why and fix, printed once already) only
+    the parts of its message that differ from them."""
     t = Text()
     t.append(f"{f.code} ", style="bold red")
     t.append(f"{f.name} ", style="red")
@@ -223,7 +259,14 @@ def render_finding(f: Finding) -> Text:
         t.append(f"\n  re-allocated at: {f.allocation_frame}")
     if f.steps:
         t.append(f"\n  seen at replay steps {', '.join(map(str, f.steps))}" + (f" ({f.occurrences} times)" if f.occurrences > 1 else ""), style="dim")
-    t.append(f"\n  {f.message}\n")
+    if said is None:
+        t.append(f"\n  {f.message}\n")
+        return t
+    own = MessageParts.of(f.message)
+    for label, mine, theirs in (("what", own.what, said.what), ("why", own.why, said.why), ("fix", own.fix, said.fix)):
+        if mine and mine != theirs:
+            t.append(f"\n  {label}: {mine}", style="dim" if label == "why" else "")
+    t.append("\n")
     return t
 
 

@@ -1,0 +1,80 @@
+"""Benchmark of `capturelint check --engine vllm --model ...` per architecture, and the
+renewal of the architecture table (not a test; numbers go to BENCHMARKS.md with the
+machine they were measured on).
+
+Measures whole processes (vLLM's import included, the budget of issue 27: at most 60 s
+for one architecture's default check on two cores): each supported architecture's
+default check (`--model ARCH`: v1 and v2, PIECEWISE and FULL, its default layers and the
+serving workload), then `--model all`, sharded `--shard K/N` (the jobs of a CI matrix)
+and joined with `capturelint merge`. With `--write` the joined report is stored as
+`tests/vllm/data/model_all_report.json` and its table as `docs/vllm-architectures.md`
+(`tests/vllm/test_vllm_archs.py` checks that the two agree).
+
+    python bench/bench_vllm_archs.py [--shards 3] [--write] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def timed(argv: list[str]) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, cwd=ROOT)
+    return time.perf_counter() - t0, done.returncode
+
+
+def main() -> None:
+    from capturelint.adapters.vllm import archs
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shards", type=int, default=3)
+    ap.add_argument("--write", action="store_true", help="store the joined report and docs/vllm-architectures.md")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    cli = [sys.executable, "-m", "capturelint"]
+    results: dict[str, float] = {}
+    statuses: dict[str, int] = {}
+    for arch in archs.SUPPORTED:
+        name = f"check --engine vllm --model {arch}"
+        results[name], statuses[name] = timed([*cli, "check", "--engine", "vllm", "--model", arch, "--jobs", "1",
+                                               "--format", "json"])
+    with tempfile.TemporaryDirectory() as tmp:
+        shards = []
+        for k in range(1, args.shards + 1):
+            out = os.path.join(tmp, f"shard{k}.json")
+            name = f"check --model all --shard {k}/{args.shards}"
+            results[name], statuses[name] = timed([*cli, "check", "--engine", "vllm", "--model", "all", "--jobs", "1",
+                                                   "--shard", f"{k}/{args.shards}", "--format", "json", "-o", out])
+            shards.append(out)
+        joined = os.path.join(tmp, "all.json")
+        results["merge"], statuses["merge"] = timed([*cli, "merge", *shards, "--format", "json", "-o", joined])
+        results["--model all, sharded (sum)"] = sum(v for k, v in results.items() if "--shard" in k)
+        if args.write:
+            report = json.loads(Path(joined).read_text())
+            (ROOT / "tests" / "vllm" / "data" / "model_all_report.json").write_text(
+                json.dumps(report, indent=1, sort_keys=True) + "\n")
+            (ROOT / "docs" / "vllm-architectures.md").write_text(archs.markdown(report))
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    if args.json:
+        print(json.dumps({"machine": machine, "seconds": results, "exit": statuses}, indent=2))
+        return
+    print(f"machine: {machine}")
+    print("| command | wall (s) | exit |")
+    print("|---|---|---|")
+    for name, seconds in results.items():
+        print(f"| {name} | {seconds:.1f} | {statuses.get(name, '')} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""The architectures ``--engine vllm --model`` knows: the ones it checks, and every name
+of vLLM 0.33.0's ``DEFAULT_BREAKABLE_CUDAGRAPH_ARCHITECTURES`` (``config/vllm.py:76``)
+with the reason it is not checked yet. Pure data (no torch, no vLLM): the option's parser
+reads it, and ``table`` turns a ``--model all`` report into the table of
+``docs/vllm-architectures.md``.
+
+Families (by the eager breaks their code takes, not by name):
+
+- ``deepseek-v4``: vLLM's DeepSeek V4 attention in a tiny model of ours (``model``),
+  with its compressed layers and indexer; the reproduction of the runners' capture
+  conditions stands in for FULL graphs (``runners.real``);
+- ``generic attention``: vLLM's own model class whose attention is vLLM's ``Attention``
+  (eager break ``unified_attention_with_output``), over vLLM's Triton attention backend
+  with reference kernels (``generic``), both runners and modes on vLLM's own runners.
+
+``python -m capturelint.adapters.vllm.archs REPORT.json`` prints the Markdown table of a
+``check --engine vllm --model all --format json`` report (merged shards too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from typing import Any
+
+DEFAULT = "DeepseekV4ForCausalLM"
+ALL = "all"
+
+
+@dataclasses.dataclass(frozen=True)
+class Arch:
+    """An architecture name: its family, vLLM's module, and, when not checked, why."""
+
+    name: str
+    family: str
+    module: str
+    reason: str | None = None  # None: checked
+
+    @property
+    def supported(self) -> bool:
+        return self.reason is None
+
+
+_SPARSE_MLA = ("sparse MLA family (MLA attention with its eager break, mla_attention.py:1484, and the sparse-attention "
+               "indexer, sparse_attn_indexer.py:437): no CPU references for its FlashMLA / DeepGEMM kernels yet")
+_GDN = ("gated delta-net hybrid (layers/mamba/gdn/*_gdn_linear_attn.py breaks; FLA Triton kernels in captured code "
+        "need torch references): not covered yet")
+_KIMI = ("Kimi delta attention (gated delta-net, kimi_gdn_linear_attn.py) with MLA layers (models/kimi_k3): "
+         "neither family is covered yet")
+
+CHECKED = (
+    Arch(DEFAULT, "deepseek-v4", "vllm/models/deepseek_v4"),
+    Arch("Qwen3ForCausalLM", "generic attention", "vllm/model_executor/models/qwen3.py"),
+    Arch("LlamaForCausalLM", "generic attention", "vllm/model_executor/models/llama.py"),
+)
+
+NOT_YET = (
+    Arch("AliceAIForCausalLM", "gated delta-net hybrid", "vllm/model_executor/models/alice_ai.py", _GDN),
+    Arch("BeamForCausalLM", "model folder", "vllm/models/beam",
+         "its own attention classes (BeamAttention, DFlash2BeamAttention in models/beam/nvidia) over CUDA-only "
+         "kernels: no CPU references yet"),
+    Arch("DeepseekV32ForCausalLM", "sparse MLA", "vllm/models/deepseek_v32", _SPARSE_MLA),
+    Arch("DeepseekV32MTPModel", "sparse MLA", "vllm/models/deepseek_v32", _SPARSE_MLA),
+    Arch("DeepseekV4ForConditionalGeneration", "deepseek-v4", "vllm/models/deepseek_v4",
+         "the multimodal wrapper of DeepseekV4ForCausalLM: its attention is checked as DeepseekV4ForCausalLM; the "
+         "vision tower (no breakable graph) is not built"),
+    Arch("DeepSeekV4MTPModel", "deepseek-v4", "vllm/models/deepseek_v4",
+         "the MTP draft: checked by --model DeepseekV4ForCausalLM --spec mtp, not as a row of its own"),
+    Arch("DeepseekV41ForCausalLM", "deepseek-v4.1", "vllm/models/deepseek_v41",
+         "its own attention classes (models/deepseek_v41: MegaAttn, FlashInfer MLA, decoder replay layers) with 11 "
+         "eager breaks: not covered yet"),
+    Arch("Dots3NoteForCausalLM", "MLA", "vllm/models/dots3_note",
+         "padded MLA and sliding-window attention (models/dots3_note): the MLA family is not covered yet"),
+    Arch("Dots3NoteMTPModel", "MLA", "vllm/models/dots3_note",
+         "the MTP draft of Dots3NoteForCausalLM: the MLA family is not covered yet"),
+    Arch("Glm5NextForCausalLM", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
+    Arch("Glm5NextForConditionalGeneration", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
+    Arch("Glm5NextMTPModel", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
+    Arch("GlmMoeDsaForCausalLM", "sparse MLA", "vllm/models/deepseek_v32", _SPARSE_MLA),
+    Arch("HYV4ForCausalLM", "sparse MLA", "vllm/models/hy_v4", _SPARSE_MLA),
+    Arch("HYV4MTPModel", "sparse MLA", "vllm/models/hy_v4", _SPARSE_MLA),
+    Arch("InklingForCausalLM", "short convolution hybrid", "vllm/models/inkling",
+         "short convolutions (layers/mamba/short_conv.py, Triton/causal-conv kernels in captured code) beside "
+         "attention: not covered yet"),
+    Arch("InklingForConditionalGeneration", "short convolution hybrid", "vllm/models/inkling",
+         "the multimodal wrapper of InklingForCausalLM: short convolutions are not covered yet"),
+    Arch("KimiK3ForConditionalGeneration", "Kimi linear + MLA", "vllm/models/kimi_k3", _KIMI),
+    Arch("KimiK3MTPModel", "Kimi linear + MLA", "vllm/models/kimi_k3", _KIMI),
+    Arch("KimiLinearForCausalLM", "Kimi linear + MLA", "vllm/models/kimi_k3", _KIMI),
+    Arch("MiniMaxM3SparseForCausalLM", "sparse attention + MLA", "vllm/models/minimax_m3",
+         "MiniMax M3's sparse attention and MLA layers (models/minimax_m3): not covered yet"),
+    Arch("MiniMaxM3SparseForConditionalGeneration", "sparse attention + MLA", "vllm/models/minimax_m3",
+         "the multimodal wrapper of MiniMaxM3SparseForCausalLM: not covered yet"),
+    Arch("MuseSpark1xForCausalLM", "model folder", "vllm/models/muse_spark",
+         "on vLLM's list but not in its model registry (model_executor/models/registry.py): vLLM cannot build it "
+         "by this name"),
+    Arch("MuseSparkForConditionalGeneration", "model folder", "vllm/models/muse_spark",
+         "its own attention classes (MuseSpark1xAttention in models/muse_spark/nvidia) over CUDA-only kernels: "
+         "not covered yet"),
+    Arch("Qwen4ExpForCausalLM", "gated delta-net + short conv + MLA", "vllm/models/qwen4_exp", _GDN),
+    Arch("Qwen4ExpForConditionalGeneration", "gated delta-net + short conv + MLA", "vllm/models/qwen4_exp", _GDN),
+    Arch("Qwen4ExpMTP", "gated delta-net + short conv + MLA", "vllm/models/qwen4_exp", _GDN),
+    Arch("Step5ForCausalLM", "sparse attention", "vllm/models/step5",
+         "Step5SparseAttention (models/step5/nvidia) over CUDA-only sparse kernels: not covered yet"),
+    Arch("Step5ForConditionalGeneration", "sparse attention", "vllm/models/step5",
+         "the multimodal wrapper of Step5ForCausalLM: not covered yet"),
+)
+
+ARCHS = {a.name: a for a in CHECKED + NOT_YET}
+SUPPORTED = tuple(a.name for a in CHECKED)
+
+# vLLM 0.33.0's DEFAULT_BREAKABLE_CUDAGRAPH_ARCHITECTURES (config/vllm.py:76), as the
+# wheel has it: tests/vllm/test_vllm_archs.py compares it with the installed vLLM's.
+VLLM_LIST = frozenset({
+    "AliceAIForCausalLM", "BeamForCausalLM", "DeepseekV32MTPModel", "DeepseekV32ForCausalLM", "DeepseekV4ForCausalLM",
+    "DeepseekV4ForConditionalGeneration", "DeepSeekV4MTPModel", "DeepseekV41ForCausalLM", "Dots3NoteForCausalLM",
+    "Dots3NoteMTPModel", "Glm5NextForCausalLM", "Glm5NextForConditionalGeneration", "Glm5NextMTPModel",
+    "GlmMoeDsaForCausalLM", "HYV4ForCausalLM", "HYV4MTPModel", "InklingForCausalLM", "InklingForConditionalGeneration",
+    "KimiK3ForConditionalGeneration", "KimiK3MTPModel", "KimiLinearForCausalLM", "MiniMaxM3SparseForCausalLM",
+    "MiniMaxM3SparseForConditionalGeneration", "MuseSpark1xForCausalLM", "MuseSparkForConditionalGeneration",
+    "Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration", "Qwen4ExpMTP", "Step5ForCausalLM",
+    "Step5ForConditionalGeneration",
+})
+
+
+def lookup(name: str) -> Arch | None:
+    """The architecture of ``name``, any case; None for a name not known here."""
+    found = ARCHS.get(name)
+    if found is not None:
+        return found
+    return next((a for a in ARCHS.values() if a.name.lower() == name.lower()), None)
+
+
+def split_label(runner: str) -> tuple[str, str]:
+    """``Qwen3ForCausalLM:v1`` -> (``Qwen3ForCausalLM``, ``v1``): a ``--model all``
+    configuration's runner label; a plain ``v1`` is the default architecture's."""
+    arch, sep, plain = runner.rpartition(":")
+    return (arch, plain) if sep else (DEFAULT, runner)
+
+
+def table(report: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    """The rows of a ``--model all`` JSON report: (architecture, family, runner, mode,
+    verdict), one per checked configuration (``safe``: no finding and the replays
+    compared equal to their eager twin; ``corrupting``: its first finding), then one
+    per name of vLLM's list not checked (``not supported yet``: the reason)."""
+    rows = []
+    findings: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for f in report.get("findings", []):
+        findings.setdefault((f["runner"], f["mode"]), []).append(f)
+    for cfg in report.get("configurations", []):
+        arch, runner = split_label(cfg["runner"])
+        found = findings.get((cfg["runner"], cfg["mode"]), [])
+        if found:
+            first = found[0]
+            where = first.get("capture_frame") or first.get("step_frame") or {}
+            at = f" at {where.get('file', '?')}:{where.get('line', '?')}" if where else ""
+            verdict = f"corrupting: {first['code']}{at} ({len(found)} finding{'s' if len(found) > 1 else ''})"
+        else:
+            verdict = "safe"
+        rows.append((arch, ARCHS[arch].family if arch in ARCHS else "?", runner, cfg["mode"], verdict))
+    for a in NOT_YET:
+        rows.append((a.name, a.family, "v1, v2", "PIECEWISE, FULL", f"not supported yet: {a.reason}"))
+    return rows
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """``docs/vllm-architectures.md``: the table of a ``--model all`` report."""
+    lines = [
+        "# vLLM architectures: breakable CUDA graphs, checked",
+        "",
+        "Generated by `python -m capturelint.adapters.vllm.archs REPORT.json` from the JSON report of",
+        "`capturelint check --engine vllm --model all --format json` (vLLM 0.33.0, the default",
+        "workload and sizes of each family; `tests/vllm/test_vllm_archs.py` checks it is current).",
+        "Every name of vLLM's `DEFAULT_BREAKABLE_CUDAGRAPH_ARCHITECTURES` (`config/vllm.py:76`) has a",
+        "row; the checked families are described in `docs/vllm.md`.",
+        "",
+        "| architecture | family | on vLLM's list | runner | mode | breakable graphs |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arch, family, runner, mode, verdict in table(report):
+        listed = "yes" if arch in VLLM_LIST else "no"
+        lines.append(f"| `{arch}` | {family} | {listed} | {runner} | {mode} | {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m capturelint.adapters.vllm.archs REPORT.json (a check --engine vllm --model all "
+              "--format json report)", file=sys.stderr)
+        return 2
+    try:
+        with open(args[0], encoding="utf-8") as f:
+            report = json.load(f)
+    except (OSError, ValueError) as e:
+        print(f"cannot read the report {args[0]}: {e}", file=sys.stderr)
+        return 2
+    sys.stdout.write(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
+
+__all__ = ["ALL", "ARCHS", "Arch", "CHECKED", "DEFAULT", "NOT_YET", "SUPPORTED", "VLLM_LIST", "lookup", "markdown",
+           "split_label", "table"]

@@ -1,0 +1,159 @@
+"""``--engine vllm --model``: the architectures it checks, the table of vLLM's list, and
+the generic attention family (vLLM's own Qwen3/Llama model classes on vLLM's own
+runners): a clean check, and a planted region hazard flagged exactly where an untraced
+graph run differs from its eager twin."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_required import require_vllm  # tests/vllm/vllm_required.py
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "capturelint", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.mark.parametrize("name, says", [
+    ("Gpt2ForCausalLM", "unknown architecture 'Gpt2ForCausalLM'"),
+    ("KimiLinearForCausalLM", "architecture KimiLinearForCausalLM is not supported yet (Kimi delta attention"),
+])
+def test_an_unknown_or_unsupported_model_is_one_line_naming_the_supported(name, says):
+    done = _cli("check", "--engine", "vllm", "--model", name)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], lines
+    assert "DeepseekV4ForCausalLM, Qwen3ForCausalLM, LlamaForCausalLM or all" in lines[0]
+
+
+def test_deepseek_v4_options_are_refused_with_another_model():
+    done = _cli("check", "--engine", "vllm", "--model", "qwen3forcausallm", "--eager-region", "narrow")
+    assert done.returncode == 2 and "--eager-region forces DeepSeek V4's attention regions" in done.stderr
+
+
+def test_model_all_labels_each_architectures_configurations():
+    from capturelint.adapters import registry
+    from capturelint.adapters.vllm import archs
+    from capturelint.settings import Settings
+
+    plan = registry.make_plan(Settings(), registry.engine_options(engine="vllm", model="all", runner="v2",
+                                                                   mode="PIECEWISE"))
+    assert [f"{r}/{m}" for r, m in plan.all_configurations] == [f"{a}:v2/PIECEWISE" for a in archs.SUPPORTED]
+    assert {i.id for i in plan.invariants} == {"dsv4-v1-attention-prep-eager", "dsv4-sparse-attention-eager",
+                                               "attention-eager"}
+    default = registry.make_plan(Settings(), registry.engine_options(engine="vllm"))
+    assert default.knobs.model == "DeepseekV4ForCausalLM" and default.configured is None
+
+
+def test_every_name_of_vllms_list_has_a_row():
+    require_vllm()
+    from vllm.config.vllm import DEFAULT_BREAKABLE_CUDAGRAPH_ARCHITECTURES
+
+    from capturelint.adapters.vllm import archs
+
+    assert archs.VLLM_LIST == DEFAULT_BREAKABLE_CUDAGRAPH_ARCHITECTURES
+    rows = archs.table({"configurations": [], "findings": []})
+    named = {row[0] for row in rows} | {a.name for a in archs.CHECKED}
+    assert DEFAULT_BREAKABLE_CUDAGRAPH_ARCHITECTURES <= named
+    assert all(verdict.startswith("not supported yet: ") and len(verdict) > 40 for *_, verdict in rows)
+
+
+def test_the_architectures_doc_is_the_table_of_the_model_all_report():
+    """``docs/vllm-architectures.md`` is what ``python -m capturelint.adapters.vllm.archs``
+    makes of the stored ``--model all`` report (``bench/bench_vllm_archs.py`` renews both)."""
+    from capturelint.adapters.vllm import archs
+
+    report = json.loads((DATA / "model_all_report.json").read_text())
+    labels = {(c["runner"], c["mode"]) for c in report["configurations"]}
+    assert labels == {(f"{a}:{r}", m) for a in archs.SUPPORTED for r in ("v1", "v2") for m in ("PIECEWISE", "FULL")}
+    assert (ROOT / "docs" / "vllm-architectures.md").read_text() == archs.markdown(report)
+
+
+@pytest.mark.slow
+def test_a_generic_attention_model_checks_clean_on_vllms_own_runners(tmp_path):
+    require_vllm()
+    out = tmp_path / "report.json"
+    done = _cli("check", "--engine", "vllm", "--model", "Qwen3ForCausalLM", "--runner", "v2", "--layers", "1",
+                "--steps", "4", "--jobs", "1", "--format", "json", "-o", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["findings"] == []
+    by_mode = {n["mode"]: n for n in report["numerical"]}
+    assert set(by_mode) == {"PIECEWISE", "FULL"}
+    for n in by_mode.values():  # compared, and equal
+        assert n["token_agreement"] == 1.0 and n["max_logit_error"] == 0.0 and n["replay_steps"] == 4
+    checked = {c["mode"]: c["checked"] for c in report["configurations"]}
+    assert checked["PIECEWISE"]["shadowed_steps"] == 4 and checked["FULL"]["bare_replays"] == 4
+    # the family's default invariant selected the attention in its break (and only it applied)
+    assert [(i["id"], i["selected_ops"] > 0) for i in report["invariants"]] == [("attention-eager", True)]
+
+
+DRIVER = """
+import json, sys
+from capturelint.cli import main
+status = main(["check", "--engine", "vllm", "--model", "LlamaForCausalLM", "--mode", "PIECEWISE", "--layers", "1",
+               "--steps", "4", "--jobs", "1", "--format", "json", "-o", sys.argv[1]])
+from capturelint.adapters.vllm import generic
+from capturelint.adapters.vllm.install import cpu_shim
+from capturelint.adapters.vllm.runners.real import runner_context
+from capturelint.adapters.vllm.workload import RunSpec
+from capturelint.options import CUDAGraphMode, Runner
+out = {}
+with cpu_shim(), generic.attention_backend():
+    loop = generic.loop_for("LlamaForCausalLM")
+    for runner in Runner:
+        spec = RunSpec(runner=runner, mode=CUDAGraphMode.PIECEWISE, layers=1, steps=4)
+        with runner_context(runner):
+            graphs = loop(spec).generate()
+        with runner_context(runner):
+            eager = loop(spec, graphs=False).generate()
+        out[f"{runner}/PIECEWISE"] = generic.compare(graphs, eager)
+json.dump({"status": status, "untraced": out}, sys.stdout)
+"""
+
+
+@pytest.mark.slow
+def test_a_kv_write_skipped_in_dummy_runs_is_flagged_where_the_untraced_run_differs(tmp_path):
+    """The planted hazard (``data/dummy_run_skips_kv_write.patch``, in a scratch copy of
+    vLLM): V1 captures PIECEWISE graphs in a dummy run without metadata, so the early
+    return is baked; V2 builds metadata for its captures."""
+    require_vllm()
+    spec = importlib.util.spec_from_file_location("vllm_region_gate", ROOT / "examples" / "vllm_region_gate" / "gate.py")
+    gate = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, gate)
+    spec.loader.exec_module(sys.modules[spec.name])
+    target = "model_executor/layers/attention/attention.py"
+    copy = tmp_path / "copy"
+    gate.link_tree(gate.find_vllm(), copy / "vllm", target)
+    _, hunks = gate.parse_patch((DATA / "dummy_run_skips_kv_write.patch").read_text())
+    gate.apply_patch(copy / "vllm" / target, hunks)
+    planted = (copy / "vllm" / target).read_text().splitlines()
+    branch = planted.index("    if get_forward_context().attn_metadata is None:") + 1
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(copy), str(ROOT)]), "PYTHONDONTWRITEBYTECODE": "1"}
+    report_path = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-c", DRIVER, str(report_path)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["status"] == 1, done.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    flagged = {f"{f['runner']}/{f['mode']}" for f in report["findings"]}
+    diverged = {config for config, (agreement, error) in result["untraced"].items() if error > 1e-3}
+    assert flagged == diverged == {"v1/PIECEWISE"}, (report["findings"], result["untraced"])
+    cl101 = [f for f in report["findings"] if f["code"] == "CL101"]
+    assert cl101, report["findings"]
+    frame = cl101[0]["capture_frame"]
+    assert frame["file"].endswith("vllm/" + target) and frame["function"] == "unified_kv_cache_update", frame
+    assert frame["line"] >= branch, (frame, branch)
