@@ -437,7 +437,7 @@ def suggest_with(settings: Settings, options: EngineOptions, *, max_candidates: 
     from capturelint.suggest import suggest as find
 
     with ProgressReporter(len(slots), unbounded=True) as progress:
-        return find(slots, max_candidates, progress.trying)
+        return find(slots, max_candidates, progress.trying, jobs=plan.jobs)
 
 
 __all__ = ["check", "check_options", "check_with", "engine_options", "show", "show_with", "suggest", "suggest_with"]

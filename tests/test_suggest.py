@@ -1,7 +1,7 @@
 """`capturelint suggest`: regions found by experiment, verified by the full check.
 
 Small engines only: the two-branch target (`tests/suggest_engines.py`), the stale-input
-toy, and the bundled engine with 2 layers, 8 steps, PIECEWISE.
+toy, and the bundled engine with 1 layer, 6 steps, PIECEWISE.
 """
 
 import json
@@ -103,7 +103,8 @@ def test_eager_breaks_wrap_the_class_attribute_and_restore_it(monkeypatch):
 
 
 def test_bundled_v1_narrow_gets_a_verified_region_no_wider_than_wide(capsys):
-    opts = ["--runner", "v1", "--layers", "2", "--steps", "8", "--mode", "PIECEWISE"]
+    # one layer (the sliding-window one, whose KV insert V1's narrow region bakes), 6 steps
+    opts = ["--runner", "v1", "--layers", "1", "--steps", "6", "--mode", "PIECEWISE"]
     code, out, err = run(capsys, "suggest", *opts, "--eager-region", "narrow", "--format", "json")
     assert code == 0, err
     doc = json.loads(out)
@@ -113,6 +114,11 @@ def test_bundled_v1_narrow_gets_a_verified_region_no_wider_than_wide(capsys):
     # safe under v2 as well, which is clean with the current region: no per-runner split needed
     assert top["runners"]["v2"] == {"modes": {"PIECEWISE": "clean"}, "needs_fix": False, "safe": True}
     assert top["per_runner"]["needed"] is False and top["per_runner"]["use"] == {"v1": "suggested", "v2": "current"}
+    # the cross-checks of the verified regions under v2 in two worker processes: the same bytes
+    assert len(doc["suggestions"]) > 1 and all(s["cross_check"] for s in doc["suggestions"])
+    code, parallel, err = run(capsys, "suggest", *opts, "--eager-region", "narrow", "--format", "json", "--jobs", "2")
+    assert code == 0, err
+    assert parallel == out
     # the narrow region with the top suggestion applied checks clean, every replay step checked
     from capturelint.adapters.common import runtime_break
     from capturelint.suggest import FunctionRef, eager_breaks
@@ -125,7 +131,7 @@ def test_bundled_v1_narrow_gets_a_verified_region_no_wider_than_wide(capsys):
         code, out, _ = run(capsys, "check", *opts, "--eager-region", "narrow", "--format", "json")
     assert code == 0
     checked = json.loads(out)
-    assert checked["numerical"][0]["replay_steps"] == 8 and checked["summary"]["findings"] == 0
+    assert checked["numerical"][0]["replay_steps"] == 5 and checked["summary"]["findings"] == 0
     # no more eager ops per step than the wide region
     code, out, _ = run(capsys, "check", *opts, "--eager-region", "wide", "--format", "json")
     graphs = json.loads(out)["configurations"][0]["graphs"]
