@@ -31,7 +31,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECK = ["check", "--runner", "v1", "--mode", "PIECEWISE", "--layers", "1", "--steps", "6"]
+CHECK = ["check", "--runner", "v1", "--mode", "PIECEWISE", "--layers", "1", "--steps", "400"]  # outlasts the sweep
 
 
 def entry_points() -> list[list[str]]:
