@@ -137,8 +137,8 @@ def test_unknown_key(tmp_path):
     assert "\n" not in message
     assert message.startswith(f"{path.resolve()}: [tool.capturelint] unknown key 'runnr'; did you mean 'runner'? ")
     assert ("known keys: accept-findings, baseline, batch-sizes, break-outputs, capture-sizes, eager-region, engine, "
-            "format, fresh-metadata, ignore, invariants, jobs, kernels, layers, max-eager-growth, mode, platform, "
-            "pythonpath, require-oracle, runner, seed, select, spec, steps, targets, vllm-runner-impl") in message
+            "format, fresh-metadata, ignore, invariants, jobs, kernels, layers, max-eager-growth, mode, model, "
+            "platform, pythonpath, require-oracle, runner, seed, select, spec, steps, targets, vllm-runner-impl") in message
 
 
 @pytest.mark.parametrize(
