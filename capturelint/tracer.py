@@ -497,6 +497,23 @@ class Tracer(rt.CaptureObserver):
         self._unreplayed.update(owned)
         self._replay_frames[graph.id] = []
 
+    def _segmented_captured(self, graph: rt.GraphInfo, stream: Stream) -> None:
+        """A breakable graph's capture ended: the outputs its captured segments computed
+        hold no value until its first replay (CL110 applies as to a bare graph's memory;
+        after that replay the runtime hands the same static outputs to every step)."""
+        owned = []
+        for sid in stream.output_storages:
+            origin = stream.origins.get(sid)
+            if origin is not None and not origin.external and origin.producer is not None:
+                segment = stream.ops[origin.producer].segment
+                if any(seg.index == segment and seg.kind is SegmentKind.CAPTURED for seg in stream.segments):
+                    owned.append(sid)
+        if owned:
+            self._graph_storages[graph.id] = tuple(owned)
+            self._graph_memory.update((sid, graph.id) for sid in owned)
+            self._unreplayed.update(owned)
+            self._replay_frames.setdefault(graph.id, [])
+
     def _reads_overwritten(self, info: OpInfo, args: tuple, kwargs: dict) -> None:
         """Between steps: an op that reads overwritten graph-pool memory observed the
         hazard (once per overwrite); one that writes it refreshed it. Views are not
@@ -651,6 +668,10 @@ class Tracer(rt.CaptureObserver):
             if not graph.segmented:
                 self._open_segment(self.stream, 0, SegmentKind.CAPTURED, None)
             self._mode_on_()
+        elif phase is rt.Phase.REPLAY and graph.segmented:
+            for sid in self._graph_storages.pop(graph.id, ()):  # its first replay wrote its outputs
+                self._graph_memory.pop(sid, None)
+                self._unreplayed.discard(sid)
         elif phase is rt.Phase.REPLAY and not graph.segmented:
             if graph.id not in self.captures:
                 self.unseen[graph.id] = graph.label
@@ -673,6 +694,8 @@ class Tracer(rt.CaptureObserver):
             self.captures[graph.id] = self.stream
             if not graph.segmented:
                 self._bare_captured(graph, self.stream)
+            else:
+                self._segmented_captured(graph, self.stream)
             self.stream = None
             self._entry, self._entry_frames = frozenset(), []
         elif phase is rt.Phase.REPLAY:

@@ -27,7 +27,9 @@ class CaptureOutputConsumed(Rule):
     memory its capture allocated (its outputs and intermediates) as unwritten, and
     clears the mark when a replay of the graph, or an eager op, writes it. An eager op
     outside every capture that reads the values of marked memory is reported, with the
-    captured op that produced it and the line that read it.
+    captured op that produced it and the line that read it. On a breakable graph
+    (capturelint's runtime, vLLM's) the same holds for the outputs its captured segments
+    computed, until its first replay: the call that captures returns them.
 
     ## Why is this bad?
     On a GPU a capture records kernels into the graph without running them: the
