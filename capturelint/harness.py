@@ -59,6 +59,7 @@ class TraceResult:
     rules_checked: tuple[str, ...] = ()  # structural rules that had something to check (Analyzer.rules_checked)
     rules_unchecked: tuple[str, ...] = ()  # selected structural rules that had nothing to check
     failure: str = "a host synchronisation"  # what the capture failed on, when it did
+    unchecked_graphs: tuple[str, ...] = ()  # runtimes that captured CUDA graphs on their own, and where
 
 
 @contextlib.contextmanager
@@ -156,7 +157,8 @@ def trace_run(
     return TraceResult(label, findings, list(tracer.captures.values()), steps, analyzer.max_step_error, output,
                        failed, verdict, dict(analyzer.invariant_selected), analyzer.steps,
                        tracer.bare_replays, checked, unchecked,
-                       "a stream or event crossing a capture boundary" if refused else "a host synchronisation")
+                       "a stream or event crossing a capture boundary" if refused else "a host synchronisation",
+                       tuple(tracer.unchecked_graphs))
 
 
 __all__ = ["TraceResult", "TwinResult", "trace_run"]

@@ -256,6 +256,7 @@ class Tracer(rt.CaptureObserver):
         self.stream: Stream | None = None
         self.step = 0
         self.replays = 0
+        self.unchecked_graphs: list[str] = []  # runtimes that captured on their own, and where (not checked)
         self.bare_replays = 0  # replays without a shadow of graphs with no Python to re-run (bare CUDA graphs)
         self._segment: Segment | None = None
         self._cow: dict[StorageId, tuple[Any, Any]] | None = None
@@ -753,6 +754,11 @@ class Tracer(rt.CaptureObserver):
 
     def on_training_hazard(self, event: rt.TrainingHazardEvent) -> None:
         self._hazard(event)
+
+    def on_unchecked_graphs(self, what: str, frame: Frame) -> None:
+        note = f"{what} at {frame.file}:{frame.line}"
+        if note not in self.unchecked_graphs:
+            self.unchecked_graphs.append(note)
 
     def on_segment_begin(self, info: rt.SegmentInfo) -> None:
         if self.stream is not None and info.phase is rt.Phase.CAPTURE:
