@@ -283,6 +283,7 @@ class Tracer(rt.CaptureObserver):
         self._graph_storages: dict[int, tuple[StorageId, ...]] = {}
         self._replay_frames: dict[int, list[Frame]] = {}
         self._unreplayed: set[StorageId] = set()
+        self._segmented: set[int] = set()  # breakable graphs whose capture outputs are watched until their first replay
         self._taken: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
     # ---------------------------------------------------------------- lifecycle
@@ -447,7 +448,7 @@ class Tracer(rt.CaptureObserver):
         replays = self._replay_frames[graph]
         if sid in self._unreplayed:
             self._report(GraphMemoryRead(ReadKind.UNREPLAYED, graph, info.name, user_frame(2), _use_of(t, arg),
-                                         len(replays)))
+                                         len(replays), provisional=graph in self._segmented))
             return
         taken = self._taken.get(t)
         if taken is None:
@@ -510,6 +511,7 @@ class Tracer(rt.CaptureObserver):
                 if any(seg.index == segment and seg.kind is SegmentKind.CAPTURED for seg in stream.segments):
                     owned.append(sid)
         if owned:
+            self._segmented.add(graph.id)
             self._graph_storages[graph.id] = tuple(owned)
             self._graph_memory.update((sid, graph.id) for sid in owned)
             self._unreplayed.update(owned)
