@@ -1,6 +1,7 @@
-"""``python -m capturelint``: the ``capturelint`` program."""
+"""``python -m capturelint``: the ``capturelint`` program (``capturelint.launch``: the
+signal handlers first, then the CLI)."""
 
-from capturelint.cli import entry
+from capturelint.launch import entry
 
 if __name__ == "__main__":
     entry()

@@ -41,6 +41,7 @@ import click
 from capturelint import interrupts
 from capturelint.errors import EXIT_CLEAN, EXIT_ERROR, EXIT_FINDINGS, EXIT_INTERRUPTED, CapturelintError  # noqa: F401
 from capturelint.hosting import called, exit_call, hosted, real_exit
+from capturelint.records import lint_recorded
 
 THREADS_ENV = "CAPTURELINT_THREADS"
 DEBUG_ENV = "CAPTURELINT_DEBUG"
@@ -228,6 +229,8 @@ def _run(argv: list[str] | None, state: dict[str, Any]) -> int:
         state["debug"] = debug_from_env()
         threads_from_env()
         with cli.make_context("capturelint", args, obj=state) as ctx:
+            if state["debug"]:  # a tracer bug shows where it happens: every recorded stream linted
+                lint_recorded()
             rv = cli.invoke(ctx)
         return rv if isinstance(rv, int) else EXIT_CLEAN
     except click.exceptions.Exit as e:

@@ -23,7 +23,7 @@ from capturelint.analyzer import Analyzer, RunLabel, RunOutcome
 from capturelint.errors import CapturelintError
 from capturelint.hosting import called, exit_call, hosted
 from capturelint.findings import Finding
-from capturelint.records import ContextProbe, ScopeGroup, Stream
+from capturelint.records import ContextProbe, MalformedStream, ScopeGroup, Stream, linting
 from capturelint.rules import RULES
 from capturelint.runtime import frames
 from capturelint.runtime.protocol import HostSyncEvent, HostSyncInCaptureError, StreamCaptureError
@@ -79,6 +79,16 @@ def quiet_gc() -> Iterator[None]:
         gc.unfreeze()
 
 
+def _linted(on_step: Callable[[Stream, Stream, float], None]) -> Callable[[Stream, Stream, float], None]:
+    """``on_step`` after linting the step's shadow (``Stream.lint``), before the tracer
+    lets go of it."""
+    def step(capture: Stream, shadow: Stream, error: float) -> None:
+        shadow.lint()
+        on_step(capture, shadow, error)
+
+    return step
+
+
 def trace_run(
     run: Callable[[], Any],
     roots: dict[str, Any],
@@ -103,7 +113,8 @@ def trace_run(
     """
     codes = select if select is not None else frozenset(r.code for r in RULES)
     analyzer = Analyzer(label, [r for r in (rules or RULES) if r.code in codes], invariants)
-    tracer = Tracer(roots, on_step=analyzer.on_step, shadow=shadow, probe=probe, scope_group=scope_group,
+    lint = linting()  # every stream checked as it is recorded (tests, --debug): Stream.lint
+    tracer = Tracer(roots, on_step=_linted(analyzer.on_step) if lint else analyzer.on_step, shadow=shadow, probe=probe, scope_group=scope_group,
                     on_stale=analyzer.on_stale, on_bare=analyzer.on_bare, on_hazard=analyzer.on_hazard)
     output = None
     host_sync: HostSyncEvent | None = None
@@ -126,6 +137,8 @@ def trace_run(
             f"the engine called {called(e)} under runner {label.runner}, mode {label.mode}, so the check could "
             f"not finish and has no verdict; remove the {exit_call(e)} call"
         ) from None
+    except MalformedStream:  # the tracer's bug, not the engine's
+        raise
     except Exception as e:  # an engine bug: say which configuration and what, no traceback
         limit = frames.limit_of(e)
         if limit is not None:  # not the engine's: say which limit of capturelint it met
@@ -144,6 +157,8 @@ def trace_run(
             "tracing began, so their replays cannot be checked; capture inside the traced run (a Target's run())"
         )
     for capture in tracer.captures.values():
+        if lint:
+            capture.lint()
         analyzer.check_capture(capture)
     steps = analyzer.steps or tracer.replays
     failed = host_sync is not None or refused

@@ -8,9 +8,14 @@ file is removed), and the CLI ends with one line, ``capturelint: interrupted`` o
 ``capturelint: terminated``, and exit status 128 + the signal's number: 130, 143, 129
 (``exit_status``). The handlers in place before are restored after.
 
-**Until the process ends** (``exit_on_signal``, for the ``capturelint`` program, not
-for ``main`` called in-process): once the command is done, a signal prints the same
-line and ends the process at once with the same status. ``capturelint.cli.entry`` ends
+**From the program's first line until it ends** (``exit_on_signal``, installed by
+``capturelint.launch`` before anything heavy is imported; for the ``capturelint``
+program, not for ``main`` called in-process): outside a command (while the CLI is
+imported, once the command is done) and, inside one, while a module is being imported
+(torch, vLLM, an engine, a ``--target`` file), a signal prints the same line and ends
+the process at once with the same status: an exception raised in the middle of an
+import would unwind through native initialisation code (torch's aborts the process with
+SIGABRT) or be swallowed by it. ``capturelint.cli.entry`` ends
 the process with ``os._exit`` after the atexit functions and a flush, because
 Python's own teardown (about half a second once torch is loaded) first restores each
 signal's default action: a Ctrl-C then killed the process without a word.
@@ -29,6 +34,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 from typing import Any, Iterator
 
 _exit = os._exit  # the process's own end, whatever code a command runs makes of os._exit (capturelint.hosting)
@@ -68,12 +74,21 @@ def _handler(signum: int, frame: Any) -> None:
         os.kill(os.getpid(), signum)
         return
     e = KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
-    if _State.raising or not _State.exiting:
+    if not _State.exiting or (_State.raising and not _importing(frame)):
         raise e
     with contextlib.suppress(Exception):
         sys.stderr.write(f"capturelint: {message(e)}\n")
         sys.stderr.flush()
     _exit(exit_status(e))
+
+
+def _importing(frame: Any) -> bool:
+    """Whether the main thread is importing a module (``frame``: where the signal found
+    it): an exception raised there unwinds through the module's half-run code (torch's
+    native initialisation turns it into a C++ exception that aborts the process, or an
+    import swallows it), so the process ends at once instead; nothing is being written."""
+    # the standard library's walker: runtime.frames, capturelint's, is above this room
+    return any(f.f_code.co_filename.startswith("<frozen importlib") for f, _ in traceback.walk_stack(frame))
 
 
 def _install(signums: tuple[int, ...]) -> dict[int, Any]:

@@ -38,6 +38,7 @@ import enum
 import sys
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
+from capturelint.lists import and_more, shown
 from capturelint.runtime.protocol import BreakOutputs, Frame, SegmentKind
 
 if TYPE_CHECKING:
@@ -341,6 +342,157 @@ class Stream:
 
     def release(self) -> None:
         self._alive.clear()
+
+    # ------------------------------------------------------- printed form and lint
+
+    def __str__(self) -> str:
+        """The stream as ``torch.fx.Graph`` prints its IR: a header (kind, graph, mode,
+        step, forward context), the external storages it read (``inputs``, with their
+        names), then each segment and its ops, one per line, and the run's outputs::
+
+            capture decode/4 (PIECEWISE), step 0, context: attn_metadata was None
+              inputs: %s0 model.layers.0.attn.wq, %s1
+              #0 captured in model.layers.0 (ops 0..1):
+                %0 = aten.mm.default(self=%s1, mat2=%s0) -> %s2 float32[2, 4]  # model.layers.0.attn at engine.py:12
+              #1 eager model.attn.kernel in model.layers.0 (ops 1..1): break(q=%s2, n=3) at engine.py:30
+              outputs: %s2
+
+        Storages are numbered ``%sN`` in the order the stream first uses them (their
+        identities are addresses, which differ from run to run); ``%N`` is op ``N``."""
+        number: dict[StorageId, str] = {}
+
+        def s(sid: StorageId) -> str:
+            return number.setdefault(sid, f"%s{len(number)}")
+
+        def use(u: TensorUse) -> str:
+            return f"{u.arg}={s(u.storage)}"
+
+        body: list[str] = []
+        ops_of = {seg.index: range(max(seg.first_op, 0), max(seg.end_op, seg.first_op, 0)) for seg in self.segments}
+        for seg in self.segments:
+            head = f"  {seg.label} in {seg.scope or '<top>'} (ops {seg.first_op}..{seg.end_op})"
+            if seg.kind is SegmentKind.EAGER:
+                args = ", ".join(f"{a.path}={s(a.tensor.storage) if a.tensor is not None else a.scalar}"
+                                 for a in seg.break_args)
+                head += f": break({args})" + (f" at {seg.break_frame.location}" if seg.break_frame else "")
+                if seg.returned:
+                    known = sorted(seg.returned, key=lambda r: (r not in number, number.get(r, ""), r))
+                    head += " -> " + ", ".join(s(r) for r in known)
+            body.append(head + ":" if ops_of[seg.index] else head)
+            for i in ops_of[seg.index]:
+                if 0 <= i < len(self.ops):
+                    body.append("    " + self._op_line(self.ops[i], s, use))
+        listed = {i for r in ops_of.values() for i in r}
+        body += ["  (outside every segment) " + self._op_line(op, s, use) for op in self.ops if op.index not in listed]
+        inputs = [sid for sid in number if self.origins.get(sid, EXTERNAL).external]
+        for sid in self.origins:  # external storages no op used (read by the context, say)
+            if self.origins[sid].external and sid not in number and sid in self.names:
+                s(sid)
+                inputs.append(sid)
+        header = (f"{self.kind} {self.graph} ({self.runtime_mode}), step {self.step}, "
+                  f"context: {self.context.describe()}")
+        lines = [header]
+        if inputs:
+            lines.append("  inputs: " + ", ".join(s(sid) + (f" {self.name_of(sid)}" if self.name_of(sid) else "")
+                                                 for sid in inputs))
+        lines += body
+        if self.output_storages:
+            lines.append("  outputs: " + ", ".join(s(sid) for sid in self.output_storages))
+        return "\n".join(lines)
+
+    @staticmethod
+    def _op_line(op: OpRecord, s: Callable[[StorageId], str], use: Callable[[TensorUse], str]) -> str:
+        args = [use(u) for u in op.inputs] + [f"{name}={scalar_repr(v)}" for name, v in op.scalars]
+        outs = ", ".join(f"{s(u.storage)} {u.dtype}{list(u.shape)}" for u in op.outputs)
+        return (f"%{op.index} = {op.op}({', '.join(args)})" + (f" -> {outs}" if outs else "")
+                + f"  # {op.scope or '<top>'} at {op.frame.location}")
+
+    def problems(self) -> list[str]:
+        """What breaks the stream's invariants (``lint``), one sentence each; empty when
+        it is well formed:
+
+        - the segments tile the ops: segment ``i`` has index ``i``, the first begins at
+          op 0, each begins where the one before ended, the last ends at the last op,
+          and each op's ``segment`` is the one it lies in (a stream without segments
+          has no ops);
+        - op ``i`` has index ``i``;
+        - every tensor use has an origin, and an op's producer comes no later than the
+          op (before it for an input);
+        - break arguments are in range: only an eager segment has them, and a tensor
+          argument has an origin made before the break began."""
+        out: list[str] = []
+        for i, op in enumerate(self.ops):
+            if op.index != i:
+                out.append(f"op {i} has index {op.index}")
+        end = 0
+        for i, seg in enumerate(self.segments):
+            if seg.index != i:
+                out.append(f"segment {i} has index {seg.index}")
+            if seg.first_op != end:
+                out.append(f"segment #{seg.index} begins at op {seg.first_op}, not at op {end} where the one "
+                           "before it ended")
+            if seg.end_op < seg.first_op:
+                out.append(f"segment #{seg.index} ends at op {seg.end_op}, before it begins (op {seg.first_op}): "
+                           "it was never closed")
+            for op in self.ops[max(seg.first_op, 0):max(seg.end_op, 0)]:
+                if op.segment != seg.index:
+                    out.append(f"op {op.index} lies in segment #{seg.index} but names segment #{op.segment}")
+            end = max(seg.end_op, seg.first_op)
+        if end != len(self.ops):
+            out.append(f"the segments end at op {end} but the stream has {len(self.ops)} ops")
+        for op in self.ops:
+            for u in op.inputs + op.outputs:
+                origin = self.origins.get(u.storage)
+                if origin is None:
+                    out.append(f"op {op.index} ({op.op}) {u.arg} uses a storage with no origin")
+                elif origin.producer is not None and not (
+                        0 <= origin.producer < op.index or (u in op.outputs and origin.producer == op.index)):
+                    out.append(f"op {op.index} ({op.op}) {u.arg} uses a storage made by op {origin.producer}, "
+                               "which does not come before it")
+        for seg in self.segments:
+            if seg.break_args and seg.kind is not SegmentKind.EAGER:
+                out.append(f"segment #{seg.index} is {seg.kind} but has break arguments")
+            for a in seg.break_args:
+                if (a.tensor is None) == (a.scalar is None):
+                    out.append(f"break argument {a.path} of segment #{seg.index} is neither a tensor nor a scalar")
+                if a.tensor is None:
+                    continue
+                origin = self.origins.get(a.tensor.storage)
+                if origin is None:
+                    out.append(f"break argument {a.path} of segment #{seg.index} has no origin")
+                elif origin.producer is not None and not 0 <= origin.producer < seg.first_op:
+                    out.append(f"break argument {a.path} of segment #{seg.index} was made by op {origin.producer}, "
+                               f"not before the break began (op {seg.first_op})")
+        return out
+
+    def lint(self) -> None:
+        """Check the stream's invariants (``problems``), as ``torch.fx.Graph.lint``
+        checks a graph: a ``MalformedStream`` naming what is broken, else nothing. The
+        tests run it on every stream recorded, and so does ``--debug``
+        (``lint_recorded``)."""
+        problems = self.problems()
+        if problems:
+            listed, more = shown(problems)
+            raise MalformedStream(f"the {self.kind} stream of graph {self.graph} (step {self.step}) is malformed: "
+                                  + "; ".join(listed) + (f" {and_more(more)}" if more else "") + "; print(stream) shows it")
+
+
+class MalformedStream(Exception):
+    """A recorded stream breaks an invariant of the capture record (``Stream.lint``): a
+    bug of the tracer, never of the engine checked."""
+
+
+_LINT = {"on": False}
+
+
+def lint_recorded(on: bool = True) -> None:
+    """Lint every stream when its run is recorded (``Stream.lint``; the harness asks
+    ``linting``): on for the test suite and under ``--debug``."""
+    _LINT["on"] = on
+
+
+def linting() -> bool:
+    return _LINT["on"]
 
 
 def scalar_repr(value: Any) -> str:

@@ -24,6 +24,15 @@ torch.set_num_threads(1)
 import pytest
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _lint_every_recorded_stream():
+    from capturelint.records import lint_recorded
+
+    lint_recorded(True)
+    yield
+    lint_recorded(False)
+
+
 @pytest.fixture(autouse=True)
 def _one_job_by_default(monkeypatch):
     import capturelint.adapters.registry as registry

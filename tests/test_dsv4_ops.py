@@ -323,3 +323,52 @@ def test_mutated_arguments_are_declared() -> None:
         "sparse_attn_indexer": ["topk_out"],
         "sparse_attention": ["out"],
     }
+
+
+# ------------------------------------------------------- the torch._dynamo import spared
+
+
+def test_running_the_engine_does_not_import_torch_dynamo() -> None:
+    """custom_op's dynamo guard would import torch._dynamo (seconds) at the first op call;
+    a fresh process that runs the engine, its custom ops included, never loads it, and
+    the ops still compute (the run equals its eager twin)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\n"
+        "from capturelint.engine.config import EngineConfig\n"
+        "from capturelint.engine.llm import Engine, compare\n"
+        "cfg = EngineConfig(runner='v1', cudagraph_mode='FULL', num_layers=2, steps=6)\n"
+        "engine = Engine(cfg); engine.capture_model(); out = engine.generate()\n"
+        "agreement, error = compare(out, Engine(cfg.eager_twin()).generate())\n"
+        "print('torch._dynamo' in sys.modules, agreement, error < 1e-4)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "1.0", "True"], done.stdout
+
+
+def test_the_dynamo_guard_is_kept_once_torch_dynamo_is_loaded(monkeypatch) -> None:
+    """A program that has loaded torch._dynamo (it compiles something) keeps torch's guard
+    on a newly registered op; before that, the op's body is its own disabled form."""
+    import sys
+    import types
+
+    def register(name: str):
+        def body(x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        op = torch.library.custom_op(f"capturelint_test::{name}", mutates_args=())(body)
+        return op, [getattr(w, "__wrapped__", None) for w in op._backend_fns.values()]
+
+    monkeypatch.setitem(sys.modules, "torch._dynamo", types.ModuleType("torch._dynamo"))
+    kept, bodies = register("kept")
+    ops.without_dynamo_import(kept)
+    assert bodies and all(getattr(b, "__dynamo_disable", None) is None for b in bodies)
+
+    monkeypatch.delitem(sys.modules, "torch._dynamo")
+    spared, bodies = register("spared")
+    ops.without_dynamo_import(spared)
+    assert bodies and all(getattr(b, "__dynamo_disable", None) is b for b in bodies)
+    torch.testing.assert_close(spared(torch.ones(2)), torch.full((2,), 2.0))

@@ -55,13 +55,24 @@ EQUAL_CASES = [
 ]
 
 
+# The equal cases run on a small engine by default (2 layers, a sliding-window and an
+# indexer layer; 8 steps: one uniform decode batch, which FULL_DECODE_ONLY replays); at
+# the default size (4 layers, 24 steps) they are the opt-in slow job (-m slow).
+SIZES = [
+    pytest.param((("--layers", "2", "--steps", "8"), 1), id="small"),
+    pytest.param(((), 16), id="default-size", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("size", SIZES)
 @pytest.mark.parametrize("runner,mode,region", EQUAL_CASES)
-def test_replay_equals_eager(capsys, runner, mode, region):
-    report = run_engine(capsys, "--runner", runner, "--mode", mode, "--eager-region", region)
+def test_replay_equals_eager(capsys, runner, mode, region, size):
+    flags, decode_steps = size
+    report = run_engine(capsys, "--runner", runner, "--mode", mode, "--eager-region", region, *flags)
     assert_equal(report)
     assert report["config"]["runner"] == runner
     assert report["replayed_steps"] > 0
-    assert report["decode_steps"] >= 16
+    assert report["decode_steps"] >= decode_steps
 
 
 def test_v1_piecewise_narrow_is_wrong(capsys):

@@ -9,19 +9,26 @@ from capturelint.cli import main
 from capturelint.errors import CapturelintError
 from capturelint.pipeline import parallel_map
 
-# every runner and mode, with findings (the narrow region fails under V1)
+# both runners, with findings (the narrow region fails under V1 PIECEWISE), two modes each:
+# two configurations share each runner's eager twin, which --no-reuse runs again per
+# configuration. Every mode (8 configurations) is the opt-in slow job.
 MATRIX = ["check", "--runner", "all", "--eager-region", "narrow", "--layers", "1", "--steps", "6", "--format", "json"]
+TWO_MODES = ["--mode", "PIECEWISE,FULL"]
 
 
-def test_report_is_byte_identical_for_any_jobs_and_without_reuse(tmp_path, capsys):
+@pytest.mark.parametrize("modes, configurations", [
+    pytest.param(TWO_MODES, 4, id="two-modes"),
+    pytest.param([], 8, id="every-mode", marks=pytest.mark.slow),
+])
+def test_report_is_byte_identical_for_any_jobs_and_without_reuse(tmp_path, capsys, modes, configurations):
     outputs = {}
     for name, extra in {"serial": ["--jobs", "1"], "parallel": ["--jobs", "2"],
                         "no-reuse": ["--jobs", "2", "--no-reuse"]}.items():
         path = tmp_path / f"{name}.json"
-        assert main([*MATRIX, *extra, "-o", str(path)]) == 1  # CL101 under v1
+        assert main([*MATRIX, *modes, *extra, "-o", str(path)]) == 1  # CL101 under v1
         outputs[name] = path.read_bytes()
     capsys.readouterr()
-    assert b'"CL101"' in outputs["serial"] and b'"configurations": 8' in outputs["serial"]
+    assert b'"CL101"' in outputs["serial"] and f'"configurations": {configurations}'.encode() in outputs["serial"]
     assert outputs["parallel"] == outputs["serial"]
     assert outputs["no-reuse"] == outputs["serial"]
 

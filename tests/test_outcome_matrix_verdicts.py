@@ -1,6 +1,11 @@
 """For every configuration of the engine's outcome matrix, the structural verdict (any
 finding) and the numerical verdict (replay diverges from eager) agree, and both agree
-with the matrix in docs/engine.md."""
+with the matrix in docs/engine.md.
+
+The default suite runs the matrix on a small engine (2 layers: a sliding-window and an
+indexer layer; 8 steps, enough for a uniform decode batch that FULL_DECODE_ONLY
+replays), about a tenth of the work; the engine's default size (4 layers, 24 steps) is
+the opt-in ``slow`` job (``python -m pytest -m slow``, see README.md, "Tests")."""
 
 import pytest
 
@@ -23,9 +28,16 @@ MATRIX = [
 ]
 
 
+SMALL = {"layers": 2, "steps": 8}
+DEFAULT_SIZE: dict = {}  # the engine's defaults
+
+
+@pytest.mark.parametrize("size", [pytest.param(SMALL, id="small"),
+                                  pytest.param(DEFAULT_SIZE, id="default-size", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("runner, mode, region, fresh, expected", MATRIX)
-def test_structural_and_numerical_verdicts_agree(cached_configurations, runner, mode, region, fresh, expected):
-    plan = make_plan(Settings(), engine_options(runner=runner, modes=(mode,), eager_region=region, fresh_metadata=fresh))
+def test_structural_and_numerical_verdicts_agree(cached_configurations, runner, mode, region, fresh, expected, size):
+    plan = make_plan(Settings(), engine_options(runner=runner, modes=(mode,), eager_region=region, fresh_metadata=fresh,
+                                                **size))
     cfg = cached_configurations(plan, *plan.configurations[0])
     n = cfg.numerical
     numerically_wrong = n.token_agreement < 1.0 or n.max_step_error > 1e-4

@@ -220,6 +220,11 @@ def test_snapshot_baseline_budget_and_diff_gate_a_projects_targets(tmp_path, mon
     (moved,) = diff["region_changes"]["configurations"]
     assert any(m["direction"] == "to eager" and m["op"] == "aten.relu.default" for m in moved["moved"])
 
+    assert main(["check", "--format", "sarif"]) == 0  # SARIF says what it checked too
+    (run,) = json.loads(capsys.readouterr().out)["runs"]
+    assert run["properties"]["subject"] == {"targets": ["capture_targets.py:targets"]}
+    assert main(["show", "--no-check"]) == 0  # show draws the same targets
+    assert "capture_targets.py:targets" not in capsys.readouterr().err  # no error naming them
     assert main(["snapshot", "--update", "../regions.json"]) == 0  # accept the change
     assert main(["check", "--baseline", "../regions.json", "--max-eager-growth", "0"]) == 0
 
@@ -277,6 +282,15 @@ PLUGIN_TEST = """
 import pytest
 
 import capture_targets_copy
+from capturelint.target import emulate_cuda
+
+with emulate_cuda():  # the runner moves its model to "cuda" as it is built: no GPU here
+    OBJECTS = capture_targets_copy.targets()
+
+
+@pytest.mark.capturelint(targets=OBJECTS)
+def test_marker_target_objects(capturelint_check):
+    capturelint_check.check().assert_clean()
 
 
 @pytest.mark.capturelint(targets=capture_targets_copy.targets)
@@ -305,7 +319,8 @@ def test_the_plugin_marker_takes_target_objects_and_fails_with_the_problems_from
                                 cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
         out = result.stdout
         assert result.returncode == 1, out
-        assert "2 failed, 1 passed" in out, out
+        assert "3 failed, 1 passed" in out, out
+        assert "test_plugin_gate.py::test_marker_target_objects - " in out
         assert "src/myserve/runner.py:" in out and ": CL104 the graph reads freed memory" in out
         assert "fix: Allocate the input once and refresh it in place" in out
         assert "capturelint/report.py" not in out and "capturelint/pytest_plugin.py" not in out  # frames hidden

@@ -14,9 +14,11 @@ import ast
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -171,6 +173,117 @@ def test_2_a_target_that_changes_folder_writes_the_report_where_the_user_said(ca
     assert len(json.loads((tmp_path / "z.json").read_text())["configurations"]) == 2
     assert (tmp_path / "pkg" / "z.json").read_text() == "nobody named this\n"
     assert Path.cwd() == tmp_path
+
+
+
+# ------------------------------------------------------ 3: Ctrl-C during start-up
+
+
+def _entry_points() -> list[list[str]]:
+    """The program as it starts: the console script's function (``[project.scripts]``)
+    and ``python -m capturelint``."""
+    import tomllib
+
+    script = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["capturelint"]
+    module, function = script.split("#")[0].strip().split(":")
+    console = f"import sys; from {module} import {function}; sys.argv[0] = 'capturelint'; sys.exit({function}())"
+    return [[sys.executable, "-c", console], [sys.executable, "-m", "capturelint"]]
+
+
+def _handlers_installed(pid: int) -> bool:
+    """Whether process ``pid`` catches SIGTERM: Python does not, capturelint's first line
+    (``capturelint.launch``) makes it (``/proc/PID/status``, ``SigCgt``)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True  # it ended: nothing to wait for
+    caught = int(re.search(r"^SigCgt:\s*([0-9a-f]+)$", status, re.M).group(1), 16)
+    return bool(caught >> (signal.SIGTERM - 1) & 1)
+
+
+def _interrupted_at(command: list[str], delay: float, cwd: Path) -> tuple[int | None, str]:
+    """``command`` sent SIGINT ``delay`` s after its first line ran (its SIGINT at its
+    default, as in a terminal); its exit status (``None``: it finished first) and
+    standard error."""
+    process = subprocess.Popen(command, cwd=cwd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 60
+        while not _handlers_installed(process.pid):
+            assert time.monotonic() < deadline, "capturelint never installed its signal handlers"
+            time.sleep(0.002)
+        time.sleep(delay)
+        sent = process.poll() is None
+        if sent:
+            process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return (process.returncode if sent else None), err
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc/PID/status")
+def test_3_ctrl_c_at_any_moment_of_start_up_is_130_and_one_line(tmp_path):
+    """A sweep over the first seconds of a check, from capturelint's first line on: the
+    CLI's import, the settings, torch's import, the engine's. (Before that line the
+    interpreter is starting, and a signal is Python's.) A larger, random sweep:
+    bench/sweep_signals.py."""
+    # a check that outlasts the sweep on any machine: every signal is sent while it runs
+    long_check = ["check", "--runner", "v1", "--mode", "PIECEWISE", "--layers", "1", "--steps", "400"]
+    delays = (0, 0.01, 0.03, 0.06, 0.1, 0.15, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0, 1.3, 1.7, 2.2, 2.8, 3.5)
+    commands = _entry_points()
+    outcomes = [(delay, *_interrupted_at([*commands[i % 2], *long_check], delay, tmp_path))
+                for i, delay in enumerate(delays)]
+    broken = [(delay, code, err) for delay, code, err in outcomes if (code, err) != (130, "capturelint: interrupted\n")]
+    assert not broken, broken  # code None: the check finished before the signal, so the signal was swallowed
+
+
+# A module that swallows what interrupts its import, as native initialisation code can
+# (torch's turned a KeyboardInterrupt into SIGABRT, or swallowed it): the signal arrives
+# while it is imported.
+SWALLOWING_IMPORT = """\
+import os, pathlib, signal
+try:
+    os.kill(os.getpid(), signal.{name})
+    for _ in range(1000):
+        pass
+except BaseException:
+    pass
+pathlib.Path("imported").write_text("the import went on")
+
+
+def targets():
+    pathlib.Path("ran").write_text("the check went on")
+    raise RuntimeError("the signal was swallowed")
+"""
+
+
+@pytest.mark.parametrize("name, status, line", [("SIGINT", 130, "capturelint: interrupted\n"),
+                                                ("SIGTERM", 143, "capturelint: terminated\n")])
+def test_3_a_signal_while_a_module_is_imported_ends_the_program_there(tmp_path, name, status, line):
+    (tmp_path / "t.py").write_text(SWALLOWING_IMPORT.format(name=name))
+    process = subprocess.run([*_entry_points()[0], "check", "--target", "t.py:targets"], cwd=tmp_path, env=ENV,
+                             capture_output=True, text=True, timeout=300,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert (process.returncode, process.stderr, process.stdout) == (status, line, "")
+    assert not (tmp_path / "imported").exists() and not (tmp_path / "ran").exists()
+
+
+def test_3_the_program_starts_with_its_signal_handlers():
+    """Both ways in go through ``capturelint.launch``: the handlers before any heavy import."""
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["capturelint"].split("#")[0].strip() == "capturelint.launch:entry"
+    assert "from capturelint.launch import entry" in (ROOT / "capturelint" / "__main__.py").read_text()
+    probe = ("import sys, signal, capturelint.launch as launch, capturelint.interrupts as interrupts\n"
+             "launch.interrupts.exit_on_signal()\n"
+             "assert signal.getsignal(signal.SIGINT).__module__ == 'capturelint.interrupts'\n"
+             "heavy = {'torch', 'click', 'rich', 'capturelint.cli'} & set(sys.modules)\n"
+             "assert not heavy, heavy\n")
+    subprocess.run([sys.executable, "-c", probe], env=ENV, check=True, timeout=60)
 
 
 # ----------------------------------- 5: what can never work is refused before the run

@@ -72,7 +72,8 @@ def test_quiet_silences_progress(capsys, progress_on):
     for flag in ("--quiet", "-q"):
         code, out, err = run(capsys, "check", *TOY, flag)
         assert code == 0 and not any(LINE.match(line) for line in err.splitlines()), err
-        assert out.splitlines()[-1] == "no findings in 2 configurations: replay matches eager execution"
+        assert out.splitlines()[-1] == ("no findings in 2 configurations: replay matches eager execution "
+                                        "[targets tests/toy_engine.py:fixed_targets]")
 
 
 def test_a_bad_quiet_variable_is_one_line(capsys, monkeypatch):

@@ -1,7 +1,7 @@
 """`capturelint suggest`: regions found by experiment, verified by the full check.
 
 Small engines only: the two-branch target (`tests/suggest_engines.py`), the stale-input
-toy, and the bundled engine with 2 layers, 8 steps, PIECEWISE.
+toy, and the bundled engine with 1 layer, 6 steps, PIECEWISE.
 """
 
 import json
@@ -103,7 +103,8 @@ def test_eager_breaks_wrap_the_class_attribute_and_restore_it(monkeypatch):
 
 
 def test_bundled_v1_narrow_gets_a_verified_region_no_wider_than_wide(capsys):
-    opts = ["--runner", "v1", "--layers", "2", "--steps", "8", "--mode", "PIECEWISE"]
+    # one layer (the sliding-window one, whose KV insert V1's narrow region bakes), 6 steps
+    opts = ["--runner", "v1", "--layers", "1", "--steps", "6", "--mode", "PIECEWISE"]
     code, out, err = run(capsys, "suggest", *opts, "--eager-region", "narrow", "--format", "json")
     assert code == 0, err
     doc = json.loads(out)
@@ -125,7 +126,7 @@ def test_bundled_v1_narrow_gets_a_verified_region_no_wider_than_wide(capsys):
         code, out, _ = run(capsys, "check", *opts, "--eager-region", "narrow", "--format", "json")
     assert code == 0
     checked = json.loads(out)
-    assert checked["numerical"][0]["replay_steps"] == 8 and checked["summary"]["findings"] == 0
+    assert checked["numerical"][0]["replay_steps"] == 5 and checked["summary"]["findings"] == 0
     # no more eager ops per step than the wide region
     code, out, _ = run(capsys, "check", *opts, "--eager-region", "wide", "--format", "json")
     graphs = json.loads(out)["configurations"][0]["graphs"]

@@ -210,7 +210,7 @@ def test_accept_findings_records_todays_findings_passes_on_them_and_fails_on_a_n
     assert doc["summary"]["accepted"] == 1
     code, out, _ = check(capsys, new, "--accept-findings", str(accepted))
     (summary,) = [line for line in out.splitlines() if line.startswith("1 finding (CL104 x1) in 1 configuration")]
-    assert summary.endswith("; 1 finding accepted")
+    assert "; 1 finding accepted [targets " in summary and summary.endswith("prog.py:targets]")  # then what was checked
 
 
 def test_accepted_findings_that_no_longer_occur_are_shown_and_update_drops_them(tmp_path, capsys):

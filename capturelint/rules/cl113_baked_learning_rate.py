@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from capturelint.findings import Condition, EditLine, Finding, LineRole
+from capturelint.findings import Condition, EditLine, Finding, LineRole, Site
 from capturelint.rules.base import Rule, where
 from capturelint.runtime.protocol import TrainingHazard, TrainingHazardEvent
 
@@ -16,9 +16,9 @@ def hazard_finding(rule: Rule, view: HazardView, e: TrainingHazardEvent, op: str
                    message: str, edit: LineRole | None = None) -> Finding:
     """A finding about a captured training step: at ``first`` (what the capture kept)
     and ``second`` (where it went wrong); ``edit``: ``second`` is the line to change."""
-    return Finding(rule.code, rule.name, rule.condition, view.label.runner, view.label.mode, e.graph.label,
-                   e.graph.mode, f"{e.graph.label} #0 captured", 0, op, "<top>", tensor, e.first,
-                   e.second, message, edit=EditLine(e.second, edit) if edit is not None else None)
+    site = Site.captured(view.label.runner, view.label.mode, e.graph.label, e.graph.mode, 0)
+    return Finding.of(rule, site, op=op, scope=None, tensor=tensor, capture_frame=e.first, shadow_frame=e.second,
+                      message=message, edit=EditLine(e.second, edit) if edit is not None else None)
 
 
 class BakedLearningRate(Rule):

@@ -322,7 +322,28 @@ def _register(name: str, reference, mutates: tuple[str, ...]):
     def _fake(*args, **kwargs) -> None:
         return None
 
+    without_dynamo_import(op)
     return op
+
+
+def without_dynamo_import(op) -> None:
+    """Spare every process that runs the engine the import of ``torch._dynamo``.
+
+    ``custom_op`` wraps an op's body in ``torch._disable_dynamo``, which imports
+    ``torch._dynamo`` at the op's first call (2-3 s of a 5 s untraced run on this
+    project's machines: BENCHMARKS.md) to keep a ``torch.compile`` from tracing into the
+    body. Nothing compiles this engine, so where ``torch._dynamo`` is not loaded yet the
+    wrapper is told, in its own cache attribute, that the body is its own disabled form;
+    once a program has loaded ``torch._dynamo`` (it compiles something) torch's wrapper
+    is left as it is. Torch versions without that attribute keep their wrapper too."""
+    import sys
+
+    if "torch._dynamo" in sys.modules:
+        return
+    for wrapper in getattr(op, "_backend_fns", {}).values():
+        body = getattr(wrapper, "__wrapped__", None)
+        if body is not None and getattr(body, "__dynamo_disable", None) is None:
+            setattr(body, "__dynamo_disable", body)
 
 
 fused_qnorm_rope_kv_insert = _register(

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from capturelint.engine.dsv4.ops import ROPE_THETA
+from capturelint.engine.dsv4.ops import ROPE_THETA, without_dynamo_import
 
 _HEADS_PER_PROGRAM = 4
 """Query heads per attention program: ``Hp`` is a multiple of this, and the heads of a
@@ -324,6 +324,7 @@ def _register(name: str, impl: Callable, mutates: tuple[str, ...]):
     def _fake(*args, **kwargs) -> None:
         return None
 
+    without_dynamo_import(op)
     return op
 
 
