@@ -65,6 +65,7 @@ class Configuration:
     invariants: tuple[Any, ...] = ()
     capture_only: Callable[[], Any] | None = None
     subject: str | None = None
+    exercised: Callable[[Any], tuple[str, ...]] | None = None  # run()'s output -> its steps in words (Checked.exercised)
 
 
 STATIC_NOTE = ("static mode: only the captures were checked (declared invariants, host syncs); replay "
@@ -126,7 +127,8 @@ def check_configuration(config: Configuration, codes: frozenset[str], shadow: bo
         note = "; ".join(n for n in (note, unchecked_note(result.unchecked_graphs)) if n)
     graphs = [graph_map(c) for c in result.captures]
     checked = Checked(result.rules_checked, result.rules_unchecked, result.shadowed_steps, result.bare_replays,
-                      result.twin is not None, result.unchecked_graphs)
+                      result.twin is not None, _exercised(config, result) if shadow else (),
+                      unchecked_graphs=result.unchecked_graphs)
     return ConfigReport(label.runner, label.mode, config.eager_region, result.findings, numerical, graphs,
                         captures=result.captures, note=note, eager_region_option=config.eager_region_option,
                         invariant_selected=result.invariant_selected, static=static, checked=checked,
@@ -346,6 +348,16 @@ def _ended(code: int | None) -> str:
         return f"was killed by {signal.Signals(-code).name}"
     except ValueError:
         return f"was killed by signal {-code}"
+
+
+def _exercised(config: Configuration, result: Any) -> tuple[str, ...]:
+    """What the run's steps were (``Checked.exercised``): the adapter's words for them
+    where it has some, else each graph replayed with a shadow and how often."""
+    if result.capture_failed:
+        return ()
+    if config.exercised is not None and result.output is not None:
+        return tuple(config.exercised(result.output))
+    return tuple(f"replayed {graph}" + (f" x{n}" if n > 1 else "") for graph, n in result.replayed_graphs)
 
 
 def _without_captures(task: Task) -> Callable[[], ConfigReport]:

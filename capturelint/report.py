@@ -56,7 +56,13 @@ class Checked:
     shadow, the replays of bare graphs (no Python re-runs on their replay, so no
     shadow: only their freed inputs are checked), and whether an eager twin's output
     was compared with the run's. The numerical oracle's own rule (CL901) is in neither
-    list: the counts and the twin say what it compared. Printed form (Rich)::
+    list: the counts and the twin say what it compared. ``exercised`` says what those
+    steps were, so that a reviewer knows what "matches" covers: the engine's steps as it
+    ran them where its adapter describes them (the bundled engine: ``prefill: 7 tokens
+    (eager)``, ``decode: 2, 3->4 x3 tokens (replayed FULL)``: sizes in tokens,
+    ``real->padded`` where padded to a captured size, ``xN`` steps of that size), else the
+    graphs replayed with a shadow and how often (``replayed decode/4 x3``). Printed form
+    (Rich)::
 
         checked: rules CL104, CL106; 3 bare-graph replays, not shadowed; no eager twin
     """
@@ -66,6 +72,7 @@ class Checked:
     shadowed_steps: int = 0
     bare_replays: int = 0
     eager_twin: bool = False
+    exercised: tuple[str, ...] = ()
     unchecked_graphs: tuple[str, ...] = ()  # runtimes that captured CUDA graphs on their own, and where
 
     @property
@@ -108,12 +115,18 @@ class Checked:
             "shadowed_steps": self.shadowed_steps,
             "bare_replays": self.bare_replays,
             "eager_twin": self.eager_twin,
+            "exercised": list(self.exercised),
         } | ({"unchecked_graphs": list(self.unchecked_graphs)} if self.unchecked_graphs else {})
+
+    def exercised_text(self) -> str:
+        """``prefill: 7 tokens (eager); decode: 2 x3 tokens (replayed FULL)``; empty when
+        nothing was described."""
+        return "; ".join(self.exercised)
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Checked:
         return cls(tuple(doc["rules"]), tuple(doc["unchecked_rules"]), doc["shadowed_steps"], doc["bare_replays"],
-                   doc["eager_twin"], tuple(doc.get("unchecked_graphs", ())))
+                   doc["eager_twin"], tuple(doc.get("exercised", ())), tuple(doc.get("unchecked_graphs", ())))
 
 
 @dataclasses.dataclass

@@ -258,6 +258,7 @@ class Tracer(rt.CaptureObserver):
         self.replays = 0
         self.unchecked_graphs: list[str] = []  # runtimes that captured on their own, and where (not checked)
         self.bare_replays = 0  # replays without a shadow of graphs with no Python to re-run (bare CUDA graphs)
+        self.replayed_graphs: dict[str, int] = {}  # shadowed replay steps per graph label, in order of first replay
         self._segment: Segment | None = None
         self._cow: dict[StorageId, tuple[Any, Any]] | None = None
         self._rng: list[tuple[Any, Any]] = []
@@ -379,19 +380,32 @@ class Tracer(rt.CaptureObserver):
             self._break_uses(info, args, kwargs, stream)
         if self._cow is not None and info.writes:
             self._copy_before_write(info, args, kwargs, stream)
+        segment = self._segment
         out = func(*args, **kwargs)
+        if self._segment is not segment:
+            # The op's implementation entered an eager break (vLLM's sparse_attn_indexer op
+            # is itself one): the segment changed inside the call, so on a GPU the op ran
+            # eagerly between two captured segments, and no graph holds it. What it
+            # allocated is the break's (as in-step, not external).
+            self._in_break(stream, info, out)
+            return out
         if self._cow is not None and self._segment is not None and self._segment.kind is SegmentKind.EAGER:
             # Ops inside a shadow's eager break re-run live on replay and are exempt from
             # R1-R4: only the storages they allocate matter (as in-step, not external).
-            for o in out if isinstance(out, (tuple, list)) else (out,):
-                if isinstance(o, torch.Tensor):
-                    st = o.untyped_storage()
-                    if st._cdata not in stream.origins:
-                        stream.origins[st._cdata] = IN_BREAK
-                        stream._alive.append(st)
+            self._in_break(stream, info, out)
             return out
         self._record(stream, func, info, args, kwargs, out)
         return out
+
+    def _in_break(self, stream: Stream, info: OpInfo, out: Any) -> None:
+        """The storages of what an op inside an eager break returns, first seen there,
+        are in-step (``IN_BREAK``): the break re-runs live on replay."""
+        for o in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(o, torch.Tensor):
+                st = o.untyped_storage()
+                if st._cdata not in stream.origins:
+                    stream.origins[st._cdata] = IN_BREAK
+                    stream._alive.append(st)
 
     def _watch(self, fresh: tuple[bool, ...], out: Any) -> None:
         """Between steps: note the source line of each fresh allocation (``fresh``: the
@@ -828,6 +842,7 @@ class Tracer(rt.CaptureObserver):
             self._mode_off()
             return
         self.step += 1
+        self.replayed_graphs[graph.label] = self.replayed_graphs.get(graph.label, 0) + 1
         stream = self._new_stream(StreamKind.SHADOW, graph)
         self.stream, self._cow = stream, {}
         self._breaks, self._break = [], None

@@ -11,6 +11,7 @@ are plain PyTorch, written to a temporary folder and checked with ``check --targ
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jsonschema
@@ -87,7 +88,7 @@ def stale():
 BARE_STATEMENT = "no findings in 1 configuration: structural rules only, replay NOT compared with eager (bare graph, no eager twin given)"
 BARE_CHECKED = {"rules": ["CL104", "CL106", "CL108", "CL109", "CL110", "CL111", "CL112", "CL113", "CL114", "CL115"],
                 "unchecked_rules": ["CL101", "CL102", "CL103", "CL105", "CL107", "CL201", "CL202", "CL203"],
-                "shadowed_steps": 0, "bare_replays": 3, "eager_twin": False}
+                "shadowed_steps": 0, "bare_replays": 3, "eager_twin": False, "exercised": []}
 
 
 @pytest.fixture
@@ -140,7 +141,9 @@ def test_a_bare_graph_without_a_twin_never_says_matches_in_any_format(capsys, pr
         elif fmt == "sarif":
             log = json.loads(out)
             assert list(validator.iter_errors(log)) == []
-            assert log["runs"][0]["properties"] == {"checked": [{"runner": "torch", "mode": "bare", **BARE_CHECKED}]}
+            properties = log["runs"][0]["properties"]
+            assert properties["checked"] == [{"runner": "torch", "mode": "bare", **BARE_CHECKED}]
+            assert set(properties) == {"checked", "subject"} and properties["subject"]["targets"][0].endswith(":bare")
         else:
             (line,) = out.splitlines()
             assert line.startswith("::warning title=replay not compared with eager (torch/bare)::replay NOT compared "
@@ -195,6 +198,19 @@ def test_the_bundled_engine_shadows_every_step_and_compares_its_twin(capsys):
     checked = json.loads(out)["configurations"][0]["checked"]
     assert checked["shadowed_steps"] == json.loads(out)["numerical"][0]["replay_steps"] > 0
     assert checked["bare_replays"] == 0 and checked["eager_twin"] is True
+    # what the comparison covers: every step the engine ran, by kind, size and how it ran
+    entry = re.compile(r"^(prefill|decode|mixed): (.+) tokens \((eager|replayed PIECEWISE)\)$")
+    replayed = 0
+    for text in checked["exercised"]:
+        m = entry.match(text)
+        assert m, text
+        for size in m[2].split(", "):
+            sm = re.fullmatch(r"(\d+)(?:->(\d+))?(?: x(\d+))?", size)
+            assert sm, size
+            assert sm[2] is None or (int(sm[2]) > int(sm[1]) and m[3] != "eager")  # padded: replays only, upwards
+            replayed += int(sm[3] or 1) if m[3] != "eager" else 0
+    assert replayed == checked["shadowed_steps"]
+    assert any(t.startswith("prefill: ") for t in checked["exercised"])
     assert checked["rules"] == ["CL101", "CL102", "CL103", "CL104", "CL105", "CL106", "CL107", "CL201", "CL202",
                                 "CL203"]
     # the bare-graph and training-graph rules: no bare graph here
@@ -301,3 +317,20 @@ def test_a_configuration_that_replayed_nothing_does_not_read_as_a_match():
         "no findings in 2 configurations: replay matches eager execution in v1/PIECEWISE; nothing replayed in v1/FULL "
         "(see its note)")
     assert Report([failed, compared]).oracle_missing("--require-oracle") is None  # its finding or note says why
+
+
+def test_exercised_names_each_kind_of_step_its_sizes_and_how_it_ran():
+    from types import SimpleNamespace as Step
+
+    from capturelint.adapters.bundled.plan import exercised
+
+    def step(tokens, padded, prefills, reqs, decode, mode):
+        return Step(num_tokens=tokens, num_padded=padded, num_prefills=prefills, req_ids=tuple(range(reqs)),
+                    uniform_decode=decode, runtime_mode=Step(name=mode) if mode else None,
+                    descriptor=object() if mode else None)
+
+    steps = [step(5, 5, 2, 2, False, None), step(2, 2, 0, 2, True, "FULL"), step(3, 4, 0, 3, True, "FULL"),
+             step(3, 4, 0, 3, True, "FULL"), step(6, 8, 1, 3, False, "PIECEWISE"), step(7, 8, 1, 3, False, None)]
+    assert exercised(Step(steps=steps)) == ("prefill: 5 tokens (eager)", "decode: 2, 3->4 x2 tokens (replayed FULL)",
+                                            "mixed: 6->8 tokens (replayed PIECEWISE)", "mixed: 7 tokens (eager)")
+    assert exercised(Step(steps=[])) == ()  # nothing ran: nothing said

@@ -132,6 +132,8 @@ def test_a_failing_check_is_one_page_with_every_finding_its_source_and_a_diagram
     assert "<th scope=\"row\">v1/PIECEWISE</th>" in row and "<td>yes</td>" in row
     assert f"<td>{num['token_agreement']:.2f}</td>" in row and f"<td>{num['max_step_error']:.3g}</td>" in row
     assert f"<td>{num['replay_steps']}</td>" in row and "<b>differs</b>" in row
+    exercised = doc["configurations"][0]["checked"]["exercised"]
+    assert exercised and f'<p class="exercised">exercised: {escape("; ".join(exercised))}</p>' in row
     # every finding, in the JSON's order: an anchor the table of contents links to
     assert len(doc["findings"]) == 4
     for i, f in enumerate(doc["findings"], 1):

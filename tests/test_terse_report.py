@@ -61,6 +61,11 @@ def test_the_seed_case_reads_at_a_glance(seed):
     assert lines[0].startswith("replay DIFFERS from eager execution in v1/PIECEWISE (token agreement ")
     assert "matches in v1/FULL, v1/FULL_DECODE_ONLY" in lines[0]
     assert re.search(r"\(compared: \d+ replay steps with their eager shadow; each output with its eager twin\)$", lines[0])
+    # what "matches" covers: per configuration the steps it exercised, as the JSON says them
+    exercised = [line.split(" exercised: ") for line in lines if " exercised: " in line]
+    assert exercised == [[f"{c['runner']}/{c['mode']}", "; ".join(c["checked"]["exercised"])]
+                         for c in doc["configurations"]]
+    assert all("tokens (replayed " in text for _, text in exercised)
     # one line per problem: every (rule, source line) of the JSON findings once, nothing else
     findings = doc["findings"]
     expected = {(where(f), f["code"]) for f in findings}

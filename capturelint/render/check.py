@@ -1,7 +1,8 @@
 """The Rich form of the check report: concise by default, the evidence with ``--verbose``.
 
 The default (``render_concise``) reads at a glance, as ruff and flake8 print: the
-verdict and what was compared in one line, then one entry per problem (a
+verdict and what was compared in one line, a line per configuration saying which steps
+it exercised (``Checked.exercised``), then one entry per problem (a
 ``capturelint.findings.FindingGroup``: the findings of one cause in every layer, graph
 and configuration), its why and its fix, then the summary::
 
@@ -103,6 +104,9 @@ def render_concise(report: Report, console: Console, evidence: bool = False) -> 
         for note in (cfg.unchecked_text(), cfg.note):
             if note:
                 console.print(Text(f"{cfg.label}: {note}", style="yellow"), soft_wrap=True)
+    for cfg in report.configs:  # what the comparison covers: the steps each configuration ran
+        if cfg.checked.exercised:
+            console.print(Text(f"{cfg.label} exercised: {cfg.checked.exercised_text()}", style="dim"), soft_wrap=True)
     groups = report.groups
     if groups:
         console.print()
@@ -172,6 +176,8 @@ def render_evidence(report: Report, console: Console, summary: bool = True) -> N
                 steps = f" over {n.replay_steps} replays (not shadowed: no step-by-step comparison)"
             parts.append(Text(f"numerical: {tokens}{steps}", style="red" if n.diverged else "green"))
         parts.append(Text(f"checked: {cfg.checked.describe()}", style="dim"))
+        if cfg.checked.exercised:
+            parts.append(Text(f"exercised: {cfg.checked.exercised_text()}", style="dim"))
         unchecked = cfg.unchecked_text()
         if unchecked:
             parts.append(Text(unchecked, style="yellow"))

@@ -211,6 +211,8 @@ def _compared_section(configs: list[ConfigReport], static: bool) -> str:
         else:
             compared = f"NO ({c.checked.not_compared()})"
         notes = [t for t in (c.unchecked_text(), c.note) if t]
+        exercised = (f'<p class="exercised">exercised: {esc(c.checked.exercised_text())}</p>'
+                     if c.checked.exercised else "")
         if n is None:
             numbers = ['<td colspan="4" class="none">nothing compared numerically</td>']
         else:
@@ -226,7 +228,7 @@ def _compared_section(configs: list[ConfigReport], static: bool) -> str:
             f'<tr class="{tone}"><th scope="row">{esc(c.label)}</th><td>{esc(c.region_title)}</td>'
             f"<td>{esc(compared)}</td>{''.join(numbers)}"
             f"<td>{'<b>differs</b>' if c.diverged else 'no' if n is not None else ''}</td><td>{len(c.findings)}</td>"
-            f"<td>{esc(c.checked.describe())}"
+            f"<td>{esc(c.checked.describe())}{exercised}"
             + "".join(f'<p class="note">{esc(t)}</p>' for t in notes) + "</td></tr>"
         )
     return (
@@ -460,7 +462,7 @@ h2{border-bottom:1px solid var(--line);padding-bottom:.2em;margin-top:1.6em}
 table{border-collapse:collapse;margin:.4em 0}th,td{border:1px solid var(--line);padding:.25em .5em;text-align:left;
  vertical-align:top}thead th{background:#f2f4f7}
 tr.fail th{color:var(--fail)}tr.warn th{color:var(--warn)}tr.pass th{color:var(--pass)}
-.note{color:var(--warn);margin:.3em 0 0}.none{color:var(--muted)}
+.note{color:var(--warn);margin:.3em 0 0}.exercised{margin:.3em 0 0}.none{color:var(--muted)}
 .toc{margin:.4em 0 1em;color:var(--muted)}.toc a{text-decoration:none}.toc a.fail{color:var(--fail)}
 .problems{padding-left:1.5em}.problem{margin:.2em 0 1em}.problem p{margin:.15em 0}.problem .code{color:var(--fail)}
 .problem:target{background:#fef3f2}.problem .members a{margin-right:.6em}

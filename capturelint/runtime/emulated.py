@@ -67,6 +67,14 @@ write, allocate or alias, and so how each replays, comes from the op schema
 ``torch.cuda.is_current_stream_capturing()`` answers True between ``capture_begin``
 and ``capture_end`` (see ``protocol.stream_capturing``).
 
+**A capture may end and begin inside a dispatched op.** A breakable runtime whose eager
+break is the implementation of a ``torch.ops`` op (vLLM's ``sparse_attn_indexer``) ends
+its segment while torch dispatches that op, with the capture's modes off torch's mode
+stacks (torch pushes them back when the op returns). ``capture_end`` then leaves them
+where they are, passing calls through, and the next ``capture_begin`` inside the op
+records through them; the op itself is recorded by neither capture: on a GPU it ran
+eagerly, between the two.
+
 **Graphs that share a pool share memory.** PyTorch's caching allocator serves a
 capture's allocations from a graph-private pool; captures given the same pool
 (``pool=g1.pool()``, ``graph_pool_handle()``, a tuple handed to
@@ -295,9 +303,11 @@ class RecordedCall:
 class _HostReadGuard(TorchFunctionMode):
     """Catches host reads that never reach the dispatcher (``tolist``, ``numpy``)."""
 
+    active = True  # False while handed over (``_stash_modes``)
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
-        if name in protocol.HOST_READ_METHODS:
+        if name in protocol.HOST_READ_METHODS and self.active:
             raise HostSyncInCaptureError(HostSyncEvent(f"Tensor.{name}()", frames.user_frame(2),
                                                         stack=frames.user_stack(2)))
         return func(*args, **(kwargs or {}))
@@ -306,9 +316,9 @@ class _HostReadGuard(TorchFunctionMode):
 class _RecordingMode(TorchDispatchMode):
     """Records the dispatcher calls of one capture and what they allocate and write."""
 
-    def __init__(self, graph: "EmulatedCUDAGraph"):
+    def __init__(self, graph: "EmulatedCUDAGraph | None"):
         super().__init__()
-        self.graph = graph
+        self.graph = graph  # None while handed over (``_stash_modes``): it passes calls through
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -326,6 +336,8 @@ class _RecordingMode(TorchDispatchMode):
         if reason is not None:
             raise HostSyncInCaptureError(HostSyncEvent(reason, frames.user_frame(2), stack=frames.user_stack(2)))
         g = self.graph
+        if g is None:
+            return func(*args, **kwargs)
         for t in info.written(args, kwargs):
             g._before_write(t)
         for value in itertools.chain(args, kwargs.values()):
@@ -339,6 +351,12 @@ class _RecordingMode(TorchDispatchMode):
         if stream is not g._origin:
             g._side_stream_op(stream, info, args, kwargs)
         out = func(*args, **kwargs)
+        if self.graph is not g:
+            # The capture ended inside this call: an eager break entered from inside the
+            # op (its implementation is a break). On a GPU the op's kernels ran eagerly,
+            # between two captured segments: no graph records it, and what it produced is
+            # memory from outside the next segment.
+            return out
         for o in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(o, torch.Tensor):
                 g._produced(o)
@@ -625,6 +643,48 @@ def owned_by(info: protocol.GraphInfo, segment: int) -> Iterator[None]:
         _adoption.owner = None
 
 
+def _modes_stashed(modes: list[Any]) -> bool:
+    """Whether a capture's recording mode is off the dispatch mode stack: torch stashed
+    it while dispatching the op the caller runs inside."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return not any(m is modes[1] for m in _get_current_dispatch_mode_stack())
+
+
+def _stash_modes(modes: list[Any]) -> None:
+    """Keep an ended capture's stashed modes (``capture_end``) for the next capture on
+    this thread."""
+    stashed = getattr(_adoption, "stashed", None)
+    if stashed is None:
+        stashed = _adoption.stashed = []
+    stashed.append(modes)
+
+
+def _take_stashed_modes() -> list[Any] | None:
+    """The modes of a capture that ended inside the op being dispatched, for a capture
+    that begins inside the same op (``capture_begin``); None where there are none."""
+    stashed = getattr(_adoption, "stashed", None)
+    while stashed:
+        modes = stashed.pop()
+        if _modes_stashed(modes):
+            return modes
+        # pushed back by now (the op returned with no capture begun in it): a retired
+        # mode, passing calls through, which leaves the stacks where it can
+        _retire(modes)
+    return None
+
+
+def _retire(modes: list[Any]) -> None:
+    """Pop retired stashed modes where they are on top of their stacks."""
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    dispatch, function = _get_current_dispatch_mode_stack(), _get_current_function_mode_stack()
+    if dispatch and dispatch[-1] is modes[1] and function and function[-1] is modes[0]:
+        modes[1].__exit__(None, None, None)
+        modes[0].__exit__(None, None, None)
+
+
 class EmulatedCUDAGraph:
     """``torch.cuda.CUDAGraph`` on a CPU; see the module docstring for its semantics."""
 
@@ -698,10 +758,18 @@ class EmulatedCUDAGraph:
         origin = self._origin = _current_stream[-1]
         origin._capture, origin._seen = self, {}
         self._begun_at = self._where or frames.user_frame(2)
-        modes = [_HostReadGuard(), _RecordingMode(self)]
-        for m in modes:
-            m.__enter__()
-        self._recording = modes
+        handed = _take_stashed_modes()
+        if handed is not None:
+            # inside the dispatch of an op whose capture ended in it (see capture_end):
+            # torch pushes that capture's modes back when the op returns, so this capture
+            # records through them, from where they stand on the stacks
+            handed[0].active, handed[1].graph = True, self
+            self._recording = handed
+        else:
+            modes = [_HostReadGuard(), _RecordingMode(self)]
+            for m in modes:
+                m.__enter__()
+            self._recording = modes
         protocol.capturing_as_on_gpu(True).__enter__()
         if self.owner is None:
             protocol.announce("on_graph_begin", self.info, protocol.Phase.CAPTURE)
@@ -714,8 +782,17 @@ class EmulatedCUDAGraph:
         if not self._recording:
             raise RuntimeError("capture_end called without capture_begin")
         protocol.capturing_as_on_gpu(True).__exit__(None, None, None)
-        for m in reversed(self._recording):
-            m.__exit__(None, None, None)
+        if _modes_stashed(self._recording):
+            # An eager break entered from inside a dispatched op (vLLM's
+            # ``sparse_attn_indexer`` op is itself a break): torch took this capture's
+            # modes off its stacks for the op's dispatch and pushes them back when the op
+            # returns, so they cannot be popped here. They pass calls through until the
+            # capture that begins next in the op adopts them (the break's new segment).
+            self._recording[0].active, self._recording[1].graph = False, None
+            _stash_modes(self._recording)
+        else:
+            for m in reversed(self._recording):
+                m.__exit__(None, None, None)
         self._recording = []
         self._captured = True
         if self.owner is None:

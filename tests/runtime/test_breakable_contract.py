@@ -425,6 +425,48 @@ def test_a_break_called_inside_a_break_runs_inline_not_as_a_segment():
     ]
 
 
+@eager_break_during_capture
+def _scale_in_break(t: torch.Tensor, factor: float) -> None:
+    t.mul_(factor)
+
+
+@torch.library.custom_op("capturelint_test::scale_in_break", mutates_args=("t",))
+def _scale_op(t: torch.Tensor, factor: float) -> None:
+    """A dispatched op whose implementation is an eager break, as vLLM's
+    ``torch.ops.vllm.sparse_attn_indexer`` is: the break is entered from inside the
+    dispatch of an op the capture's recording mode is handling."""
+    _scale_in_break(t, factor)
+
+
+def test_a_break_entered_from_inside_a_dispatched_op_is_an_eager_segment():
+    x = torch.zeros(4)
+
+    def step(t):
+        t.add_(1.0)
+        torch.ops.capturelint_test.scale_in_break(t, 3.0)  # the break runs inside the op's dispatch
+        t.add_(5.0)
+
+    recorder = Recorder()
+    graph = BreakableGraph(PIECEWISE, DECODE2)
+    with observing(recorder):
+        graph.capture(step, x)
+        # as on a GPU: the op's kernels ran eagerly between two captured segments, and
+        # the captured adds did not take effect at capture
+        assert kinds(graph) == [CAPTURED, EAGER, CAPTURED]
+        assert torch.equal(x, torch.zeros(4))
+        # the op itself is in no segment: replayed once, by its break, not by a graph too
+        assert [c.func.__name__ for s in graph.segments if s.kind is CAPTURED for c in s.graph._calls] == [
+            "add_.Tensor", "add_.Tensor"]
+        for start in (0.0, 10.0):
+            x.fill_(start)
+            graph.replay()
+            assert torch.equal(x, torch.full((4,), (start + 1.0) * 3.0 + 5.0))
+    assert recorder.entered() == [("_scale_in_break", Phase.CAPTURE, False, 0)] + [
+        ("_scale_in_break", Phase.REPLAY, False, 0)] * 2
+    # the fixture checks the mode stacks are left empty: the first segment's modes, taken
+    # off the stacks for the op's dispatch, recorded the second segment and were popped
+
+
 @pytest.mark.parametrize("where", ["eager", "full capture"])
 def test_nested_inline_breaks_count_their_depth(where):
     x = torch.zeros(2)

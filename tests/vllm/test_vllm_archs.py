@@ -42,6 +42,11 @@ def test_deepseek_v4_options_are_refused_with_another_model():
     assert done.returncode == 2 and "--eager-region forces DeepSeek V4's attention regions" in done.stderr
 
 
+def test_suggest_refuses_model_all():
+    done = _cli("suggest", "--engine", "vllm", "--model", "all")
+    assert done.returncode == 2 and "suggest finds the eager region of one architecture" in done.stderr, done.stderr
+
+
 def test_model_all_labels_each_architectures_configurations():
     from capturelint.adapters import registry
     from capturelint.adapters.vllm import archs
@@ -78,6 +83,23 @@ def test_the_architectures_doc_is_the_table_of_the_model_all_report():
     labels = {(c["runner"], c["mode"]) for c in report["configurations"]}
     assert labels == {(f"{a}:{r}", m) for a in archs.SUPPORTED for r in ("v1", "v2") for m in ("PIECEWISE", "FULL")}
     assert (ROOT / "docs" / "vllm-architectures.md").read_text() == archs.markdown(report)
+
+
+def test_a_generic_attention_model_checks_clean_in_process():
+    """The family's small configuration in the default suite: one layer of vLLM's own
+    Qwen3 on vLLM's own V2 runner, PIECEWISE, three steps (prefill, mixed, padded decode)."""
+    require_vllm()
+    from capturelint import api
+
+    report = api.check(engine="vllm", model="Qwen3ForCausalLM", runner="v2", mode="PIECEWISE", layers=1, steps=3,
+                       jobs=1)
+    assert report.findings == []
+    (cfg,) = report.configs
+    assert (cfg.runner, cfg.mode) == ("v2", "PIECEWISE")
+    assert cfg.numerical.token_agreement == 1.0 and cfg.numerical.max_logit_error == 0.0
+    assert cfg.checked.shadowed_steps == 3 and cfg.checked.eager_twin
+    assert report.invariant_selection() == {"attention-eager": report.invariant_selection()["attention-eager"]}
+    assert report.invariant_selection()["attention-eager"] > 0  # the attention, in its break
 
 
 @pytest.mark.slow

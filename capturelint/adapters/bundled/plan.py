@@ -124,7 +124,28 @@ def configuration(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Confi
     return Configuration(RunLabel(str(runner), str(mode)), engine.generate, roots, str(cfg.effective_eager_region),
                          forward_context_probe, layer_scope_group, twin, require_replays=True,
                          eager_region_option=str(plan.eager_region), invariants=plan.invariants,
-                         capture_only=engine.capture_model)
+                         capture_only=engine.capture_model, exercised=exercised)
+
+
+def exercised(result: Any) -> tuple[str, ...]:
+    """The steps of a generation (``GenerationResult.steps``) in words: per kind of step
+    (prefill, decode, or mixed: decodes and prefills in one batch) and how it ran
+    (eagerly, or a replay of which mode's graph), in order of first appearance, the
+    batch sizes in tokens, ``real->padded`` where the batch was padded to a captured size
+    (``xN``: that many steps of that size)::
+
+        prefill: 7 tokens (eager), decode: 2->4 x3 tokens (replayed FULL), mixed: 5->8, 12->16 tokens (replayed PIECEWISE)
+    """
+    groups: dict[tuple[str, str], dict[str, int]] = {}
+    for s in result.steps:
+        kind = "decode" if s.uniform_decode else "prefill" if s.num_prefills == len(s.req_ids) else "mixed"
+        how = "eager" if s.descriptor is None else f"replayed {getattr(s.runtime_mode, 'name', s.runtime_mode)}"
+        padded = s.descriptor is not None and s.num_padded != s.num_tokens
+        size = f"{s.num_tokens}->{s.num_padded}" if padded else str(s.num_tokens)
+        sizes = groups.setdefault((kind, how), {})
+        sizes[size] = sizes.get(size, 0) + 1
+    return tuple(f"{kind}: {', '.join(size + (f' x{n}' if n > 1 else '') for size, n in sizes.items())} tokens ({how})"
+                 for (kind, how), sizes in groups.items())
 
 
 _eager_runs: dict[Any, Any] = {}

@@ -153,7 +153,7 @@ def table(report: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
         found = findings.get((cfg["runner"], cfg["mode"]), [])
         if found:
             first = found[0]
-            where = first.get("capture_frame") or first.get("step_frame") or {}
+            where = first.get("location") or first.get("capture_frame") or first.get("step_frame") or {}
             at = f" at {where.get('file', '?')}:{where.get('line', '?')}" if where else ""
             verdict = f"corrupting: {first['code']}{at} ({len(found)} finding{'s' if len(found) > 1 else ''})"
         else:

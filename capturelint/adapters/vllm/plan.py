@@ -303,7 +303,11 @@ def configuration(plan: CheckPlan, runner: Any, mode: Any) -> Configuration:
     engine = loop(spec)
 
     def twin(output: Any) -> TwinResult:
-        agreement, error = compare(output, loop(spec, graphs=False).generate())
+        # The numbers a report prints are the program's: an untraced graph run of the
+        # configuration against its eager twin, not the traced run, whose replays reuse
+        # their shadow's break calls (``protocol.run_or_reuse``) and so may differ from
+        # what the program computes on its own (docs/vllm.md, "The numbers").
+        agreement, error = compare(loop(spec).generate(), loop(spec, graphs=False).generate())
         return TwinResult(agreement, error)
 
     family = archs.ARCHS[arch].family
@@ -376,6 +380,9 @@ def suggest_slots(plan: CheckPlan) -> list[Slot]:
     from capturelint.adapters.vllm.install import require_vllm
     from capturelint.suggest import BreakDecorator
 
+    if plan.knobs.model == archs.ALL:
+        raise CapturelintError(f"suggest finds the eager region of one architecture; use --model ARCH (one of "
+                               f"{', '.join(archs.SUPPORTED)}), not --model all")
     require_vllm()  # for the CPU target, before anything of vLLM is imported
     from vllm.compilation.breakable_cudagraph import eager_break_during_capture
 
