@@ -472,10 +472,12 @@ class Analyzer:
     def on_bare(self, capture: Stream, event: HeldInputEvent | GraphMemoryRead) -> None:
         """An event of a graph without a shadow (``BareView``); a provisional read's
         findings wait for the run's outcome (``finish``)."""
-        rules = self._rules("check_bare")
+        provisional = isinstance(event, GraphMemoryRead) and event.provisional
+        # a provisional read counts as checked only once the run's outcome keeps it (finish)
+        rules = self._hooked.get("check_bare", []) if provisional else self._rules("check_bare")
         if rules:
             view = bare_view(self.label, capture, event, self._bare_ops)
-            into = self._provisional if isinstance(event, GraphMemoryRead) and event.provisional else self.findings
+            into = self._provisional if provisional else self.findings
             for rule in rules:
                 into.extend(rule.check_bare(view))
 
@@ -522,6 +524,7 @@ class Analyzer:
         if self._provisional and ((agreement is not None and agreement < 1.0)
                                   or (agreement is None and twin is not None and not twin <= DIVERGENCE_TOLERANCE)):
             self.findings.extend(self._provisional)  # the capture's outputs reached the result
+            self.hooks_run.add("check_bare")
             outcome = dataclasses.replace(outcome, findings=tuple(self.findings.sorted()))
         for rule in self._rules("check_run"):
             self.findings.extend(rule.check_run(outcome))
