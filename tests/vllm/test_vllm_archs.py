@@ -42,6 +42,21 @@ def test_deepseek_v4_options_are_refused_with_another_model():
     assert done.returncode == 2 and "--eager-region forces DeepSeek V4's attention regions" in done.stderr
 
 
+def test_deepseek_v4_settings_are_refused_with_another_model_not_ignored():
+    import dataclasses
+
+    from capturelint.adapters import registry
+    from capturelint.errors import CapturelintError
+    from capturelint.options import EagerRegion
+    from capturelint.settings import Settings
+
+    settings = dataclasses.replace(Settings(), eager_region=EagerRegion.WIDE)
+    with pytest.raises(CapturelintError, match="--eager-region forces DeepSeek V4's attention regions"):
+        registry.make_plan(settings, registry.engine_options(engine="vllm", model="LlamaForCausalLM"))
+    # the default architecture takes it
+    assert registry.make_plan(settings, registry.engine_options(engine="vllm")).eager_region is EagerRegion.WIDE
+
+
 def test_suggest_refuses_model_all():
     done = _cli("suggest", "--engine", "vllm", "--model", "all")
     assert done.returncode == 2 and "suggest finds the eager region of one architecture" in done.stderr, done.stderr
@@ -59,6 +74,19 @@ def test_model_all_labels_each_architectures_configurations():
                                                "attention-eager"}
     default = registry.make_plan(Settings(), registry.engine_options(engine="vllm"))
     assert default.knobs.model == "DeepseekV4ForCausalLM" and default.configured is None
+
+
+def test_the_tables_step_loop_column_is_the_plans():
+    from capturelint.adapters import registry
+    from capturelint.adapters.vllm import archs, plan as vllm_plan
+    from capturelint.settings import Settings
+
+    require_vllm()
+    plan = registry.make_plan(Settings(), registry.engine_options(engine="vllm", model="all"))
+    for label, mode in plan.all_configurations:
+        arch, _ = archs.split_label(label)
+        loop = vllm_plan.step_loop(plan, label, vllm_plan.CUDAGraphMode(mode)).__name__
+        assert (loop == "ReproducedLoop") == (archs.step_loop(arch, mode) == "reproduction"), (label, mode, loop)
 
 
 def test_every_name_of_vllms_list_has_a_row():
