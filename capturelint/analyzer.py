@@ -45,7 +45,7 @@ from types import MappingProxyType
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from capturelint.finding_keys import occurrence_key
-from capturelint.findings import Condition, Finding, Site
+from capturelint.findings import DIVERGENCE_TOLERANCE, Condition, Finding, Site
 from capturelint.runtime.protocol import BreakOutputs, HeldInputEvent, HostSyncEvent, SegmentKind, StaleInputEvent
 from capturelint.records import GraphMemoryRead, OpRecord, Segment, Stream, TensorUse
 
@@ -427,6 +427,7 @@ class Analyzer:
         self.rules = [r() for r in rules]
         self.invariants = tuple(invariants)
         self.findings = FindingSet()
+        self._provisional: list[Finding] = []  # findings of provisional reads, kept if the run diverged (finish)
         self.max_step_error = 0.0
         self.steps = 0
         self._capture_checked: set[int] = set()
@@ -469,12 +470,16 @@ class Analyzer:
             self.findings.extend(rule.check_stale(self.label, capture, event))
 
     def on_bare(self, capture: Stream, event: HeldInputEvent | GraphMemoryRead) -> None:
-        """An event of a graph without a shadow (``BareView``)."""
-        rules = self._rules("check_bare")
+        """An event of a graph without a shadow (``BareView``); a provisional read's
+        findings wait for the run's outcome (``finish``)."""
+        provisional = isinstance(event, GraphMemoryRead) and event.provisional
+        # a provisional read counts as checked only once the run's outcome keeps it (finish)
+        rules = self._hooked.get("check_bare", []) if provisional else self._rules("check_bare")
         if rules:
             view = bare_view(self.label, capture, event, self._bare_ops)
+            into = self._provisional if provisional else self.findings
             for rule in rules:
-                self.findings.extend(rule.check_bare(view))
+                into.extend(rule.check_bare(view))
 
     def on_hazard(self, event: Any, captures: Mapping[int, Stream]) -> None:
         """The runtime saw a hazard happen (``HazardView``)."""
@@ -515,6 +520,12 @@ class Analyzer:
     def finish(self, outcome: RunOutcome) -> list[Finding]:
         """Rules over the whole run (a failed capture, the numerical oracle); returns
         every finding, merged and sorted."""
+        agreement, twin = outcome.token_agreement, outcome.twin_error
+        if self._provisional and ((agreement is not None and agreement < 1.0)
+                                  or (agreement is None and twin is not None and not twin <= DIVERGENCE_TOLERANCE)):
+            self.findings.extend(self._provisional)  # the capture's outputs reached the result
+            self.hooks_run.add("check_bare")
+            outcome = dataclasses.replace(outcome, findings=tuple(self.findings.sorted()))
         for rule in self._rules("check_run"):
             self.findings.extend(rule.check_run(outcome))
         return self.findings.sorted()

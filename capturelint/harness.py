@@ -60,6 +60,7 @@ class TraceResult:
     rules_unchecked: tuple[str, ...] = ()  # selected structural rules that had nothing to check
     failure: str = "a host synchronisation"  # what the capture failed on, when it did
     replayed_graphs: tuple[tuple[str, int], ...] = ()  # shadowed replay steps per graph label (Tracer.replayed_graphs)
+    unchecked_graphs: tuple[str, ...] = ()  # runtimes that captured CUDA graphs on their own, and where
 
 
 @contextlib.contextmanager
@@ -173,7 +174,7 @@ def trace_run(
                        failed, verdict, dict(analyzer.invariant_selected), analyzer.steps,
                        tracer.bare_replays, checked, unchecked,
                        "a stream or event crossing a capture boundary" if refused else "a host synchronisation",
-                       tuple(tracer.replayed_graphs.items()))
+                       tuple(tracer.replayed_graphs.items()), tuple(tracer.unchecked_graphs))
 
 
 __all__ = ["TraceResult", "TwinResult", "trace_run"]

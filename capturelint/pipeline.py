@@ -72,6 +72,12 @@ STATIC_NOTE = ("static mode: only the captures were checked (declared invariants
                "equivalence was NOT checked (no shadow, no eager twin): run check without --static for that")
 
 
+def unchecked_note(where: tuple[str, ...]) -> str:
+    """The line that names the graphs a runtime captured on its own (``runtime.unchecked``)."""
+    return (f"graphs NOT checked: {', '.join(where)} captures CUDA graphs on its own (CUDA-graph trees), which "
+            "capturelint does not trace; their replays were neither checked by the rules nor compared with eager")
+
+
 def check_configuration(config: Configuration, codes: frozenset[str], shadow: bool = True,
                         static: bool = False) -> ConfigReport:
     """Trace one configuration; with ``shadow`` also check every replay step and run
@@ -98,6 +104,10 @@ def check_configuration(config: Configuration, codes: frozenset[str], shadow: bo
         note = f"the capture failed on {result.failure}; replay and the numerical oracle did not run"
     elif shadow:
         who = config.subject or f"runner {label.runner}, mode {label.mode}"
+        if result.replay_steps == 0 and config.require_replays and not result.captures and result.unchecked_graphs:
+            raise CapturelintError(
+                f"{who} captured no CUDA graph capturelint can check: {unchecked_note(result.unchecked_graphs)}"
+            )
         if result.replay_steps == 0 and config.require_replays and not result.captures:
             raise CapturelintError(
                 f"{who} captured no CUDA graph, so nothing was compared and the check would prove nothing; capture "
@@ -113,9 +123,12 @@ def check_configuration(config: Configuration, codes: frozenset[str], shadow: bo
         if twin is not None or result.shadowed_steps:  # otherwise nothing was compared: no oracle to report
             numerical = Numerical(label.runner, label.mode, twin.token_agreement if twin else None,
                                   result.max_step_error, twin.max_error if twin else None, result.replay_steps)
+    if result.unchecked_graphs:  # said in one line, never left out of "matches"
+        note = "; ".join(n for n in (note, unchecked_note(result.unchecked_graphs)) if n)
     graphs = [graph_map(c) for c in result.captures]
     checked = Checked(result.rules_checked, result.rules_unchecked, result.shadowed_steps, result.bare_replays,
-                      result.twin is not None, _exercised(config, result) if shadow else ())
+                      result.twin is not None, _exercised(config, result) if shadow else (),
+                      unchecked_graphs=result.unchecked_graphs)
     return ConfigReport(label.runner, label.mode, config.eager_region, result.findings, numerical, graphs,
                         captures=result.captures, note=note, eager_region_option=config.eager_region_option,
                         invariant_selected=result.invariant_selected, static=static, checked=checked,

@@ -234,7 +234,10 @@ class GraphMemoryRead:
     when the op ran, ``taken`` after which replay the tensor read was made, with
     ``taken_frame`` the line that made it (``OVERWRITTEN``), and ``replay_frame`` the
     line of the replay that overwrote it: the first after ``taken`` (``OVERWRITTEN``),
-    the latest (``REPEATED``). ``count`` is how many arguments read it that way."""
+    the latest (``REPEATED``). ``count`` is how many arguments read it that way.
+    ``provisional``: a breakable graph's capture output read before its first replay,
+    which counts only where the run's result diverged from its eager twin (engines read
+    a capture pass's discarded outputs knowingly: vLLM's dummy runs)."""
 
     kind: ReadKind
     graph_id: int
@@ -246,6 +249,7 @@ class GraphMemoryRead:
     taken_frame: Frame | None = None
     replay_frame: Frame | None = None
     count: int = 1
+    provisional: bool = False
 
 
 ContextProbe = Callable[[], ContextSnapshot]

@@ -73,12 +73,14 @@ class Checked:
     bare_replays: int = 0
     eager_twin: bool = False
     exercised: tuple[str, ...] = ()
+    unchecked_graphs: tuple[str, ...] = ()  # runtimes that captured CUDA graphs on their own, and where
 
     @property
     def with_eager(self) -> bool:
         """Whether replay was compared with eager execution: the run's output with an
-        eager twin's, or every replay step with its shadow."""
-        return self.eager_twin or (self.shadowed_steps > 0 and self.bare_replays == 0)
+        eager twin's, or every replay step with its shadow; never where a runtime
+        captured graphs capturelint did not see (``unchecked_graphs``)."""
+        return (self.eager_twin or (self.shadowed_steps > 0 and self.bare_replays == 0)) and not self.unchecked_graphs
 
     @property
     def replayed(self) -> bool:
@@ -88,6 +90,8 @@ class Checked:
         """Why replay was not compared with eager (for a configuration not ``with_eager``)."""
         if not self.replayed:
             return "no replay ran"
+        if self.unchecked_graphs:
+            return f"graphs of {_count(len(self.unchecked_graphs), 'self-capturing call')} not checked"
         if self.shadowed_steps:
             return f"{_count(self.bare_replays, 'bare-graph replay')} not shadowed, no eager twin given"
         return "bare graph, no eager twin given"
@@ -112,7 +116,7 @@ class Checked:
             "bare_replays": self.bare_replays,
             "eager_twin": self.eager_twin,
             "exercised": list(self.exercised),
-        }
+        } | ({"unchecked_graphs": list(self.unchecked_graphs)} if self.unchecked_graphs else {})
 
     def exercised_text(self) -> str:
         """``prefill: 7 tokens (eager); decode: 2 x3 tokens (replayed FULL)``; empty when
@@ -122,7 +126,7 @@ class Checked:
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Checked:
         return cls(tuple(doc["rules"]), tuple(doc["unchecked_rules"]), doc["shadowed_steps"], doc["bare_replays"],
-                   doc["eager_twin"], tuple(doc.get("exercised", ())))
+                   doc["eager_twin"], tuple(doc.get("exercised", ())), tuple(doc.get("unchecked_graphs", ())))
 
 
 @dataclasses.dataclass

@@ -256,6 +256,7 @@ class Tracer(rt.CaptureObserver):
         self.stream: Stream | None = None
         self.step = 0
         self.replays = 0
+        self.unchecked_graphs: list[str] = []  # runtimes that captured on their own, and where (not checked)
         self.bare_replays = 0  # replays without a shadow of graphs with no Python to re-run (bare CUDA graphs)
         self.replayed_graphs: dict[str, int] = {}  # shadowed replay steps per graph label, in order of first replay
         self._segment: Segment | None = None
@@ -283,6 +284,7 @@ class Tracer(rt.CaptureObserver):
         self._graph_storages: dict[int, tuple[StorageId, ...]] = {}
         self._replay_frames: dict[int, list[Frame]] = {}
         self._unreplayed: set[StorageId] = set()
+        self._segmented: set[int] = set()  # breakable graphs whose capture outputs are watched until their first replay
         self._taken: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
     # ---------------------------------------------------------------- lifecycle
@@ -460,7 +462,7 @@ class Tracer(rt.CaptureObserver):
         replays = self._replay_frames[graph]
         if sid in self._unreplayed:
             self._report(GraphMemoryRead(ReadKind.UNREPLAYED, graph, info.name, user_frame(2), _use_of(t, arg),
-                                         len(replays)))
+                                         len(replays), provisional=graph in self._segmented))
             return
         taken = self._taken.get(t)
         if taken is None:
@@ -510,6 +512,24 @@ class Tracer(rt.CaptureObserver):
         self._graph_memory.update((sid, graph.id) for sid in owned)
         self._unreplayed.update(owned)
         self._replay_frames[graph.id] = []
+
+    def _segmented_captured(self, graph: rt.GraphInfo, stream: Stream) -> None:
+        """A breakable graph's capture ended: the outputs its captured segments computed
+        hold no value until its first replay (CL110 applies as to a bare graph's memory;
+        after that replay the runtime hands the same static outputs to every step)."""
+        owned = []
+        for sid in stream.output_storages:
+            origin = stream.origins.get(sid)
+            if origin is not None and not origin.external and origin.producer is not None:
+                segment = stream.ops[origin.producer].segment
+                if any(seg.index == segment and seg.kind is SegmentKind.CAPTURED for seg in stream.segments):
+                    owned.append(sid)
+        if owned:
+            self._segmented.add(graph.id)
+            self._graph_storages[graph.id] = tuple(owned)
+            self._graph_memory.update((sid, graph.id) for sid in owned)
+            self._unreplayed.update(owned)
+            self._replay_frames.setdefault(graph.id, [])
 
     def _reads_overwritten(self, info: OpInfo, args: tuple, kwargs: dict) -> None:
         """Between steps: an op that reads overwritten graph-pool memory observed the
@@ -665,6 +685,10 @@ class Tracer(rt.CaptureObserver):
             if not graph.segmented:
                 self._open_segment(self.stream, 0, SegmentKind.CAPTURED, None)
             self._mode_on_()
+        elif phase is rt.Phase.REPLAY and graph.segmented:
+            for sid in self._graph_storages.pop(graph.id, ()):  # its first replay wrote its outputs
+                self._graph_memory.pop(sid, None)
+                self._unreplayed.discard(sid)
         elif phase is rt.Phase.REPLAY and not graph.segmented:
             if graph.id not in self.captures:
                 self.unseen[graph.id] = graph.label
@@ -687,6 +711,8 @@ class Tracer(rt.CaptureObserver):
             self.captures[graph.id] = self.stream
             if not graph.segmented:
                 self._bare_captured(graph, self.stream)
+            else:
+                self._segmented_captured(graph, self.stream)
             self.stream = None
             self._entry, self._entry_frames = frozenset(), []
         elif phase is rt.Phase.REPLAY:
@@ -744,6 +770,11 @@ class Tracer(rt.CaptureObserver):
 
     def on_training_hazard(self, event: rt.TrainingHazardEvent) -> None:
         self._hazard(event)
+
+    def on_unchecked_graphs(self, what: str, frame: Frame) -> None:
+        note = f"{what} at {frame.file}:{frame.line}"
+        if note not in self.unchecked_graphs:
+            self.unchecked_graphs.append(note)
 
     def on_segment_begin(self, info: rt.SegmentInfo) -> None:
         if self.stream is not None and info.phase is rt.Phase.CAPTURE:

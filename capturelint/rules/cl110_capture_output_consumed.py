@@ -27,7 +27,12 @@ class CaptureOutputConsumed(Rule):
     memory its capture allocated (its outputs and intermediates) as unwritten, and
     clears the mark when a replay of the graph, or an eager op, writes it. An eager op
     outside every capture that reads the values of marked memory is reported, with the
-    captured op that produced it and the line that read it.
+    captured op that produced it and the line that read it. On a breakable graph
+    (capturelint's runtime, vLLM's) the same holds for the outputs its captured segments
+    computed, until its first replay: the call that captures returns them. Engines read
+    a capture pass's discarded outputs knowingly (vLLM's dummy runs index them), so on a
+    breakable graph such a read is reported only where the run's result diverged from
+    its eager twin (without a twin it is not reported).
 
     ## Why is this bad?
     On a GPU a capture records kernels into the graph without running them: the

@@ -161,7 +161,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from capturelint.runtime import device as emulated_device
-from capturelint.runtime import frames, holders, protocol, training
+from capturelint.runtime import frames, holders, protocol, training, unchecked
 from capturelint.runtime.protocol import HostSyncEvent, HostSyncInCaptureError
 from capturelint.runtime.schema import ReplayKind, op_info
 
@@ -1518,6 +1518,7 @@ def _surface() -> Iterator[tuple[Any, str, Any]]:
         yield graphs_module, name, _SURFACE[name]
     yield from emulated_device.patches()
     yield from training.patches()  # the captured training step's watch (runtime.training)
+    yield from unchecked.patches()  # runtimes that capture on their own: said, not checked
     # the pools' record_stream (CL111, CL112): torch parses a stream argument before any
     # mode sees the call, so it is patched on the class
     yield torch.Tensor, "record_stream", record_stream

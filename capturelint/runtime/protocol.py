@@ -431,6 +431,10 @@ class CaptureObserver:
     def on_training_hazard(self, event: TrainingHazardEvent) -> None:
         """A hazard of a captured training step (``runtime.training``)."""
 
+    def on_unchecked_graphs(self, what: str, frame: Frame) -> None:
+        """The program used a runtime that captures CUDA graphs on its own at ``frame``
+        (``runtime.unchecked``): those graphs are not checked."""
+
     def before_replay(self, graph: GraphInfo, shadow: Callable[[], Any]) -> None:
         """Called before each replay of a segmented graph. ``shadow()`` runs the same
         step eagerly (breaks inline and announced) and returns its output; an observer may call it once."""

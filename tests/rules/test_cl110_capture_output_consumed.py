@@ -82,3 +82,78 @@ def test_with_an_eager_twin_the_divergence_is_cl110_not_cl901(tmp_path, capsys):
     code, doc = check(capsys, write(tmp_path, LAZY), "with_twin")
     assert code == 1 and codes(doc) == ["CL110"]
     assert doc["numerical"][0]["max_logit_error"] == "inf"  # the NaN the capture returned
+
+
+BREAKABLE = """
+from capturelint.runtime.breakable import CUDAGraphWrapper
+from capturelint.runtime.forward_context import BatchDescriptor, CUDAGraphMode, set_forward_context
+
+
+class Served(nn.Module):
+    def __init__(self, mode):
+        super().__init__()
+        torch.manual_seed(0)
+        self.mode = mode
+        self.lin = nn.Linear(8, 8)
+        self.input = torch.zeros(4, 8)
+        self.wrapper = CUDAGraphWrapper(self)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x))  # @produce
+
+    def run(self, graphs=True):
+        outs = []
+        with torch.no_grad():
+            if self.mode == "warm" and graphs:  # a capture pass whose output is discarded
+                with set_forward_context({}, CUDAGraphMode.FULL, BatchDescriptor(4, False)):
+                    self.wrapper(self.input)
+            for step in range(3):
+                self.input.copy_(torch.randn(4, 8, generator=torch.Generator().manual_seed(step)))
+                mode = CUDAGraphMode.FULL if graphs else CUDAGraphMode.NONE
+                with set_forward_context({}, mode, BatchDescriptor(4, False)):
+                    y = self.wrapper(self.input)  # the first call captures
+                outs.append(y.sum())  # @read
+        return outs
+
+
+def targets(mode="lazy"):
+    m, e = Served(mode), Served(mode)
+    return [Target(run=lambda: m.run(True), roots={"model": m}, runner="served", mode="FULL",
+                   eager=lambda: e.run(False))]
+
+
+def targets_warm():
+    return targets("warm")
+
+
+def targets_no_twin():
+    m = Served("lazy")
+    return [Target(run=lambda: m.run(True), roots={"model": m}, runner="served", mode="FULL")]
+"""
+
+
+def test_a_breakable_graphs_capture_output_used_as_a_result_is_cl110_not_cl901(tmp_path, capsys):
+    path = write(tmp_path, BREAKABLE)
+    code, doc = check(capsys, path)
+    assert code == 1
+    assert codes(doc) == ["CL110"]
+    (f,) = doc["findings"]
+    assert f["shadow_frame"]["line"] == line_of(path, "outs.append(y.sum())")
+    assert f["capture_frame"]["line"] == line_of(path, "return torch.relu(self.lin(x))")
+
+
+def test_a_breakable_graph_captured_in_a_warm_up_pass_is_clean(tmp_path, capsys):
+    path = write(tmp_path, BREAKABLE)
+    code, doc = check(capsys, path, "targets_warm")
+    assert code == 0, doc["findings"]
+    assert doc["findings"] == []
+
+
+def test_edge_a_breakable_graphs_capture_output_read_without_reaching_a_result_is_not_reported(tmp_path, capsys):
+    """Engines read a capture pass's outputs knowingly and discard them (vLLM's dummy
+    runs): on a breakable graph the read counts only where the run's result diverged
+    from its eager twin; without a twin there is nothing to say it reached a result."""
+    path = write(tmp_path, BREAKABLE)
+    code, doc = check(capsys, path, "targets_no_twin")
+    assert code == 0, doc["findings"]
+    assert doc["findings"] == []
