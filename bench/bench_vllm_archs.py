@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -28,10 +29,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+CPU: dict[str, float] = {}  # CPU seconds (user + system) of each command's process, by the last wall measured
+
+
 def timed(argv: list[str]) -> tuple[float, int]:
+    """Wall seconds and exit status of ``argv``; its CPU seconds go to ``CPU`` (on a
+    shared, loaded machine the CPU time is the figure that survives the load)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, cwd=ROOT)
-    return time.perf_counter() - t0, done.returncode
+    seconds = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU[" ".join(argv[3:])] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return seconds, done.returncode
 
 
 def main() -> None:
@@ -65,15 +75,18 @@ def main() -> None:
             (ROOT / "tests" / "vllm" / "data" / "model_all_report.json").write_text(
                 json.dumps(report, indent=1, sort_keys=True) + "\n")
             (ROOT / "docs" / "vllm-architectures.md").write_text(archs.markdown(report))
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    machine = (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, load average "
+               f"{os.getloadavg()[0]:.1f} at the end")
     if args.json:
-        print(json.dumps({"machine": machine, "seconds": results, "exit": statuses}, indent=2))
+        print(json.dumps({"machine": machine, "seconds": results, "cpu_seconds": CPU, "exit": statuses}, indent=2))
         return
     print(f"machine: {machine}")
-    print("| command | wall (s) | exit |")
-    print("|---|---|---|")
-    for name, seconds in results.items():
-        print(f"| {name} | {seconds:.1f} | {statuses.get(name, '')} |")
+    print("| command | wall (s) | CPU (s) | exit |")
+    print("|---|---|---|---|")
+    cpu = list(CPU.values())
+    for i, (name, seconds) in enumerate(results.items()):
+        used = f"{cpu[i]:.1f}" if i < len(cpu) else ""
+        print(f"| {name} | {seconds:.1f} | {used} | {statuses.get(name, '')} |")
 
 
 if __name__ == "__main__":

@@ -236,12 +236,17 @@ def check(*, config: str | None = None, static: bool = False, strict: bool = Fal
     ``runner``, ``mode``, ``eager_region``, ``layers``, ``steps``, ``seed``, ``select``,
     ``ignore``, ``invariants``, ``jobs``, ``reuse``, and the engine families' own:
     ``capture_sizes``, ``kernels``, ...); ``config`` is the pyproject.toml to read
-    ``[tool.capturelint]`` from (default: the nearest one)::
+    ``[tool.capturelint]`` from (default: the nearest one). ``targets=`` checks your own
+    engine: ``Target`` objects, a function returning them, or ``FILE.py:FUNCTION`` specs
+    (``with_targets``); in a project whose settings name ``targets``, a call with no
+    engine option checks those. Relative paths (``target=``, ``baseline=``) are read
+    against the project root (``from_root``)::
 
         report = check(runner="v1", eager_region="narrow", modes="PIECEWISE", layers=1, steps=6)
         for f in report.findings:
             print(f.code, f.capture_frame, f.message)
         check(target="tests/my_engine.py:targets").assert_clean()
+        check(targets=make_targets).assert_clean()      # a function returning Target objects
         check(runner="all", baseline="regions.json", max_eager_growth=5).assert_clean()
 
     ``accept_findings`` is the accepted-findings file (``capturelint.waivers``: a file
@@ -432,7 +437,7 @@ def suggest_with(settings: Settings, options: EngineOptions, *, max_candidates: 
     from capturelint.suggest import suggest as find
 
     with ProgressReporter(len(slots), unbounded=True) as progress:
-        return find(slots, max_candidates, progress.trying)
+        return find(slots, max_candidates, progress.trying, jobs=plan.jobs)
 
 
 __all__ = ["check", "check_options", "check_with", "engine_options", "show", "show_with", "suggest", "suggest_with"]

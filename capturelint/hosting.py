@@ -11,8 +11,9 @@ calls it is an error naming the call (``called``). Called in another thread of t
 process, where no exception can stop the program, it ends the process with one line on
 standard error and exit status 2, never with the program's status. A forked child
 (a DataLoader worker, ``--jobs``' workers outside their jobs) exits as it always did.
-``os._exit`` called from native code, ``os.abort`` or a signal are beyond reach; they
-never end the process with status 0 either (SIGTERM and SIGHUP: ``capturelint.interrupts``).
+Beyond reach: native code that ends the process itself (C's ``exit`` or ``_exit``),
+``os.exec*`` (the process becomes another program), ``os.abort`` and signals; the last
+two never end it with status 0 (SIGTERM and SIGHUP: ``capturelint.interrupts``).
 
 **The working folder is restored** when a ``hosted`` block ends: a program that calls
 ``os.chdir("pkg")`` must not make ``-o z.json``, ``--accept-findings`` or a settings file

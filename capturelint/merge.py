@@ -44,6 +44,7 @@ from capturelint import __version__
 from capturelint.acceptance import joined, rejudge
 from capturelint.errors import CapturelintError
 from capturelint.inputs import InputProblem, parse_json, read_text
+from capturelint.lists import cut
 from capturelint.limits import MAX_REPORT_BYTES
 from capturelint.findings import Condition, Finding
 from capturelint.report import JSON_VERSION, Checked, ConfigReport, Report, not_compared_clause
@@ -205,8 +206,7 @@ def _shard_order(inputs: Sequence[Input], labels_of: Any) -> list[tuple[Input, i
     missing = [k for k in range(1, count + 1) if k not in by_index]
     if missing:
         raise CapturelintError(
-            f"merge: shard{'s' * (len(missing) > 1)} {', '.join(f'{k}/{count}' for k in missing[:5])}"
-            f"{' ...' if len(missing) > 5 else ''} missing: the check has {count} shards and {len(by_index)} "
+            f"merge: shard{'s' * (len(missing) > 1)} {cut([f'{k}/{count}' for k in missing])} missing: the check has {count} shards and {len(by_index)} "
             f"{'is' if len(by_index) == 1 else 'are'} given; merge the reports of all {count}"
         )
     return [(by_index[p % count + 1], p // count) for p in range(len(plan))]

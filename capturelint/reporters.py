@@ -196,6 +196,19 @@ def _diff_dot(diff: Any, options: Options) -> str:
     return changes_dot(diff.pairs, diff.changes)
 
 
+def _diff_image(fmt: str) -> Callable[[Any, Options], bytes]:
+    def render(diff: Any, options: Options) -> bytes:
+        from capturelint.render.dot import render_image
+
+        return render_image(_diff_dot(diff, options), fmt)
+
+    return render
+
+
+def _diff_svg(diff: Any, options: Options) -> str:
+    return _diff_image("svg")(diff, options).decode("utf-8")
+
+
 def _diff_json(diff: Any, options: Options) -> str:
     from capturelint.report import dumps_json
 
@@ -251,6 +264,8 @@ REPORTERS: tuple[Reporter, ...] = (
     Reporter("show", "html", "text", _show_html, needs=_html_dot("--format dot for the DOT text")),
     Reporter("diff", "rich", "rich", _diff_rich),
     Reporter("diff", "dot", "text", _diff_dot),
+    Reporter("diff", "svg", "text", _diff_svg, needs=_dot("svg")),
+    Reporter("diff", "png", "bytes", _diff_image("png"), needs=_dot("png")),
     Reporter("diff", "json", "text", _diff_json),
     Reporter("diff", "html", "text", _diff_html, needs=_html_dot("--format json or dot")),
     Reporter("snapshot", "json", "text", _snapshot_json),

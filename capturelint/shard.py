@@ -38,6 +38,7 @@ import re
 from typing import Any, Sequence, TypeVar
 
 from capturelint.errors import CapturelintError
+from capturelint.lists import cut
 
 T = TypeVar("T")
 
@@ -80,7 +81,7 @@ def require_selection(shard: Shard, labels: Sequence[str], what: str = "configur
     total = len(labels)
     raise CapturelintError(
         f"--shard {k}/{n} selects no {what}: there {'is' if total == 1 else 'are'} {total} {what}"
-        f"{'s' * (total != 1)} ({', '.join(labels[:5])}{' ...' if total > 5 else ''}), so use at most {total} "
+        f"{'s' * (total != 1)} ({cut(labels)}), so use at most {total} "
         f"shard{'s' * (total != 1)} (--shard K/{total})"
     )
 

@@ -19,7 +19,8 @@ engine, and re-run the full check: the structural rules and the numerical oracle
   finding (``max_candidates`` regions at most), keeps the regions that make every failing
   configuration clean, ranks them by eager ops per replay step, then by breaks, and
   checks each under every other configuration it was given (other modes, other runners:
-  a region right for one runner may be wrong for another);
+  a region right for one runner may be wrong for another); the checks with the current
+  region and the cross-checks, which do not depend on each other, run ``jobs`` at once;
 - ``SuggestReport``: what was found, as JSON (byte-identical for the same command), the
   Rich form (``capturelint.render.suggest``) and a unified diff that adds the decorator
   where each function of the top region is defined (``patch``).
@@ -525,24 +526,72 @@ def plan_regions(candidates: Sequence[Candidate], max_size: int = 3) -> list[tup
     return regions
 
 
+def _current(slots: Sequence[Slot], jobs: int, tick: Callable[[str], None]) -> list[tuple[Outcome, ConfigReport | None]]:
+    """Each slot checked with the current region, in order: independent checks, so
+    ``jobs`` at once in worker processes (reports come back without their capture
+    streams, which hold the engine's storages; the search reads findings and graph maps).
+    A requested configuration that fails with its own region is the user's error and is
+    raised (the first in order, as serially); another is an outcome that failed."""
+    def one(slot: Slot) -> tuple[Outcome, ConfigReport | None]:
+        if slot.requested:
+            cfg = slot.check()  # an engine that fails with its own region is the user's error
+            return Outcome.of(slot.label, cfg), cfg
+        return _run(slot, ())
+
+    if jobs <= 1 or len(slots) <= 1:
+        out = []
+        for slot in slots:
+            tick(f"{slot.label} · current region")
+            out.append(one(slot))
+        return out
+    from capturelint.pipeline import parallel_map
+
+    def light(slot: Slot) -> tuple[Outcome, ConfigReport | None]:
+        outcome, cfg = one(slot)
+        return outcome, dataclasses.replace(cfg, captures=[]) if cfg is not None else None
+
+    return parallel_map([lambda s=s: light(s) for s in slots], jobs,
+                        lambda i: tick(f"{slots[i].label} · current region"),
+                        [f"{s.label} with the current region" for s in slots])
+
+
+def _cross_checks(checks: Sequence[tuple[Slot, tuple[FunctionRef, ...]]], jobs: int,
+                  tick: Callable[[str], None]) -> list[Outcome]:
+    """The outcome of each (slot, region) check, in order. The cross-checks of the
+    verified regions do not depend on each other (each builds a fresh engine with its
+    region wrapped), so with ``jobs > 1`` they run in forked worker processes
+    (``pipeline.parallel_map``; only the ``Outcome`` comes back) and the progress names
+    each as it arrives; serially, each is named before it runs."""
+    def describe(check: tuple[Slot, tuple[FunctionRef, ...]]) -> str:
+        slot, region = check
+        return f"{slot.label} · cross-check {' + '.join(r.qualname for r in region)}"
+
+    if jobs <= 1 or len(checks) <= 1:
+        out = []
+        for check in checks:
+            tick(describe(check))
+            out.append(_run(*check)[0])
+        return out
+    from capturelint.pipeline import parallel_map
+
+    return parallel_map([lambda c=c: _run(*c)[0] for c in checks], jobs, lambda i: tick(describe(checks[i])),
+                        [describe(c) for c in checks])
+
+
 def suggest(slots: Sequence[Slot], max_candidates: int = DEFAULT_MAX_CANDIDATES,
-            progress: Callable[[str, int], None] | None = None) -> SuggestReport:
+            progress: Callable[[str, int], None] | None = None, jobs: int = 1) -> SuggestReport:
     """Find, verify and rank eager regions for the failing configurations among
-    ``slots`` (see the module docstring). ``progress(description, total)`` hears each run."""
+    ``slots`` (see the module docstring). ``progress(description, total)`` hears each run;
+    ``jobs`` checks at once where they are independent: each configuration with the
+    current region (``_current``), the cross-checks (``_cross_checks``); the trials stay
+    in order (each stops at the first configuration it leaves unclean)."""
     total = [len(slots)]
 
     def tick(text: str) -> None:
         if progress is not None:
             progress(text, total[0])
 
-    current: dict[str, tuple[Outcome, ConfigReport | None]] = {}
-    for slot in slots:
-        tick(f"{slot.label} · current region")
-        if slot.requested:
-            cfg = slot.check()  # an engine that fails with its own region is the user's error
-            current[slot.label] = (Outcome.of(slot.label, cfg), cfg)
-        else:
-            current[slot.label] = _run(slot, ())
+    current = dict(zip((s.label for s in slots), _current(slots, jobs, tick)))
     requested = tuple(s.label for s in slots if s.requested)
     failing = {s.label: current[s.label][1] for s in slots if s.requested and not current[s.label][0].clean}
     failing_slots = [s for s in slots if s.label in failing]
@@ -587,12 +636,11 @@ def suggest(slots: Sequence[Slot], max_candidates: int = DEFAULT_MAX_CANDIDATES,
     clean.sort(key=lambda t: (round(sum(o.eager_ops_per_step for o in t.outcomes), 3), len(t.region), t.region))
     others = [s for s in slots if s.label not in failing]
     total[0] += len(clean) * len(others)
+    checks = [(slot, t.region) for t in clean for slot in others]
+    crossed = _cross_checks(checks, jobs, tick)
     suggestions = []
     for rank, t in enumerate(clean, 1):
-        cross = []
-        for slot in others:
-            tick(f"{slot.label} · cross-check {' + '.join(r.qualname for r in t.region)}")
-            cross.append(_run(slot, t.region)[0])
+        cross = [crossed.pop(0) for _ in others]
         before = set().union(*(current[s.label][0].finding_keys for s in failing_slots))
         hidden = set().union(*(o.finding_keys for u in trials if set(u.region) < set(t.region) for o in u.outcomes))
         suggestions.append(Suggestion(rank, t.region, t.outcomes, tuple(current[s.label][0] for s in failing_slots),

@@ -103,7 +103,7 @@ class Suppression:
 
     @property
     def where(self) -> str:
-        return f"{self.file}:{self.line}"
+        return self.frame.location
 
     def unused(self) -> tuple[str, ...]:
         """Codes whose rule had something to check and that matched no finding."""

@@ -136,3 +136,48 @@ def test_usage_errors_are_one_line(args, message, capsys, tmp_path, monkeypatch)
     rc, out, err = run(args, capsys)
     assert rc == 2 and out == ""
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+needs_dot = pytest.mark.skipif(__import__("shutil").which("dot") is None,
+                               reason="needs Graphviz's 'dot' (Debian package graphviz; .ci/run installs it)")
+
+
+@needs_dot
+def test_the_two_sides_are_drawn_next_to_each_other(tmp_path, capsys):
+    """Before on the left, after on the right, their first rows level (``dot -Tplain``
+    gives each node's centre); not before above after."""
+    import subprocess
+
+    old = write(tmp_path, "old.json", ConfigMap("v1", "PIECEWISE", "narrow", (NARROW,)))
+    new = write(tmp_path, "new.json", ConfigMap("v1", "PIECEWISE", "wide", (WIDE,)))
+    rc, dot_text, _ = run(["diff", old, new, "--format", "dot"], capsys)
+    assert rc == 0
+    plain = subprocess.run(["dot", "-Tplain"], input=dot_text, capture_output=True, text=True, check=True).stdout
+    centre = {f[1]: (float(f[2]), float(f[3])) for f in (line.split() for line in plain.splitlines()) if f[0] == "node"}
+    import re
+
+    start = dot_text.index("subgraph cluster_d1 {")  # the after side's cluster; the before side's comes first
+    side = {m[1]: "before" if m.start() < start else "after"
+            for m in re.finditer(r"^\s+(n\d+) \[", dot_text, re.M) if m[1] in centre}
+    before = [centre[n] for n, s in side.items() if s == "before"]
+    after = [centre[n] for n, s in side.items() if s == "after"]
+    assert before and after
+    assert max(x for x, _ in before) < min(x for x, _ in after)  # side by side, before on the left
+    assert max(y for _, y in before) == pytest.approx(max(y for _, y in after), abs=0.5)  # tops level
+
+
+@needs_dot
+def test_diff_has_the_formats_show_has(tmp_path, capsys):
+    from capturelint.reporters import formats
+
+    assert set(formats("show")) - {"rich"} <= set(formats("diff"))
+    old = write(tmp_path, "old.json", ConfigMap("v1", "PIECEWISE", "narrow", (NARROW,)))
+    new = write(tmp_path, "new.json", ConfigMap("v1", "PIECEWISE", "wide", (WIDE,)))
+    rc, out, _ = run(["diff", old, new, "--format", "svg"], capsys)
+    assert rc == 0 and "<svg" in out and "moved to eager" in out
+    png = tmp_path / "diff.png"
+    rc, _, _ = run(["diff", old, new, "--format", "png", "-o", str(png)], capsys)
+    assert rc == 0 and png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    rc, out, err = run(["diff", old, new, "--format", "png"], capsys)  # binary: never to a terminal or pipe
+    assert rc == 2 and out == "" and err.splitlines() == [
+        "capturelint: error: PNG output is binary: name a file with -o FILE (or use --format svg or dot for stdout)"]

@@ -26,3 +26,14 @@ def test_edges_empty_and_one_over():
     assert cut(list("abcdef")) == "a, b, c, d, e ... and 1 more"
     assert cut(list("abc"), limit=2) == "a, b ... and 1 more"
 
+
+
+def test_messages_cut_their_lists_the_same_way():
+    import pytest
+
+    from capturelint.errors import CapturelintError
+    from capturelint.shard import parse_shard, require_selection
+
+    with pytest.raises(CapturelintError) as raised:
+        require_selection(parse_shard("8/8"), [f"v1/M{i}" for i in range(7)])
+    assert "(v1/M0, v1/M1, v1/M2, v1/M3, v1/M4 ... and 2 more), so use at most 7 shards" in str(raised.value)

@@ -169,7 +169,8 @@ def test_merged_sarif_shards_are_the_unsharded_sarif(fresh, tmp_path):
         assert [f"{c['runner']}/{c['mode']}" for c in run["properties"]["checked"]] == LABELS[k - 1::2]
         assert run["results"]  # both shards have results: their order is restored by the merge
     properties = json.loads(whole.read_text())["runs"][0]["properties"]
-    assert list(properties) == ["checked"] and [f"{c['runner']}/{c['mode']}" for c in properties["checked"]] == LABELS
+    assert list(properties) == ["checked", "subject"] and properties["subject"] == {"engine": "bundled"}
+    assert [f"{c['runner']}/{c['mode']}" for c in properties["checked"]] == LABELS
     merged = tmp_path / "merged.sarif"
     assert cli("merge", shards[1], shards[0], "-o", merged) == 1
     assert merged.read_bytes() == whole.read_bytes()

@@ -114,6 +114,11 @@ def test_bundled_v1_narrow_gets_a_verified_region_no_wider_than_wide(capsys):
     # safe under v2 as well, which is clean with the current region: no per-runner split needed
     assert top["runners"]["v2"] == {"modes": {"PIECEWISE": "clean"}, "needs_fix": False, "safe": True}
     assert top["per_runner"]["needed"] is False and top["per_runner"]["use"] == {"v1": "suggested", "v2": "current"}
+    # the cross-checks of the verified regions under v2 in two worker processes: the same bytes
+    assert len(doc["suggestions"]) > 1 and all(s["cross_check"] for s in doc["suggestions"])
+    code, parallel, err = run(capsys, "suggest", *opts, "--eager-region", "narrow", "--format", "json", "--jobs", "2")
+    assert code == 0, err
+    assert parallel == out
     # the narrow region with the top suggestion applied checks clean, every replay step checked
     from capturelint.adapters.common import runtime_break
     from capturelint.suggest import FunctionRef, eager_breaks

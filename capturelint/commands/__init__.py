@@ -22,8 +22,9 @@ class CommandEntry:
 
 COMMANDS: dict[str, CommandEntry] = {
     "check": CommandEntry("capturelint.commands.check", "check",
-                          "Check that CUDA-graph replay of the bundled engine computes what eager execution computes, "
-                          "under each runner and CUDA-graph mode."),
+                          "Check that CUDA-graph replay computes what eager execution computes: of the project's own "
+                          "targets when its pyproject.toml names them ([tool.capturelint] targets), else of the bundled "
+                          "engine (--engine), under each runner and CUDA-graph mode."),
     "diff": CommandEntry("capturelint.commands.regions", "diff",
                          "Compare two region recordings: ops that moved between captured and eager segments (by "
                          "scope and op, with counts), segments added or removed, and the change in eager ops per step."),
@@ -51,6 +52,7 @@ COMMANDS: dict[str, CommandEntry] = {
                             "rank the clean ones by eager ops per step."),
     "snapshot": CommandEntry("capturelint.commands.regions", "snapshot",
                              "Record the region map of every runner and mode (default: runners v1 and v2, all four "
-                             "modes) as a stable, reviewable JSON file: per graph, its segments in order (captured or "
-                             "eager break) and per module scope the count of each op."),
+                             "modes; a project's targets: each target, keyed by its spec, runner and mode) as a stable, "
+                             "reviewable JSON file: per graph, its segments in order (captured or eager break) and per "
+                             "module scope the count of each op."),
 }

@@ -112,8 +112,11 @@ AGAINST = {  # diff's --against-* options: a shared option's spec, for the other
 @spec_option(AGAINST["eager_region"])
 @_option("--against-fresh-metadata", is_flag=True, group=WHAT,
          help="Compare with V1 metadata builders allocating per step (--engine bundled).")
-@_option("--format", "fmt", type=click.Choice(DIFF_FORMATS), default="rich", show_default=True, group=REPORT)
-@_option("-o", "--output", metavar="FILE", group=REPORT, help="Write the report to FILE instead of stdout.")
+@_option("--format", "fmt", type=click.Choice(DIFF_FORMATS), default="rich", show_default=True, group=REPORT,
+         help="rich: the changes in words; dot: Graphviz text, before and after side by side; svg, png: drawn by "
+              "Graphviz 'dot'; json; html: one self-contained page.")
+@_option("-o", "--output", metavar="FILE", group=REPORT, help="Write the report to FILE instead of stdout (required "
+         "for png).")
 @terminal_options
 def diff(snapshots: tuple[str, ...], against_runner: tuple[Runner, ...] | None, against_mode: Any,
          against_eager_region: Any, against_fresh_metadata: bool, fmt: str, output: str | None, **kw: Any) -> int:
@@ -148,6 +151,8 @@ def diff(snapshots: tuple[str, ...], against_runner: tuple[Runner, ...] | None, 
     if not snapshots and not against:
         raise click.UsageError("nothing to compare: give OLD.json NEW.json, OLD.json alone (against the engine), "
                                "or an --against-* option such as --against-eager-region wide")
+    if fmt == "png" and is_stdout(output):
+        raise CapturelintError("PNG output is binary: name a file with -o FILE (or use --format svg or dot for stdout)")
     check_output_path(output)
     rep = reporter("diff", fmt)
     rep.preflight()

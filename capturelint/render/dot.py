@@ -7,7 +7,8 @@ piece its module scopes top to bottom, in columns of at most ``COLUMN_ROWS``. Sc
 names are shown below the layer (``attn.wq_a`` in row ``model.layers.3``). Consecutive
 layers of the same structure are folded into one row, ``model.layers.0-3 (×4)``, or a
 repeated pattern, ``model.layers.0-59 (layers 0-3 ×15)``; ``fold=False`` draws every
-layer. One outer cluster per shown graph, stacked top to bottom. Invisible edges fix
+layer. One outer cluster per shown graph, stacked top to bottom (a diff's before and
+after side by side, before on the left: ``_Canvas.side_by_side``). Invisible edges fix
 the order (a chain down each column, same-rank edges across pieces, and from each row
 to the next), so dot cannot reorder it; data-flow edges do not constrain the layout.
 
@@ -22,6 +23,7 @@ byte-identical DOT text.
 
 from __future__ import annotations
 
+import functools
 import math
 import shutil
 from typing import Callable, Hashable, Sequence
@@ -82,7 +84,8 @@ class _Canvas:
         self.ids = _Ids()
         self.same_rank: list[list[str]] = []
         self.edges: list[tuple[str, str, str, str]] = []  # invisible (tail, head, weight, minlen)
-        self.foot: str | None = None
+        self.feet: list[str] = []  # the bottom of what was drawn last: the next band goes below all of them
+        self.heads: list[str] = []  # the first node of every band, in drawing order
         self.spacers = 0
         self.folded = False  # some row stands for several layers
         self.flows = False  # some tensor crosses a segment boundary
@@ -94,10 +97,25 @@ class _Canvas:
         around the clusters beside it). The rank between holds the band's cluster
         labels: a cluster whose label shares a rank with the band above is put beside
         that band, not under it."""
-        if self.foot is not None:
-            self.edges.append((self.foot, head, "5", "2"))
-        self.foot = foot
+        self.edges.extend((f, head, "5", "2") for f in self.feet)
+        self.feet = [foot]
+        self.heads.append(head)
 
+    def side_by_side(self, draws: Sequence[Callable[[], None]]) -> None:
+        """Draw each of ``draws`` (a column of bands) under what was drawn before, next to
+        each other, left to right in that order; what comes next goes below all of them."""
+        above, feet, heads = self.feet, [], []
+        for draw in draws:
+            self.feet = above
+            first = len(self.heads)
+            draw()
+            if len(self.heads) > first:
+                heads.append(self.heads[first])
+            feet.extend(self.feet)
+        self.feet = feet
+        if len(heads) > 1:
+            self.same_rank.append(heads)
+            self.edges.extend((a, b, "1", "1") for a, b in zip(heads, heads[1:]))
     def finish(self, title: str, legend: Sequence[tuple[dict[str, str], str]]) -> str:
         """The DOT text, headed by ``title`` and a legend of what the diagram shows."""
         legend = [*legend, *([(FLOW_KEY, "→ tensor into or out of an eager break"),
@@ -314,8 +332,9 @@ DIFF_LEGEND = (
 
 def changes_dot(pairs, changes, fold: bool = True) -> str:
     """The DOT text of a region diff: for each pair of configurations and each runtime
-    mode, the first graph both sides captured, before above after; ops that moved and
-    segments added or removed are purple.
+    mode, the first graph both sides captured, before and after side by side (before on
+    the left), each top to bottom in execution order; ops that moved and segments added
+    or removed are purple.
 
     Region maps keep segments in execution order but a segment's scopes by name (a
     snapshot holds counts, not order), so scopes are drawn in natural order: layers in
@@ -335,6 +354,7 @@ def changes_dot(pairs, changes, fold: bool = True) -> str:
                 continue
             seen.add(og.runtime_mode)
             gd = graph_diff(og, ng)
+            draws = []
             for side, graph, word, changed, label in (
                 ("before", og, "removed", set(gd.removed), f"{old.label} · eager region {old.eager_region}"),
                 ("after", ng, "added", set(gd.added), f"{new.label} · eager region {new.eager_region}"),
@@ -358,12 +378,17 @@ def changes_dot(pairs, changes, fold: bool = True) -> str:
                 title = f"{side}: {label} · graph {og.graph} ({og.runtime_mode})"
                 if side == "after":
                     title += f" · eager ops per step {change.describe_growth()}"
-                with canvas.dot.subgraph(name=f"cluster_d{gi}") as outer:
-                    outer.attr(label=_label(title), labeljust="l", style="rounded", color="#999999", fontsize="12", fontcolor="#222222")
-                    _draw_rows(outer, canvas, rows(segs, fold), f"d{gi}", _diff_item, MOVED)
+                draws.append(functools.partial(_diff_side, canvas, gi, title, rows(segs, fold)))
                 gi += 1
+            canvas.side_by_side(draws)
     return canvas.finish("capturelint region diff: segments and layers top to bottom in execution order, "
                          "scopes within a layer by name", DIFF_LEGEND)
+
+
+def _diff_side(canvas: _Canvas, gi: int, title: str, rows_: Sequence[Row]) -> None:
+    with canvas.dot.subgraph(name=f"cluster_d{gi}") as outer:
+        outer.attr(label=_label(title), labeljust="l", style="rounded", color="#999999", fontsize="12", fontcolor="#222222")
+        _draw_rows(outer, canvas, rows_, f"d{gi}", _diff_item, MOVED)
 
 
 def _cut(notes: list[str]) -> tuple[str, ...]:

@@ -86,9 +86,15 @@ def render_suggest(report: Any, console: Console) -> None:
         console.print(Panel(Group(*parts), title="tried without success", title_align="left", border_style="red"))
     if report.failing and not report.candidates:
         console.print(Text("no candidate: no finding has an engine function on its capture-time stack that can be made "
-                           "an eager break" + (f" (skipped: {'; '.join(f'{f}: {r}' for f, r in report.skipped[:5])})"
+                           "an eager break" + (f" (skipped: {_skipped(report.skipped)})"
                                                if report.skipped else ""), style="red"))
     console.print(Text(report.summary_line(), style="bold green" if report.found or not report.failing else "bold red"))
+
+
+def _skipped(skipped: tuple[tuple[str, str], ...]) -> str:
+    """``function: reason; ...``: at most five, then how many more."""
+    listed, more = shown(skipped)
+    return "; ".join(f"{f}: {r}" for f, r in listed) + (f" {and_more(more)}" if more else "")
 
 
 __all__ = ["render_suggest"]

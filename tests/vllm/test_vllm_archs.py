@@ -42,6 +42,26 @@ def test_deepseek_v4_options_are_refused_with_another_model():
     assert done.returncode == 2 and "--eager-region forces DeepSeek V4's attention regions" in done.stderr
 
 
+def test_deepseek_v4_settings_are_refused_with_another_model_not_ignored():
+    import dataclasses
+
+    from capturelint.adapters import registry
+    from capturelint.errors import CapturelintError
+    from capturelint.options import EagerRegion
+    from capturelint.settings import Settings
+
+    settings = dataclasses.replace(Settings(), eager_region=EagerRegion.WIDE)
+    with pytest.raises(CapturelintError, match="--eager-region forces DeepSeek V4's attention regions"):
+        registry.make_plan(settings, registry.engine_options(engine="vllm", model="LlamaForCausalLM"))
+    # the default architecture takes it
+    assert registry.make_plan(settings, registry.engine_options(engine="vllm")).eager_region is EagerRegion.WIDE
+
+
+def test_suggest_refuses_model_all():
+    done = _cli("suggest", "--engine", "vllm", "--model", "all")
+    assert done.returncode == 2 and "suggest finds the eager region of one architecture" in done.stderr, done.stderr
+
+
 def test_model_all_labels_each_architectures_configurations():
     from capturelint.adapters import registry
     from capturelint.adapters.vllm import archs
@@ -54,6 +74,19 @@ def test_model_all_labels_each_architectures_configurations():
                                                "attention-eager"}
     default = registry.make_plan(Settings(), registry.engine_options(engine="vllm"))
     assert default.knobs.model == "DeepseekV4ForCausalLM" and default.configured is None
+
+
+def test_the_tables_step_loop_column_is_the_plans():
+    from capturelint.adapters import registry
+    from capturelint.adapters.vllm import archs, plan as vllm_plan
+    from capturelint.settings import Settings
+
+    require_vllm()
+    plan = registry.make_plan(Settings(), registry.engine_options(engine="vllm", model="all"))
+    for label, mode in plan.all_configurations:
+        arch, _ = archs.split_label(label)
+        loop = vllm_plan.step_loop(plan, label, vllm_plan.CUDAGraphMode(mode)).__name__
+        assert (loop == "ReproducedLoop") == (archs.step_loop(arch, mode) == "reproduction"), (label, mode, loop)
 
 
 def test_every_name_of_vllms_list_has_a_row():
@@ -78,6 +111,23 @@ def test_the_architectures_doc_is_the_table_of_the_model_all_report():
     labels = {(c["runner"], c["mode"]) for c in report["configurations"]}
     assert labels == {(f"{a}:{r}", m) for a in archs.SUPPORTED for r in ("v1", "v2") for m in ("PIECEWISE", "FULL")}
     assert (ROOT / "docs" / "vllm-architectures.md").read_text() == archs.markdown(report)
+
+
+def test_a_generic_attention_model_checks_clean_in_process():
+    """The family's small configuration in the default suite: one layer of vLLM's own
+    Qwen3 on vLLM's own V2 runner, PIECEWISE, three steps (prefill, mixed, padded decode)."""
+    require_vllm()
+    from capturelint import api
+
+    report = api.check(engine="vllm", model="Qwen3ForCausalLM", runner="v2", mode="PIECEWISE", layers=1, steps=3,
+                       jobs=1)
+    assert report.findings == []
+    (cfg,) = report.configs
+    assert (cfg.runner, cfg.mode) == ("v2", "PIECEWISE")
+    assert cfg.numerical.token_agreement == 1.0 and cfg.numerical.max_logit_error == 0.0
+    assert cfg.checked.shadowed_steps == 3 and cfg.checked.eager_twin
+    assert report.invariant_selection() == {"attention-eager": report.invariant_selection()["attention-eager"]}
+    assert report.invariant_selection()["attention-eager"] > 0  # the attention, in its break
 
 
 @pytest.mark.slow

@@ -55,7 +55,8 @@ def test_stderr_holds_capturelint_lines_only_and_the_hint_names_the_engine(fresh
     assert done.returncode == 1, done.stderr
     # the summary, and nothing of vLLM's logging (vllm._C, Triton, the runner, the SSM cache)
     # nor a warning about an invariant selecting no op
-    assert done.stderr.splitlines() == ["2 findings (CL101 x1, CL201 x1) in 2 configurations"], done.stderr
+    assert done.stderr.splitlines() == ["2 findings (CL101 x1, CL201 x1) in 2 configurations [engine vllm]"], \
+        done.stderr
     hint = report.read_text().rstrip().splitlines()[-1]
     assert hint.startswith("hint: run `capturelint suggest --engine vllm --runner v1 --mode PIECEWISE,FULL "
                            "--eager-region narrow --layers 1 --steps 4`"), hint

@@ -36,6 +36,7 @@ class Arch:
     family: str
     module: str
     reason: str | None = None  # None: checked
+    full_on_vllm_runners: bool = True  # FULL graphs run on vLLM's own runners (False: the reproduction)
 
     @property
     def supported(self) -> bool:
@@ -50,7 +51,7 @@ _KIMI = ("Kimi delta attention (gated delta-net, kimi_gdn_linear_attn.py) with M
          "neither family is covered yet")
 
 CHECKED = (
-    Arch(DEFAULT, "deepseek-v4", "vllm/models/deepseek_v4"),
+    Arch(DEFAULT, "deepseek-v4", "vllm/models/deepseek_v4", full_on_vllm_runners=False),
     Arch("Qwen3ForCausalLM", "generic attention", "vllm/model_executor/models/qwen3.py"),
     Arch("LlamaForCausalLM", "generic attention", "vllm/model_executor/models/llama.py"),
 )
@@ -139,11 +140,19 @@ def split_label(runner: str) -> tuple[str, str]:
     return (arch, plain) if sep else (DEFAULT, runner)
 
 
+def step_loop(arch: str, mode: str) -> str:
+    """Which step loop runs ``arch``'s configurations of ``mode`` (``plan.step_loop``)."""
+    found = ARCHS.get(arch)
+    if found is None or not found.supported:
+        return "-"
+    return "reproduction" if mode == "FULL" and not found.full_on_vllm_runners else "vLLM's runner"
+
+
 def table(report: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
     """The rows of a ``--model all`` JSON report: (architecture, family, runner, mode,
-    verdict), one per checked configuration (``safe``: no finding and the replays
-    compared equal to their eager twin; ``corrupting``: its first finding), then one
-    per name of vLLM's list not checked (``not supported yet``: the reason)."""
+    verdict), one per checked configuration (``safe``: no finding, and the replays and
+    the eager twin compared equal; ``corrupting``: its first finding), then one per name
+    of vLLM's list not checked (``not supported yet``: the reason)."""
     rows = []
     findings: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for f in report.get("findings", []):
@@ -153,7 +162,7 @@ def table(report: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
         found = findings.get((cfg["runner"], cfg["mode"]), [])
         if found:
             first = found[0]
-            where = first.get("capture_frame") or first.get("step_frame") or {}
+            where = first.get("location") or first.get("capture_frame") or first.get("step_frame") or {}
             at = f" at {where.get('file', '?')}:{where.get('line', '?')}" if where else ""
             verdict = f"corrupting: {first['code']}{at} ({len(found)} finding{'s' if len(found) > 1 else ''})"
         else:
@@ -175,12 +184,17 @@ def markdown(report: dict[str, Any]) -> str:
         "Every name of vLLM's `DEFAULT_BREAKABLE_CUDAGRAPH_ARCHITECTURES` (`config/vllm.py:76`) has a",
         "row; the checked families are described in `docs/vllm.md`.",
         "",
-        "| architecture | family | on vLLM's list | runner | mode | breakable graphs |",
-        "|---|---|---|---|---|---|",
+        "The step loop: `vLLM's runner` is vLLM's own `GPUModelRunner` (V1 or V2) capturing and",
+        "replaying; `reproduction` is capturelint's reproduction of its capture conditions (DeepSeek",
+        "V4's FULL graphs: `docs/vllm.md` says which rules running them on vLLM's runner would lose).",
+        "",
+        "| architecture | family | on vLLM's list | runner | mode | step loop | breakable graphs |",
+        "|---|---|---|---|---|---|---|",
     ]
     for arch, family, runner, mode, verdict in table(report):
         listed = "yes" if arch in VLLM_LIST else "no"
-        lines.append(f"| `{arch}` | {family} | {listed} | {runner} | {mode} | {verdict} |")
+        loop = step_loop(arch, mode)
+        lines.append(f"| `{arch}` | {family} | {listed} | {runner} | {mode} | {loop} | {verdict} |")
     return "\n".join(lines) + "\n"
 
 
@@ -205,4 +219,4 @@ if __name__ == "__main__":
 
 
 __all__ = ["ALL", "ARCHS", "Arch", "CHECKED", "DEFAULT", "NOT_YET", "SUPPORTED", "VLLM_LIST", "lookup", "markdown",
-           "split_label", "table"]
+           "split_label", "step_loop", "table"]

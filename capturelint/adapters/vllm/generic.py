@@ -18,9 +18,10 @@ CUDA wheel does not ship.
 (``vllm._C`` again), so the selector is answered with the Triton backend's path, as a
 CUDA platform answers it when asked for it. ``Attention.forward`` calls the eager break
 ``unified_attention_with_output`` directly (its ``use_direct_call`` branch) rather than
-through the opaque custom op a CUDA platform registers: the same decorated function, but
-capturelint's emulated device does not yet follow a break entered from inside a
-dispatched op. Its two kernels are references of ours
+through the opaque custom op a CUDA platform registers: the same decorated function;
+through the op (a break entered inside a dispatched op), a traced run does not yet
+compute what the untraced run computes (tried: CL901, token agreement 0.00, while the
+untraced graph run equals eager). Its two kernels are references of ours
 (``kernels.paged_attention``: the cache write, captured, and the paged attention, in the
 eager break; both captured in FULL graphs), not Triton's interpreter (why: that module).
 
@@ -160,8 +161,8 @@ def attention_backend() -> Iterator[None]:
         patches.set(triton_attn, "unified_attention", paged_attention.unified_attention)
         # Attention.forward calls the break directly, not through the opaque custom op
         # torch.ops.vllm.unified_attention_with_output (attention.py:545-576): the same
-        # function either way, but a break entered inside a dispatched op is not emulated
-        # yet (issue 27, "First"); CUDA and CPU platforms answer True here.
+        # function either way, but a traced run through the op does not compute what the
+        # program computes yet (module docstring); CUDA and CPU platforms answer True here.
         patches.set(type(current_platform), "opaque_attention_op", classmethod(lambda cls: False))
         yield
     finally:

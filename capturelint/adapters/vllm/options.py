@@ -15,7 +15,8 @@ Nothing here imports torch or vLLM.
   ``all`` (every one, a row per architecture, runner and mode);
 - ``--vllm-runner-impl real|reproduced``: which step loop runs a serving configuration:
   ``real`` (the default), vLLM's own model runners wherever they can drive it
-  (PIECEWISE graphs; FULL ones run the reproduction, ``runners.real`` says why);
+  (PIECEWISE graphs; DeepSeek V4's FULL ones run the reproduction, ``runners.real`` says
+  why; the generic attention family runs both modes there);
   ``reproduced``, the model runners' capture conditions reproduced for every
   configuration (``runners.reproduced``).
 """

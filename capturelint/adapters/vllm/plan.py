@@ -110,13 +110,15 @@ def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
     spec = knobs.spec
     model = knobs.model
     if model != archs.DEFAULT:
-        for name, flag, why in (("spec", "--spec", "checks DeepSeek V4's drafts"),
-                                ("vllm_runner_impl", "--vllm-runner-impl", "picks DeepSeek V4's step loop"),
-                                ("eager_region", "--eager-region", "forces DeepSeek V4's attention regions")):
-            value = getattr(knobs, name, None) if name != "eager_region" else options.eager_region
-            if name in options.given and value not in (None, RunnerImpl.REAL) and str(value) != "per-runner":
+        # DeepSeek V4's own choices, from the command line or the settings: refused, never ignored
+        given = {"--spec": (knobs.spec is not None, "checks DeepSeek V4's drafts"),
+                 "--vllm-runner-impl": (knobs.vllm_runner_impl is not RunnerImpl.REAL, "picks DeepSeek V4's step loop"),
+                 "--eager-region": (str(settings_region(settings, options)) != "per-runner",
+                                    "forces DeepSeek V4's attention regions")}
+        for flag, (is_set, why) in given.items():
+            if is_set:
                 raise CapturelintError(f"{flag} {why}; --model {model} runs vLLM's own regions on vLLM's own runners: "
-                                       f"drop {flag} or use --model {archs.DEFAULT}")
+                                       f"drop {flag} (command line or settings) or use --model {archs.DEFAULT}")
 
     def spec_runners(runners: tuple[Runner, ...]) -> None:
         if spec is SpecMethod.DSPARK and Runner.V1 in runners:
@@ -181,6 +183,13 @@ def refuse_unreplayed(knobs: Knobs, steps: int) -> None:
         f"as large as a batch (e.g. --capture-sizes {wider}) or run smaller batches (e.g. --batch-sizes "
         f"{','.join(str(n) for n in range(1, max(captures) + 1))})"
     )
+
+
+def settings_region(settings: Settings, options: EngineOptions) -> Any:
+    """The eager region asked for: the command line's, else the settings', else ``per-runner``."""
+    if options.eager_region is not None:
+        return options.eager_region
+    return getattr(settings, "eager_region", None) or "per-runner"
 
 
 def load(plan: CheckPlan) -> CheckPlan:
@@ -380,6 +389,9 @@ def suggest_slots(plan: CheckPlan) -> list[Slot]:
     from capturelint.adapters.vllm.install import require_vllm
     from capturelint.suggest import BreakDecorator
 
+    if plan.knobs.model == archs.ALL:
+        raise CapturelintError(f"suggest finds the eager region of one architecture; use --model ARCH (one of "
+                               f"{', '.join(archs.SUPPORTED)}), not --model all")
     require_vllm()  # for the CPU target, before anything of vLLM is imported
     from vllm.compilation.breakable_cudagraph import eager_break_during_capture
 

@@ -135,7 +135,15 @@ Python (V1: ``CUDAGraphWrapper``, ``compilation/cuda_graph.py``, around the brea
 wrapper; V2: ``torch.cuda.graph`` at ``cudagraph_utils.py:496``), which the checker
 sees without a shadow step: CL101-CL103, CL105, CL107 and the invariants go unchecked.
 Under V1, CL110 then reports ``_dummy_run`` (:5863) indexing the capture run's output
-(``hidden_states[logit_indices_device]``), a value the capture loop discards.
+(``hidden_states[logit_indices_device]``), a value the capture loop discards. So DeepSeek
+V4 keeps the reproduction for FULL, which would lose those rules here; the generic
+attention family (``generic.GenericRunnerLoop``, ``DRIVES_FULL``), which has no
+reproduction, runs its FULL graphs on these runners, checked by the bare-graph rules
+(CL104, CL106, CL108-CL112) and the eager twin, with V1's CL110 reported.
+
+The model family's hooks (``MODEL_FIELDS``, ``BLOCK_SIZE``, ``DRIVES_FULL``, ``_workload``,
+``_build``, ``_prefill``, ``_buffers``, ``_caches``) are DeepSeek V4's here; ``generic``
+overrides them for vLLM's own model classes.
 """
 
 from __future__ import annotations
