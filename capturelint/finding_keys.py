@@ -81,9 +81,29 @@ def cause_key(f: Keyed) -> tuple[str, ...]:
     module indices abstracted (``model.layers.3.attn.kv_cache`` is
     ``model.layers.*.attn.kv_cache``). Scope, graph, configuration, replay steps and
     the message's counts and op lists are evidence of one occurrence, not the cause,
-    and are left out: they differ from layer to layer for one and the same branch."""
+    and are left out: they differ from layer to layer for one and the same branch. A
+    stale break argument (CL107) is one problem per argument the break was handed,
+    whichever tensors inside it differ (``break_argument``)."""
+    tensor = f.tensor or ""
+    if f.code in _ONE_PER_ARGUMENT:
+        # a break handed one stale object (vLLM's attention metadata, with hundreds of
+        # tensors, each read by many ops) is one problem: the argument it was handed
+        tensor, op = break_argument(tensor), ""
+    else:
+        op = f.op
     return (f.code, f.invariant or "", _where(f.location), _where(f.capture_frame), _where(f.shadow_frame),
-            _where(f.allocation_frame), abstract_indices(f.op), abstract_indices(f.tensor or ""))
+            _where(f.allocation_frame), abstract_indices(op), abstract_indices(tensor))
+
+
+_ONE_PER_ARGUMENT = frozenset({"CL107"})  # rules whose finding names a path inside a break's argument
+_ARGUMENT_ROOT = re.compile(r"^(?:argument )?([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def break_argument(path: str) -> str:
+    """The argument of an eager break a CL107 path is inside: ``meta.slot_mapping``,
+    ``argument meta['layer.0'].block_table`` -> ``meta``."""
+    found = _ARGUMENT_ROOT.match(path)
+    return found.group(1) if found else path
 
 
 def group_id(f: Keyed) -> str:
@@ -141,5 +161,5 @@ def _line(frame: Frame | None) -> tuple[str, int] | None:
     return (frame.file, frame.line) if frame is not None else None
 
 
-__all__ = ["Keyed", "KeyedGroup", "abstract_indices", "cause_key", "fingerprint", "group_id", "group_order",
+__all__ = ["Keyed", "KeyedGroup", "abstract_indices", "break_argument", "cause_key", "fingerprint", "group_id", "group_order",
            "occurrence_key", "order_key", "trial_key"]

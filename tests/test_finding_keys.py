@@ -41,6 +41,22 @@ def test_another_configuration_is_one_problem_one_hazard_and_one_trial_key():
     assert same(finding(), finding(runner="v2", mode="FULL")) == {"cause", "trial", "fingerprint"}
 
 
+def test_a_break_handed_one_stale_object_is_one_problem_whatever_tensors_in_it_differ():
+    # a break handed the capture's metadata object: each tensor inside it is a finding
+    # (hundreds under vLLM), all of one problem; another argument is another problem
+    def stale(path: str) -> Finding:
+        return finding(code="CL107", name="stale-break-argument", condition=Condition.R6, op="eager break",
+                       tensor=path, capture_frame=None, shadow_frame=Frame("engine/model.py", 60, "forward"))
+
+    one = [stale("meta.slot_mapping"), stale("meta['model.layers.1.attn'].decode.block_table"),
+           stale("argument meta.num_decodes"), stale("meta.seq_lens")]
+    assert len({group_id(f) for f in one}) == 1
+    assert len(group_findings(one)) == 1 and len(group_findings(one)[0].findings) == 4
+    assert group_id(stale("positions")) != group_id(one[0])
+    # other rules keep the tensor: two stale reads in a captured segment are two problems
+    assert group_id(finding(tensor="meta.slot_mapping")) != group_id(finding(tensor="meta.seq_lens"))
+
+
 def test_a_moved_line_keeps_only_the_fingerprint():
     moved = finding(capture_frame=Frame("engine/model.py", 50, "forward"),
                     shadow_frame=Frame("engine/model.py", 48, "forward"))
