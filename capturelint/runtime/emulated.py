@@ -837,7 +837,7 @@ class EmulatedCUDAGraph:
         if sid not in self._known and sid not in self._allocated:
             self._allocated[sid] = (st, t.dtype)
             if self.owner is None and protocol.has_observers():
-                self._made[sid] = holders.made_in()
+                self._made[sid] = frames.user_codes(2)
             if self._pool_model is not None:
                 self._pool_model.allocate(self, st, _current_stream[-1])
 

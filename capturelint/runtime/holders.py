@@ -462,18 +462,6 @@ def rebinding_line(holder: Holder) -> Frame | None:
 # ------------------------------------------------- what the captured code stored (CL116)
 
 
-def made_in() -> tuple[tuple[Any, int], ...]:
-    """The code objects of engine or model code running now, innermost first, with
-    their lines: where a tensor the capture allocates is made (``stored``)."""
-    out = []
-    f = sys._getframe(1)
-    while f is not None and len(out) < 16:
-        if not frames.hidden_code(f.f_code):
-            out.append((f.f_code, f.f_lineno))
-        f = f.f_back
-    return tuple(out)
-
-
 def _slot_name(h: Holder) -> tuple[str | None, bool]:
     """The name the program stores ``h`` by (``hidden`` of ``model.hidden``, ``cache`` of
     ``cache[0]``), and whether ``h`` is a container's slot."""
@@ -492,7 +480,7 @@ def stored(found: Holders, made: dict[int, tuple[tuple[Any, int], ...]]) -> list
     """The holders (of graph memory, found at capture end) that the captured code filled
     itself, each with the line that did: the assignment to the holder's name, or the
     call that put the tensor in its container, in a function that made the tensor
-    (``made``: storage -> ``made_in()`` at its allocation) and has returned since. A
+    (``made``: storage -> ``frames.user_codes()`` at its allocation) and has returned since. A
     holder the code running the capture filled (``static_y = model(static_x)`` in the
     ``with`` block: the program's own handle on the graph's output) is not one, nor
     one whose filling line is in none of those functions."""
@@ -528,4 +516,4 @@ def emptied(h: Holder) -> str | None:
     return "removed" if h.steps and h.steps[-1][0] == "item" and parent.value() is not _GONE else None
 
 
-__all__ = ["MAX_ITEMS", "MAX_OBJECTS", "Holder", "Holders", "discover", "emptied", "made_in", "rebinding_line", "stored"]
+__all__ = ["MAX_ITEMS", "MAX_OBJECTS", "Holder", "Holders", "discover", "emptied", "rebinding_line", "stored"]
