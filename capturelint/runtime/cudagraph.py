@@ -24,6 +24,7 @@ from capturelint.runtime.lifetimes import (
     BorrowedTensors,
     StorageId,
     alias_of,
+    announce_host_state,
     announce_rebound,
     graph_aliases,
     graph_owned,
@@ -220,6 +221,10 @@ class EmulatedCUDAGraph:
         self._begun_at = protocol.UNKNOWN_FRAME
         self._outsiders: set[EmulatedStream] = set()  # streams outside the capture that got work in it
         self._training: training.Watch | None = None  # a captured training step's state (runtime.training)
+        # what the captured code stored on the program's objects (CL116): where each
+        # storage the capture allocated was made, then the holders it filled
+        self._made: dict[StorageId, tuple] = {}
+        self._stored: list[tuple[holders.Holder, protocol.Frame]] = []
 
     @property
     def where(self) -> tuple[protocol.GraphInfo, int]:
@@ -304,6 +309,8 @@ class EmulatedCUDAGraph:
             found = holders.discover(inputs + list(self._allocated))
             protocol.announce("on_graph_names", self.info, found.names())
             self._holders = found.only(inputs) if inputs else None
+            self._stored = holders.stored(found.only(self._allocated), self._made)
+        self._made = {}
         if self._pool_model is not None:
             self._pool_model.end()
         origin, forks = self._origin, self._forks
@@ -329,6 +336,8 @@ class EmulatedCUDAGraph:
         sid = st._cdata
         if sid not in self._known and sid not in self._allocated:
             self._allocated[sid] = (st, t.dtype)
+            if self.owner is None and protocol.has_observers():
+                self._made[sid] = frames.user_codes(2)
             if self._pool_model is not None:
                 self._pool_model.allocate(self, st, stream_stack[-1])
 
@@ -419,6 +428,8 @@ class EmulatedCUDAGraph:
         poison_freed(self._borrowed, self.info, segment, self.poisoned, self._holders)
         if self._holders is not None:
             announce_rebound(self._holders, self.info, segment, self._replays)
+        if self._stored:
+            self._stored = announce_host_state(self._stored, self.info, self._replays)
         with torch.no_grad():
             for c in self._calls:
                 out = c.func(*c.args, **c.kwargs)
@@ -432,6 +443,7 @@ class EmulatedCUDAGraph:
 
     def reset(self) -> None:
         self._holders = None
+        self._stored = []
         self._borrowed.release()
         for sid, n in self._held.items():
             left = graph_aliases.get(sid, 0) - n

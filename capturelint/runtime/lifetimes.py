@@ -174,3 +174,20 @@ def announce_rebound(found: holders.Holders, info: protocol.GraphInfo, segment: 
         )
         protocol.announce("on_held_input", event)
 
+
+def announce_host_state(stored: list[tuple[holders.Holder, protocol.Frame]], info: protocol.GraphInfo,
+                        replay: int) -> list[tuple[holders.Holder, protocol.Frame]]:
+    """Before a replay: announce, once per graph, the holders the captured code filled
+    (``holders.stored``) that the program has re-bound or emptied since (CL116), and
+    return what is left to watch (nothing once announced)."""
+    changed = [(h, at, how) for h, at in stored if (how := holders.emptied(h)) is not None]
+    if not changed:
+        return stored
+    holder, at, how = changed[0]
+    line = holders.rebinding_line(holder) if how == "re-bound" else None
+    replay_at = frames.user_frame(3)
+    known = line is not None and line != at  # a class's one assignment may be the captured one itself
+    protocol.announce("on_training_hazard", protocol.TrainingHazardEvent(
+        protocol.TrainingHazard.HOST_STATE, at, line if known else replay_at, info, holder.label,
+        f"replay {replay}", how, count=len(changed), changed_by="re-binding" if known else "", storage=holder.storage))
+    return []
