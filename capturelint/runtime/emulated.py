@@ -721,6 +721,10 @@ class EmulatedCUDAGraph:
         self._begun_at = protocol.UNKNOWN_FRAME
         self._outsiders: set[EmulatedStream] = set()  # streams outside the capture that got work in it
         self._training: training.Watch | None = None  # a captured training step's state (runtime.training)
+        # what the captured code stored on the program's objects (CL116): where each
+        # storage the capture allocated was made, then the holders it filled
+        self._made: dict[StorageId, tuple] = {}
+        self._stored: list[tuple[holders.Holder, protocol.Frame]] = []
 
     @property
     def where(self) -> tuple[protocol.GraphInfo, int]:
@@ -805,6 +809,8 @@ class EmulatedCUDAGraph:
             found = holders.discover(inputs + list(self._allocated))
             protocol.announce("on_graph_names", self.info, found.names())
             self._holders = found.only(inputs) if inputs else None
+            self._stored = holders.stored(found.only(self._allocated), self._made)
+        self._made = {}
         if self._pool_model is not None:
             self._pool_model.end()
         origin, forks = self._origin, self._forks
@@ -830,6 +836,8 @@ class EmulatedCUDAGraph:
         sid = st._cdata
         if sid not in self._known and sid not in self._allocated:
             self._allocated[sid] = (st, t.dtype)
+            if self.owner is None and protocol.has_observers():
+                self._made[sid] = frames.user_codes(2)
             if self._pool_model is not None:
                 self._pool_model.allocate(self, st, _current_stream[-1])
 
@@ -920,6 +928,8 @@ class EmulatedCUDAGraph:
         poison_freed(self._borrowed, self.info, segment, self.poisoned, self._holders)
         if self._holders is not None:
             announce_rebound(self._holders, self.info, segment, self._replays)
+        if self._stored:
+            self._stored = announce_host_state(self._stored, self.info, self._replays)
         with torch.no_grad():
             for c in self._calls:
                 out = c.func(*c.args, **c.kwargs)
@@ -933,6 +943,7 @@ class EmulatedCUDAGraph:
 
     def reset(self) -> None:
         self._holders = None
+        self._stored = []
         self._borrowed.release()
         for sid, n in self._held.items():
             left = _graph_aliases.get(sid, 0) - n
@@ -1007,6 +1018,24 @@ def announce_rebound(found: holders.Holders, info: protocol.GraphInfo, segment: 
             now.untyped_storage()._cdata, held_by, holders.rebinding_line(holder), replay, frames.user_frame(2),
         )
         protocol.announce("on_held_input", event)
+
+
+def announce_host_state(stored: list[tuple[holders.Holder, protocol.Frame]], info: protocol.GraphInfo,
+                        replay: int) -> list[tuple[holders.Holder, protocol.Frame]]:
+    """Before a replay: announce, once per graph, the holders the captured code filled
+    (``holders.stored``) that the program has re-bound or emptied since (CL116), and
+    return what is left to watch (nothing once announced)."""
+    changed = [(h, at, how) for h, at in stored if (how := holders.emptied(h)) is not None]
+    if not changed:
+        return stored
+    holder, at, how = changed[0]
+    line = holders.rebinding_line(holder) if how == "re-bound" else None
+    replay_at = frames.user_frame(3)
+    known = line is not None and line != at  # a class's one assignment may be the captured one itself
+    protocol.announce("on_training_hazard", protocol.TrainingHazardEvent(
+        protocol.TrainingHazard.HOST_STATE, at, line if known else replay_at, info, holder.label,
+        f"replay {replay}", how, count=len(changed), changed_by="re-binding" if known else "", storage=holder.storage))
+    return []
 
 
 def is_current_stream_capturing() -> bool:
