@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import Any, Callable
 
 from typing import TYPE_CHECKING
 
@@ -357,30 +357,14 @@ class Report:
                                         [GraphMap.from_json(g) for g in c["graphs"]], note=c["note"], static=static,
                                         checked=Checked.from_json(c["checked"]), target=c.get("target")))
         # findings: sorted over the whole report; each configuration says how many are its own
-        remaining = {id(c): c_doc["findings"] for c, c_doc in zip(configs, doc["configurations"])}
-        suppression_findings = []
-        for f in (Finding.from_json(f) for f in doc["findings"]):
-            if not f.runner and not f.mode:  # a suppression comment's (CL902, CL903): of no configuration
-                suppression_findings.append(f)
-                continue
-            owner = next((c for c in configs if (c.runner, c.mode) == (f.runner, f.mode) and remaining[id(c)] > 0), None)
-            if owner is None:
-                raise ValueError(f"finding {f.code} of {f.runner}/{f.mode} has no configuration to belong to")
-            owner.findings.append(f)
-            remaining[id(owner)] -= 1
-        if any(remaining.values()):
-            raise ValueError("the configurations' finding counts disagree with the findings listed")
-        remaining = {id(c): c_doc.get("suppressed", 0) for c, c_doc in zip(configs, doc["configurations"])}
-        for w in (Waived.from_json(w) for w in doc.get("suppressed", ())):
-            owner = next((c for c in configs if (c.runner, c.mode) == (w.finding.runner, w.finding.mode)
-                          and remaining[id(c)] > 0), None)
-            if owner is None:
-                raise ValueError(f"suppressed finding {w.finding.code} of {w.finding.runner}/{w.finding.mode} has no "
-                                 "configuration to belong to")
-            owner.waived.append(w)
-            remaining[id(owner)] -= 1
-        if any(remaining.values()):
-            raise ValueError("the configurations' suppressed counts disagree with the suppressed findings listed")
+        findings = [Finding.from_json(f) for f in doc["findings"]]
+        # a suppression comment's findings (CL902, CL903) are of no configuration
+        suppression_findings = [f for f in findings if not f.runner and not f.mode]
+        _give_back(configs, [f for f in findings if f.runner or f.mode], lambda f: f,
+                   [c_doc["findings"] for c_doc in doc["configurations"]], lambda c: c.findings, "finding")
+        _give_back(configs, [Waived.from_json(w) for w in doc.get("suppressed", ())], lambda w: w.finding,
+                   [c_doc.get("suppressed", 0) for c_doc in doc["configurations"]], lambda c: c.waived,
+                   "suppressed finding")
         start = 0  # numerical results are listed in configuration order
         for n in (Numerical.from_json(n) for n in doc["numerical"]):
             at = next((i for i in range(start, len(configs)) if (configs[i].runner, configs[i].mode) == (n.runner, n.mode)),
@@ -612,3 +596,18 @@ def graph_order(g: GraphMap) -> tuple:
     return (g.runtime_mode, kind, int(size) if size.isdigit() else 0, g.graph)
 
 
+def _give_back(configs: list[ConfigReport], items: list[Any], finding_of: Callable[[Any], Finding],
+               counts: list[int], into: Callable[[ConfigReport], list[Any]], what: str) -> None:
+    """``Report.from_json``: each of ``items`` (findings, or suppressed findings) to its
+    configuration by runner and mode, in order, each configuration taking as many as its
+    JSON ``counts`` says."""
+    remaining = {id(c): n for c, n in zip(configs, counts)}
+    for item in items:
+        f = finding_of(item)
+        owner = next((c for c in configs if (c.runner, c.mode) == (f.runner, f.mode) and remaining[id(c)] > 0), None)
+        if owner is None:
+            raise ValueError(f"{what} {f.code} of {f.runner}/{f.mode} has no configuration to belong to")
+        into(owner).append(item)
+        remaining[id(owner)] -= 1
+    if any(remaining.values()):
+        raise ValueError(f"the configurations' {what} counts disagree with the {what}s listed")
