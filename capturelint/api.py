@@ -196,7 +196,7 @@ def check_options(caller: str, **options: Any) -> tuple[dict[str, Any], EngineOp
 def with_targets(options: EngineOptions, targets: Any, caller: str) -> EngineOptions:
     """``options`` with the API's ``targets=``: ``Target`` objects, a function returning
     them, or ``FILE.py:FUNCTION`` specs (relative to the project root); ``None``: not
-    given. The target adapter takes them apart (``capturelint.adapters.target.sources_of``:
+    given. The target adapter takes them apart (``capturelint.adapters.plain.target.sources_of``:
     a kind of value none of these is a one-line error there)."""
     if targets is None:
         return options

@@ -148,7 +148,7 @@ class ConfigReport:
     checked: Checked = Checked()  # what the check looked at and compared
     waived: list[Waived] = dataclasses.field(default_factory=list)  # findings suppressed or accepted
     traced: tuple[Frame, ...] = dataclasses.field(default=(), repr=False)  # a frame per file its captures ran
-    target: str | None = None  # a user's target: the source it came from (capturelint.adapters.target.Source.name)
+    target: str | None = None  # a user's target: the source it came from (capturelint.adapters.plain.target.Source.name)
 
     @property
     def label(self) -> str:

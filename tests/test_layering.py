@@ -198,7 +198,7 @@ def room_of(module: str) -> str | None:
 
 def family(module: str) -> str:
     """An adapter's engine family: its package or module under ``adapters/``
-    (``adapters.vllm.runners.real`` -> ``vllm``, ``adapters.target`` -> ``target``);
+    (``adapters.vllm.runners.real`` -> ``vllm``, ``adapters.plain.target`` -> ``plain``);
     outside it, the module's own name (``capturelint.target`` -> ``target``)."""
     parts = module.split(".")
     return parts[2] if parts[:2] == [ROOT, "adapters"] and len(parts) > 2 else parts[-1]
@@ -628,7 +628,7 @@ def test_the_doors_let_through_what_the_picture_allows(tmp_path):
 @pytest.mark.parametrize("where, line, switch", [
     ("commands/check.py", 'x = settings.engine != "vllm"', "settings.engine != 'vllm'"),
     ("pipeline.py", 'x = engine == "bundled"', "engine == 'bundled'"),
-    ("adapters/target.py", 'x = kind in ("bundled", "vllm")', "kind in ('bundled', 'vllm')"),
+    ("adapters/plain/target.py", 'x = kind in ("bundled", "vllm")', "kind in ('bundled', 'vllm')"),
     ("adapters/vllm/install.py", 'x = name == "bundled"', "name == 'bundled'"),
 ])
 def test_a_scratch_engine_switch_is_found(tmp_path, where, line, switch):

@@ -56,7 +56,7 @@ def test_the_fix_exits_0(capsys, name):
 def test_the_findings_do_not_depend_on_rule_order(name):
     import random
 
-    from capturelint.adapters.target import configuration, load_targets
+    from capturelint.adapters.plain.target import configuration, load_targets
     from capturelint.harness import trace_run
     from capturelint.rules import RULES
     from capturelint.runtime.emulated import emulate_cuda

@@ -14,5 +14,6 @@ know no engine; a new engine family is one adapter module plus its tests.
 - ``bundled/``: the bundled DeepSeek V4 engine (``capturelint.engine``), a package;
 - ``vllm/``: vLLM's own attention, ``--engine vllm``, a package (its rooms in its
   ``__init__``);
-- ``target``: a user's engine, named on the command line with ``--target``.
+- ``plain/``: plain PyTorch programs, the user's own code: ``target`` (``--target``, the
+  ``targets`` setting) and ``script`` (``capturelint run``), a package.
 """

@@ -93,7 +93,7 @@ class CheckPlan:
 
     ``engine`` names the adapter that runs it (``capturelint.adapters.registry``);
     ``sources`` say where a user's targets come from (``--target SPEC``, the ``targets``
-    setting, the API's objects: ``capturelint.adapters.target.Source``); ``knobs`` the engine family's
+    setting, the API's objects: ``capturelint.adapters.plain.target.Source``); ``knobs`` the engine family's
     own options (its frozen record, ``resolve_knobs``), which only its adapter reads. ``configured`` holds the
     configurations an adapter found itself (a target's), where ``runners`` x ``modes``
     do not say them; ``loaded`` is what its adapter built when it loaded the plan (a
@@ -114,7 +114,7 @@ class CheckPlan:
     jobs: int = 1  # configurations checked at once, in worker processes
     reuse: bool = True  # share identical work between configurations (the eager twins)
     target: str | None = None  # capturelint run's script
-    sources: tuple[Any, ...] = ()  # a user's targets: where they come from (capturelint.adapters.target.Source)
+    sources: tuple[Any, ...] = ()  # a user's targets: where they come from (capturelint.adapters.plain.target.Source)
     knobs: Any = None  # the engine family's own options, resolved: its frozen knobs record (resolve_knobs)
     configured: tuple[tuple[str, str], ...] | None = None  # (runner, mode) as the adapter names them
     warnings: tuple[str, ...] = dataclasses.field(default=(), compare=False)

@@ -120,8 +120,8 @@ CHOSEN_BY = {TARGET: "--target", SCRIPT: "capturelint run"}
 _FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("bundled", "capturelint.adapters.bundled.plan", "capturelint.adapters.bundled.options"),
     Family("vllm", "capturelint.adapters.vllm.plan", "capturelint.adapters.vllm.options"),
-    Family(TARGET, "capturelint.adapters.target", None),
-    Family(SCRIPT, "capturelint.adapters.script", None),
+    Family(TARGET, "capturelint.adapters.plain.target", None),
+    Family(SCRIPT, "capturelint.adapters.plain.script", None),
 )}
 _BUILT_IN = frozenset(_FAMILIES)
 _plugins_read = False

@@ -1,6 +1,6 @@
 """``capturelint run SCRIPT.py [ARGS...]``: run a plain PyTorch program as written for
 a GPU, under the emulated CUDA device and the tracer, and check every CUDA graph it
-captures and replays (the script adapter, ``capturelint.adapters.script``)."""
+captures and replays (the script adapter, ``capturelint.adapters.plain.script``)."""
 
 from __future__ import annotations
 
