@@ -157,3 +157,79 @@ def test_edge_a_breakable_graphs_capture_output_read_without_reaching_a_result_i
     code, doc = check(capsys, path, "targets_no_twin")
     assert code == 0, doc["findings"]
     assert doc["findings"] == []
+
+
+DUMMY = """
+class Dummy:
+    def __init__(self, mode):
+        torch.manual_seed(0)
+        self.mode = mode
+        self.model = nn.Linear(4, 4).to(DEV).eval()
+        self.static_x = torch.zeros(2, 4, device=DEV)
+        self.last = torch.tensor([1], device=DEV)
+        self.graph = None
+
+    @torch.no_grad()
+    def step(self, x):
+        self.static_x.copy_(x)
+        if self.graph is None:
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.static_y = self.model(self.static_x)
+            picked = self.static_y[self.last]  # a dummy run indexes the capture's output
+            if self.mode == "returned":
+                return picked.softmax(-1)
+        self.graph.replay()
+        return self.static_y[self.last].softmax(-1)
+
+    def serve(self):
+        return [self.step(torch.full((2, 4), float(i), device=DEV)) for i in range(3)]
+
+    @torch.no_grad()
+    def eager(self):
+        return [self.model(torch.full((2, 4), float(i), device=DEV))[self.last].softmax(-1) for i in range(3)]
+
+
+def twin(mode):
+    graphed, eager = Dummy(mode), Dummy(mode)
+    return Target(run=graphed.serve, eager=eager.eager, runner="plain", mode="graph")
+
+
+def discarded():
+    return twin("discarded")
+
+
+def returned():
+    return twin("returned")
+
+
+def discarded_no_twin():
+    return Target(run=Dummy("discarded").serve, runner="plain", mode="graph")
+"""
+
+
+def test_a_bare_capture_output_indexed_and_discarded_is_clean_where_the_eager_twin_agrees(tmp_path, capsys):
+    """The emulator poisons what the capture returned (NaN): a twin that agrees shows the
+    indexed value never reached the result, as in vLLM V1's ``_dummy_run``."""
+    code, doc = check(capsys, write(tmp_path, DUMMY), "discarded")
+    assert code == 0, doc["findings"]
+    assert doc["findings"] == []
+    (n,) = doc["numerical"]
+    assert n["max_logit_error"] == 0.0 and n["replay_steps"] == 3  # compared with the twin, and equal
+
+
+def test_the_same_indexed_value_returned_as_the_first_steps_result_is_cl110(tmp_path, capsys):
+    path = write(tmp_path, DUMMY)
+    code, doc = check(capsys, path, "returned")
+    assert code == 1 and codes(doc) == ["CL110"]
+    (f,) = doc["findings"]
+    assert f["shadow_frame"]["line"] == line_of(path, "picked = self.static_y[self.last]")
+    assert doc["numerical"][0]["max_logit_error"] == "inf"  # the poisoned value reached the result
+
+
+def test_edge_a_bare_capture_output_read_without_an_eager_twin_is_still_cl110(tmp_path, capsys):
+    """Without a twin nothing shows the value was dropped: a bare graph's read is reported."""
+    path = write(tmp_path, DUMMY)
+    code, doc = check(capsys, path, "discarded_no_twin")
+    assert code == 1 and codes(doc) == ["CL110"]
+    assert doc["findings"][0]["shadow_frame"]["line"] == line_of(path, "picked = self.static_y[self.last]")
