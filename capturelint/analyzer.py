@@ -529,7 +529,7 @@ class Analyzer:
         diverged = ((agreement is not None and agreement < 1.0)
                     or (agreement is None and twin is not None and not twin <= DIVERGENCE_TOLERANCE))
         kept = []
-        if diverged:  # the capture's outputs reached the result
+        if diverged and self._provisional:  # the capture's outputs reached the result
             kept += self._provisional
             self.hooks_run.add("check_bare")
         if diverged or not compared:  # a bare graph's: nothing shows the poisoned value was dropped
