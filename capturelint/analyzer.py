@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from types import MappingProxyType
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -528,8 +529,10 @@ class Analyzer:
         compared = agreement is not None or twin is not None
         diverged = ((agreement is not None and agreement < 1.0)
                     or (agreement is None and twin is not None and not twin <= DIVERGENCE_TOLERANCE))
+        # the emulator poisons a capture's float memory with NaN: a non-finite error is that poison in the result
+        poisoned = twin is not None and not math.isfinite(twin)
         kept = []
-        if diverged and self._provisional:  # the capture's outputs reached the result
+        if diverged and poisoned and self._provisional:  # the capture's outputs reached the result
             kept += self._provisional
             self.hooks_run.add("check_bare")
         if diverged or not compared:  # a bare graph's: nothing shows the poisoned value was dropped

@@ -32,10 +32,12 @@ class CaptureOutputConsumed(Rule):
     computed, until its first replay: the call that captures returns them. Engines read
     a capture pass's discarded outputs knowingly (vLLM's dummy runs index them), so on a
     breakable graph such a read is reported only where the run's result diverged from
-    its eager twin (without a twin it is not reported). On a bare graph it is reported
-    unless an eager twin was compared and agreed: the emulator fills a capture's memory
-    with poison (NaN), so a twin that agrees shows the value read never reached the
-    result (vLLM V1's FULL capture loop indexes the captured output and discards it).
+    its eager twin by a non-finite error: the emulator fills a capture's float memory
+    with poison (NaN), so that error is the poison in the result (a finite divergence
+    has another cause; without a twin it is not reported). On a bare graph it is
+    reported unless an eager twin was compared and agreed, which shows the value read
+    never reached the result (vLLM V1's FULL capture loop indexes the captured output
+    and discards it).
 
     ## Why is this bad?
     On a GPU a capture records kernels into the graph without running them: the

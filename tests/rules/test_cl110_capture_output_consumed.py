@@ -104,9 +104,11 @@ class Served(nn.Module):
     def run(self, graphs=True):
         outs = []
         with torch.no_grad():
-            if self.mode == "warm" and graphs:  # a capture pass whose output is discarded
+            if self.mode in ("warm", "peek") and graphs:  # a capture pass whose output is discarded
                 with set_forward_context({}, CUDAGraphMode.FULL, BatchDescriptor(4, False)):
-                    self.wrapper(self.input)
+                    warm = self.wrapper(self.input)
+                if self.mode == "peek":
+                    warm[0].sum()  # @peek: read, as vLLM's dummy run indexes it, and dropped
             for step in range(3):
                 self.input.copy_(torch.randn(4, 8, generator=torch.Generator().manual_seed(step)))
                 mode = CUDAGraphMode.FULL if graphs else CUDAGraphMode.NONE
@@ -124,6 +126,12 @@ def targets(mode="lazy"):
 
 def targets_warm():
     return targets("warm")
+
+
+def targets_peek_drift():  # the capture pass's output read and dropped; the run drifts for another reason
+    m, e = Served("peek"), Served("peek")
+    return [Target(run=lambda: m.run(True), roots={"model": m}, runner="served", mode="FULL",
+                   eager=lambda: [o + 1 for o in e.run(False)])]
 
 
 def targets_no_twin():
@@ -233,3 +241,11 @@ def test_edge_a_bare_capture_output_read_without_an_eager_twin_is_still_cl110(tm
     code, doc = check(capsys, path, "discarded_no_twin")
     assert code == 1 and codes(doc) == ["CL110"]
     assert doc["findings"][0]["shadow_frame"]["line"] == line_of(path, "picked = self.static_y[self.last]")
+
+
+def test_edge_a_breakable_graphs_dropped_read_is_not_blamed_for_a_finite_divergence(tmp_path, capsys):
+    """The poison (NaN) never reached the result: the run's finite divergence has another
+    cause (here the twin's own +1), which the numerical oracle reports, not CL110."""
+    code, doc = check(capsys, write(tmp_path, BREAKABLE), "targets_peek_drift")
+    assert code == 1 and codes(doc) == ["CL901"], doc["findings"]
+    assert doc["numerical"][0]["max_logit_error"] == 1.0
