@@ -86,7 +86,7 @@ def stale():
 '''
 
 BARE_STATEMENT = "no findings in 1 configuration: structural rules only, replay NOT compared with eager (bare graph, no eager twin given)"
-BARE_CHECKED = {"rules": ["CL104", "CL106", "CL108", "CL109", "CL110", "CL111", "CL112", "CL113", "CL114", "CL115"],
+BARE_CHECKED = {"rules": ["CL104", "CL106", "CL108", "CL109", "CL110", "CL111", "CL112", "CL113", "CL114", "CL115", "CL116"],
                 "unchecked_rules": ["CL101", "CL102", "CL103", "CL105", "CL107", "CL201", "CL202", "CL203"],
                 "shadowed_steps": 0, "bare_replays": 3, "eager_twin": False, "exercised": []}
 
@@ -124,7 +124,7 @@ def test_a_bare_graph_without_a_twin_never_says_matches_in_any_format(capsys, pr
     texts = [out, err]
     code, out, err = check(capsys, "--target", f"{program}:bare", "--verbose")  # the evidence
     assert code == 0 and " ".join(out.split()).endswith(f"{BARE_STATEMENT} [targets server.py:bare]")  # wrapped
-    assert "checked: rules CL104, CL106, CL108-CL115; 3 bare-graph replays, not shadowed; no eager twin" in out
+    assert "checked: rules CL104, CL106, CL108-CL116; 3 bare-graph replays, not shadowed; no eager twin" in out
     assert "numerical:" not in out  # no step error "0 over 3 replay steps" for steps never compared
     texts += [out, err]
     for out in texts[::2]:
@@ -170,7 +170,7 @@ def test_a_bare_graph_with_a_twin_says_it_compared(capsys, program):
     assert code == 0 and "NOT compared" not in out
     assert out.rstrip().splitlines()[-1] == ("no findings in 1 configuration: replay matches eager execution "
                                              f"[targets {program}:twin]")
-    assert "checked: rules CL104, CL106, CL108-CL115; 3 bare-graph replays, not shadowed; eager twin compared" in out
+    assert "checked: rules CL104, CL106, CL108-CL116; 3 bare-graph replays, not shadowed; eager twin compared" in out
     # the twin compared the outputs; no replay step was compared with a shadow
     assert "numerical: max error 0 against the eager twin over 3 replays (not shadowed: no step-by-step comparison)" in out
     code, out, err = check(capsys, "--target", f"{program}:twin", "--format", "json")
@@ -214,7 +214,7 @@ def test_the_bundled_engine_shadows_every_step_and_compares_its_twin(capsys):
     assert checked["rules"] == ["CL101", "CL102", "CL103", "CL104", "CL105", "CL106", "CL107", "CL201", "CL202",
                                 "CL203"]
     # the bare-graph and training-graph rules: no bare graph here
-    assert checked["unchecked_rules"] == ["CL108", "CL109", "CL110", "CL111", "CL112", "CL113", "CL114", "CL115"]
+    assert checked["unchecked_rules"] == ["CL108", "CL109", "CL110", "CL111", "CL112", "CL113", "CL114", "CL115", "CL116"]
 
 
 def test_shadowed_steps_without_a_twin_are_a_comparison(capsys):

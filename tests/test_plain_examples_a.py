@@ -1,4 +1,4 @@
-"""The worked examples of the bare-graph rules CL108-CL110 (``examples/plain/``), each
+"""The worked examples of the bare-graph rules CL108-CL110 and CL116 (``examples/plain/``), each
 checked both ways as its docstring says: the hazard exits 1 with its code and nothing
 else (no eager twin is given: the rules alone find it), the fix exits 0."""
 
@@ -16,6 +16,7 @@ CASES = {
     "stale_holder": ("CL108", "runner.static_x", "self.static_x = batch.clone()"),
     "overwritten_output": ("CL109", "runner.static_y", "return torch.stack(outs)"),
     "capture_output": ("CL110", "lazyrunner.static_y", "return self.static_y.clone()  # the capture"),
+    "host_state": ("CL116", "runner.cell.hidden", "self.cell.hidden = torch.zeros(BATCH, DIM, device=DEVICE)"),
 }
 
 

@@ -135,12 +135,12 @@ def test_a_call_the_emulated_device_does_not_cover_names_the_limit_not_the_scrip
 
 
 def test_an_error_of_capturelints_own_code_never_blames_the_script(capsys, tmp_path, monkeypatch):
-    from capturelint.runtime import emulated
+    from capturelint.runtime import cudagraph
 
     monkeypatch.chdir(tmp_path)
     # A fault inside the emulated runtime's own code (compiled as its file's code)
-    broken = eval(compile("lambda *args, **kwargs: {}['boom']", emulated.__file__, "eval"))
-    monkeypatch.setattr(emulated, "poison_freed", broken)
+    broken = eval(compile("lambda *args, **kwargs: {}['boom']", cudagraph.__file__, "eval"))
+    monkeypatch.setattr(cudagraph, "poison_freed", broken)
     write(tmp_path, """\
         import torch
         x = torch.zeros(4, device="cuda")
@@ -153,7 +153,7 @@ def test_an_error_of_capturelints_own_code_never_blames_the_script(capsys, tmp_p
     assert code == 2
     (line,) = err.splitlines()
     assert line.startswith("capturelint: error: the script prog.py met a limit of capturelint, not a bug of the script: "
-                           "capturelint's own code raised KeyError at capturelint/runtime/emulated.py:")
+                           "capturelint's own code raised KeyError at capturelint/runtime/cudagraph.py:")
     assert "bug of the script" not in line.replace("not a bug of the script", "")
 
 

@@ -22,6 +22,7 @@ from capturelint.rules.cl112_event_across_capture import EventAcrossCapture
 from capturelint.rules.cl113_baked_learning_rate import BakedLearningRate
 from capturelint.rules.cl114_grad_rebound import GradRebound
 from capturelint.rules.cl115_autocast_cache import AutocastCache
+from capturelint.rules.cl116_captured_host_state import CapturedHostState
 from capturelint.rules.cl201_declared_eager_captured import DeclaredEagerCaptured
 from capturelint.rules.cl202_declared_captured_eager import DeclaredCapturedEager
 from capturelint.rules.cl203_eager_budget_exceeded import EagerBudgetExceeded
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 RULES: tuple[type[Rule], ...] = (
     BakedControlFlow, BakedHostValue, BakedShape, StaleInput, EscapedEagerOutput, HostSyncInCapture,
     StaleBreakArgument, StaleInputHeld, OutputOverwritten, CaptureOutputConsumed, PoolMemoryShared, EventAcrossCapture,
-    BakedLearningRate, GradRebound, AutocastCache, DeclaredEagerCaptured, DeclaredCapturedEager, EagerBudgetExceeded, UnexplainedDivergence, UnusedSuppression,
+    BakedLearningRate, GradRebound, AutocastCache, CapturedHostState, DeclaredEagerCaptured, DeclaredCapturedEager, EagerBudgetExceeded, UnexplainedDivergence, UnusedSuppression,
     InvalidSuppression,
 )
 # What ``check --static`` runs: the rules that judge a capture alone (no shadow, no twin).

@@ -30,7 +30,7 @@ class BakedLearningRate(Rule):
     message = (
         "{subject} was {captured} when optimizer.step() at {first} was captured in graph {graph}, and is {now} at "
         "{second}{by}: the step's kernels took the float as a launch argument, so every replay still steps with "
-        "{captured}. Make the learning rate a tensor the graph reads (lr=torch.tensor({captured}) with "
+        "{captured}. Make the learning rate a tensor the graph reads (lr=torch.tensor(...) with "
         "capturable=True; schedulers fill_ it in place), or capture again after changing it."
     )
     by_note = " (changed by {scheduler}.step())"

@@ -56,13 +56,15 @@ import torch
 from torch.utils._pytree import tree_map
 
 from capturelint.runtime import frames, protocol
-from capturelint.runtime.emulated import BorrowedTensors, EmulatedCUDAGraph, graph_pool_handle, poison_freed
+from capturelint.runtime.cudagraph import EmulatedCUDAGraph
 from capturelint.runtime.forward_context import (
     BatchDescriptor,
     CUDAGraphMode,
     get_forward_context,
     has_forward_context,
 )
+from capturelint.runtime.lifetimes import BorrowedTensors, poison_freed
+from capturelint.runtime.pool import graph_pool_handle
 from capturelint.runtime.protocol import (  # noqa: F401  (re-exported: the runtime's vocabulary)
     BreakCall,
     BreakOutputs,

@@ -161,6 +161,19 @@ def user_frame(skip: int = 1) -> Frame:
     return UNKNOWN_FRAME
 
 
+def user_codes(skip: int = 1, limit: int = 16) -> tuple[tuple[Any, int], ...]:
+    """The code objects of engine or model code running now, innermost first, with their
+    lines (``limit`` at most): where a tensor a capture allocates is made, for finding the
+    line that stored it (``holders.stored``)."""
+    out = []
+    f = sys._getframe(skip)
+    while f is not None and len(out) < limit:
+        if not hidden_code(f.f_code):
+            out.append((f.f_code, f.f_lineno))
+        f = f.f_back
+    return tuple(out)
+
+
 def user_stack(skip: int = 1, stop: frozenset[int] = frozenset()) -> tuple[Frame, ...]:
     """Every frame of engine or model code, innermost first, from ``skip`` frames above
     the caller outwards, up to (not including) the first frame whose ``id`` is in

@@ -361,16 +361,36 @@ def _walk(value: Any, how: str, anchor: Any, steps: tuple, label: str, reach: Ca
 
 # ------------------------------------------------------------ the re-binding line
 
-_assignments: dict[Any, tuple[tuple[int, str], ...]] = {}
+_assignments: dict[Any, tuple[tuple[tuple[int, str], ...], tuple[tuple[int, str], ...]]] = {}
 
 
 def _assigned_names(code: Any) -> tuple[tuple[int, str], ...]:
     """``(line, name)`` of every assignment in ``code``'s function: ``x = ...`` gives
     ``x``, ``a.b.x = ...`` gives ``x``; read once per code object."""
+    return _statements(code)[0]
+
+
+def _filled_names(code: Any) -> tuple[tuple[int, str], ...]:
+    """``(line, name)`` of every statement in ``code``'s function that puts a value into
+    a container: ``x.append(v)`` (``extend``, ``insert``, ``add``, ``update``,
+    ``setdefault``) and ``x[k] = v`` give ``x``, ``self.cache.append(v)`` gives ``cache``."""
+    return _statements(code)[1]
+
+
+_FILLING = frozenset({"append", "extend", "insert", "add", "update", "setdefault"})
+
+
+def _named(node: ast.AST) -> str | None:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+
+
+def _statements(code: Any) -> tuple[tuple[tuple[int, str], ...], tuple[tuple[int, str], ...]]:
+    """The assignments and the container fillings of ``code``'s function (read once)."""
     found = _assignments.get(code)
     if found is not None:
         return found
     out: list[tuple[int, str]] = []
+    filled: list[tuple[int, str]] = []
     try:
         if code.co_name == "<module>":  # getsourcelines gives a module's first statement only
             lines, start = linecache.getlines(code.co_filename), 1
@@ -383,6 +403,14 @@ def _assigned_names(code: Any) -> tuple[tuple[int, str], ...]:
         offset = max(start, 1) - 1
         top = tree.body[0] if tree.body and isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)) else tree
         for node in _own_nodes(top if code.co_name != "<module>" else tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _FILLING:
+                name = _named(node.func.value)
+                if name is not None:
+                    filled.append((offset + node.lineno, name))
+            if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
+                name = _named(node.value)
+                if name is not None:
+                    filled.append((offset + node.lineno, name))
             if isinstance(node, ast.Assign):
                 targets = node.targets
             elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
@@ -395,7 +423,7 @@ def _assigned_names(code: Any) -> tuple[tuple[int, str], ...]:
                         out.append((offset + t.lineno, t.id))
                     elif isinstance(t, ast.Attribute) and isinstance(t.ctx, ast.Store):
                         out.append((offset + t.lineno, t.attr))
-    found = _assignments[code] = tuple(sorted(out))
+    found = _assignments[code] = (tuple(sorted(out)), tuple(sorted(filled)))
     return found
 
 
@@ -431,4 +459,61 @@ def rebinding_line(holder: Holder) -> Frame | None:
     return frames.code_frame(*candidates[0]) if len(candidates) == 1 else None
 
 
-__all__ = ["MAX_ITEMS", "MAX_OBJECTS", "Holder", "Holders", "discover", "rebinding_line"]
+# ------------------------------------------------- what the captured code stored (CL116)
+
+
+def _slot_name(h: Holder) -> tuple[str | None, bool]:
+    """The name the program stores ``h`` by (``hidden`` of ``model.hidden``, ``cache`` of
+    ``cache[0]``), and whether ``h`` is a container's slot."""
+    if h.name is not None:
+        return h.name, False
+    steps = list(h.steps)
+    while len(steps) > 1 and steps[-1][0] == "item":
+        steps.pop()
+    key = steps[-1][1] if steps else None
+    if steps and steps[-1][0] == "cell":
+        key = h.label.split("[", 1)[0]
+    return (key if isinstance(key, str) else None), True
+
+
+def stored(found: Holders, made: dict[int, tuple[tuple[Any, int], ...]]) -> list[tuple[Holder, Frame]]:
+    """The holders (of graph memory, found at capture end) that the captured code filled
+    itself, each with the line that did: the assignment to the holder's name, or the
+    call that put the tensor in its container, in a function that made the tensor
+    (``made``: storage -> ``frames.user_codes()`` at its allocation) and has returned since. A
+    holder the code running the capture filled (``static_y = model(static_x)`` in the
+    ``with`` block: the program's own handle on the graph's output) is not one, nor
+    one whose filling line is in none of those functions."""
+    running = {id(f.f_code) for f in frames.program_frames()}
+    out = []
+    for h in found._holders:
+        if not h.mutable or h.steps[:1] and h.steps[0][0] == "local" and len(h.steps) == 1:
+            continue
+        name, slot = _slot_name(h)
+        if name is None:
+            continue
+        for code, line in made.get(h.storage, ()):
+            lines = [n_line for n_line, n in (_filled_names(code) if slot else _assigned_names(code)) if n == name]
+            if not lines:
+                continue
+            if id(code) not in running:
+                after = [n_line for n_line in lines if n_line >= line]
+                out.append((h, frames.code_frame(code, after[0] if after else lines[0])))
+            break
+    return out
+
+
+def emptied(h: Holder) -> str | None:
+    """How the program changed ``h`` since the capture filled it: ``"re-bound"`` (it holds
+    another object), ``"removed"`` (its container no longer has the slot), or ``None``
+    (it still holds the captured tensor, or its owner is gone)."""
+    v = h.value()
+    if isinstance(v, torch.Tensor) and _storage(v) == h.storage:
+        return None
+    if v is not _GONE:
+        return "re-bound"
+    parent = Holder(h.label, h.anchor, h.steps[:-1], h.storage, h.shape, h.dtype, h.mutable, h.name, h.owner)
+    return "removed" if h.steps and h.steps[-1][0] == "item" and parent.value() is not _GONE else None
+
+
+__all__ = ["MAX_ITEMS", "MAX_OBJECTS", "Holder", "Holders", "discover", "emptied", "rebinding_line", "stored"]

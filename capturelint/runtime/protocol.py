@@ -351,11 +351,13 @@ class StreamCaptureEvent:
 
 
 class TrainingHazard(enum.Enum):
-    """What ``TrainingHazardEvent`` reports (``runtime.training``)."""
+    """What ``TrainingHazardEvent`` reports (``runtime.training``; ``HOST_STATE``:
+    ``runtime.lifetimes.announce_host_state``, for any bare graph)."""
 
     BAKED_LR = "baked-lr"  # a Python-float learning rate changed after its step was captured
     GRAD_REBOUND = "grad-rebound"  # a parameter's .grad no longer the tensor the capture's backward writes
     AUTOCAST_CACHE = "autocast-cache"  # autocast with its weight cache on around or inside a capture
+    HOST_STATE = "host-state"  # a tensor the captured code stored on a Python object, re-bound or removed since
 
 
 @dataclasses.dataclass(frozen=True)

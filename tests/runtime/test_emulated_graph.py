@@ -1,6 +1,6 @@
-"""The bare emulated CUDA-graph primitive (capturelint/runtime/emulated.py): the
-``torch.cuda.CUDAGraph`` surface on a CPU, with a GPU's capture semantics, and its
-installation into ``torch.cuda``."""
+"""The bare emulated CUDA-graph primitive (capturelint/runtime/cudagraph.py, installed
+by capturelint/runtime/emulated.py): the ``torch.cuda.CUDAGraph`` surface on a CPU,
+with a GPU's capture semantics, and its installation into ``torch.cuda``."""
 
 from __future__ import annotations
 
