@@ -20,7 +20,8 @@ in no room fails until it is placed:
 - **reporters**: ``reporters`` (the registry: each command's formats), ``formats/`` (what
   another program reads: SARIF, GitHub workflow commands), ``render/`` (what a person
   looks at: Rich, HTML, Graphviz), a split the door ``format_draws_for_a_person`` keeps;
-- the check pipeline, lowest first: **tracer** (``tracer``, ``objects``), **analyzer**,
+- the check pipeline, lowest first: **tracer** (``tracer``, ``objects``, ``naming``,
+  ``shadow_isolation``, ``memory_watch``), **analyzer**,
   **rules** (``rules/``, ``invariants``), **check** (``harness``, ``pipeline``,
   ``settings``, ``common_options``, ``suggest``, ``baseline``, ``merge``, ``acceptance``);
 - **adapters** (``adapters/``, and ``target``, the public face of the target adapter);
@@ -85,7 +86,8 @@ ROOMS: dict[str, tuple[str, ...]] = {
               "capturelint.report", "capturelint.shard", "capturelint.snapshot", "capturelint.region_changes",
               "capturelint.waivers"),
     "reporters": ("capturelint.reporters", "capturelint.formats", "capturelint.render"),
-    "tracer": ("capturelint.tracer", "capturelint.objects"),
+    "tracer": ("capturelint.tracer", "capturelint.objects", "capturelint.naming", "capturelint.shadow_isolation",
+               "capturelint.memory_watch"),
     "analyzer": ("capturelint.analyzer",),
     "rules": ("capturelint.rules", "capturelint.invariants"),
     "check": ("capturelint.harness", "capturelint.pipeline", "capturelint.settings", "capturelint.suggest",
@@ -104,8 +106,9 @@ FRONT = ("api", "commands", "cli")
 # adapter. A checker module imports nothing else of a runtime.
 PROTOCOL = "capturelint.runtime.protocol"
 RUNTIME_USERS = {
-    "capturelint.runtime.schema": {"capturelint.tracer"},
-    "capturelint.runtime.frames": {"capturelint.tracer", "capturelint.harness", "capturelint.suggest"},
+    "capturelint.runtime.schema": {"capturelint.tracer", "capturelint.shadow_isolation", "capturelint.memory_watch"},
+    "capturelint.runtime.frames": {"capturelint.tracer", "capturelint.memory_watch", "capturelint.harness",
+                                   "capturelint.suggest"},
     "capturelint.runtime.emulated": {"capturelint.pipeline"},
 }
 

@@ -1,0 +1,189 @@
+"""Shadow isolation: a shadow step leaves no trace, and each break's Python runs once.
+
+The shadow has no side effects on tensors: before an op writes a storage that existed
+before the shadow began, ``ShadowIsolation`` copies the storage; after the shadow it
+restores every copy and every random generator, so the replay starts from exactly the
+state the shadow started from.
+
+**Each break's Python runs once per step.** The shadow's outermost break calls are the
+step's calls (host state a break keeps, a counter, a scheduling object planned per step,
+advances once, as in an untraced run): the tracer records each one (``ShadowBreak``:
+its inputs, the storages it wrote and the values it left there, the random generators it
+advanced, its result), and when the replay reaches that break the runtime asks for the
+record (``protocol.run_or_reuse``) and re-applies it instead of running the break again.
+Writes to the break's arguments land in the replay's arguments (the capture-time
+tensors), writes to storages that existed before the shadow land in those storages;
+a write to a tensor the shadow made that is not an argument (reached through an object)
+has no counterpart in the replay and is not re-applied. The record is reused only when the replay feeds the break exactly what the shadow fed
+it (its arguments and the storages it read before writing them, compared value by
+value): then the call would compute the same, and the replay's tensors evolve as an
+untraced replay's. When the replay diverged before the break (a stale input, a baked
+branch) or its breaks differ from the shadow's, the replay runs the break on its own
+inputs, as the untraced program does, so the divergence still reaches the output and
+the comparison; only then does a break's host state advance a second time in the step.
+
+Kept apart from the dispatch mode (``capturelint.tracer``), as PyTorch's CUDA sanitizer
+keeps its state classes apart from its mode.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from capturelint.objects import max_abs_diff, random_states, restore_random_states
+from capturelint.records import StorageId, Stream
+from capturelint.runtime import protocol as rt
+from capturelint.runtime.schema import OpInfo
+
+
+class ShadowBreak:
+    """One outermost eager break call of a shadow step, kept for the replay of that
+    step (``replayed`` hands it to the runtime as ``protocol.RecordedBreak``).
+
+    Recorded: the values of its tensor arguments and of the storages that existed
+    before the shadow which it read before writing (its inputs, at entry or first
+    read), the storages it wrote, and, at exit, the values it left in its arguments
+    and those storages (its effects) and what it returned."""
+
+    def __init__(self, name: str, args: list[torch.Tensor], rng: list[tuple[Any, Any]]):
+        self.name = name
+        self.rng = rng  # the generators' states at entry; at exit, those the call advanced
+        self.args = args
+        self.args_in = [t.detach().clone() for t in args]
+        self.arg_sids = [t.untyped_storage()._cdata for t in args]
+        self.arg_storages = set(self.arg_sids)
+        self.args_read: set[StorageId] = set()  # argument storages read before any write
+        self.read: dict[StorageId, tuple[torch.Tensor, torch.Tensor]] = {}  # external storage -> (view read, its value then)
+        self.written: dict[StorageId, tuple[Any, bool]] = {}  # storage -> (storage, existed before the shadow)
+        self.args_out: list[torch.Tensor | None] = []
+        self.external_out: list[tuple[Any, Any]] = []
+        self.result: Any = None
+
+    def uses(self, info: OpInfo, args: tuple, kwargs: dict, stream: Stream) -> None:
+        """An op inside the call: note the storages it writes, and the values of those
+        that existed before the shadow that it reads before writing them."""
+        written = {t.untyped_storage()._cdata: t.untyped_storage() for t in info.written(args, kwargs)}
+        if info.reads_values:
+            for t in tree_flatten((args, kwargs))[0]:
+                if not isinstance(t, torch.Tensor):
+                    continue
+                st = t.untyped_storage()
+                sid = st._cdata
+                origin = stream.origins.get(sid)
+                if sid in written or sid in self.written:
+                    continue
+                if sid in self.arg_storages:
+                    self.args_read.add(sid)
+                elif sid not in self.read and (origin is None or origin.external):
+                    self.read[sid] = (t, t.detach().clone())
+        for sid, st in written.items():
+            if sid not in self.written:
+                origin = stream.origins.get(sid)
+                self.written[sid] = (st, origin is None or origin.external)
+
+    def exit(self, result: Any) -> None:
+        self.rng = [(gen, gen.get_state()) for gen, state in self.rng if not torch.equal(gen.get_state(), state)]
+        self.args_out = [t.detach().clone() if t.untyped_storage()._cdata in self.written else None for t in self.args]
+        self.external_out = [(st, st.clone()) for sid, (st, external) in self.written.items()
+                             if external and sid not in self.arg_storages]
+        self.result = tree_map(lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, result)
+        self.args = []  # the shadow's own tensors, released with it
+
+    def input_error(self, args: list[torch.Tensor]) -> float:
+        """How far the replay's inputs to this call (the arguments and storages it read
+        before writing them) are from the shadow's; NaN where both hold NaN is equal."""
+        pairs = [(t, value) for t, value, shadow in zip(args, self.args_in, self.arg_sids)
+                 if shadow in self.args_read]
+        if len(args) != len(self.args_in):
+            return float("inf")
+        return max((input_diff(t, value) for t, value in pairs + list(self.read.values())), default=0.0)
+
+    def replayed(self, args: list[torch.Tensor]) -> rt.RecordedBreak:
+        def apply() -> None:
+            restore_random_states(self.rng)
+            with torch.no_grad():
+                for st, value in self.external_out:
+                    st.copy_(value)
+                for dst, value in zip(args, self.args_out):
+                    if value is not None:
+                        dst.copy_(value)
+
+        return rt.RecordedBreak(self.result, apply)
+
+
+def input_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The largest difference between ``a`` and ``b``; NaN where both hold NaN is equal."""
+    if a.shape != b.shape:
+        return float("inf")
+    both_nan = a.isnan() & b.isnan() if a.is_floating_point() else None
+    diff = (a.detach().double() - b.double()).abs()
+    if both_nan is not None:
+        diff = diff.masked_fill(both_nan, 0.0)
+    return max_abs_diff([diff], [torch.zeros_like(diff)])
+
+
+class ShadowIsolation:
+    """The state a shadow step must leave as it found: copies of the storages it wrote
+    that existed before it (copy before write), the random generators, and its break
+    calls for the replay (``ShadowBreak``)."""
+
+    def __init__(self) -> None:
+        self.cow: dict[StorageId, tuple[Any, Any]] | None = None  # while a shadow runs
+        self.rng: list[tuple[Any, Any]] = []
+        self.call: ShadowBreak | None = None  # the shadow's break call under way
+        self.calls: list[ShadowBreak] = []  # the shadow's break calls, for its replay
+
+    @property
+    def active(self) -> bool:
+        """Whether a shadow runs (its writes are copied before they land)."""
+        return self.cow is not None
+
+    def begin(self) -> None:
+        self.cow = {}
+        self.calls, self.call = [], None
+
+    def save_random(self, roots: dict[str, Any]) -> None:
+        self.rng = random_states(roots)
+
+    def copy_before_write(self, info: OpInfo, args: tuple, kwargs: dict, stream: Stream) -> None:
+        for t in info.written(args, kwargs):
+            st = t.untyped_storage()
+            sid = st._cdata
+            origin = stream.origins.get(sid)
+            if (origin is None or origin.external) and sid not in self.cow:
+                self.cow[sid] = (st, st.clone())
+
+    def undo(self) -> None:
+        """The shadow ended: every storage it wrote and every generator as it began."""
+        self.call = None
+        with torch.no_grad():
+            for st, saved in self.cow.values():
+                st.copy_(saved)
+        self.cow = None
+        restore_random_states(self.rng)
+        self.rng = []
+
+    def break_exit(self, result: Any) -> None:
+        record, self.call = self.call, None
+        if record is not None:
+            record.exit(result)
+            self.calls.append(record)
+
+    def reuse(self, call: rt.BreakCall) -> rt.RecordedBreak | None:
+        """The replay's call of a break reuses the shadow's call of it (see
+        ``protocol.run_or_reuse``) when the replay feeds it exactly what the shadow fed
+        it; otherwise the replay runs it on its own inputs, as an untraced replay would,
+        so a replay that feeds a break wrong values still diverges from the shadow."""
+        if call.phase is not rt.Phase.REPLAY or not self.calls:
+            return None
+        record = self.calls.pop(0)
+        if record.name != call.name:  # the replay left the shadow's path: it runs its breaks itself
+            self.calls.clear()
+            return None
+        args = list(rt.flatten_tensors((call.args, call.kwargs)))
+        if record.input_error(args) != 0.0:  # the replay diverged before the break: it runs on its own inputs
+            return None
+        return record.replayed(args)
