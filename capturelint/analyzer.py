@@ -41,13 +41,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from types import MappingProxyType
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from capturelint.finding_keys import occurrence_key
 from capturelint.findings import DIVERGENCE_TOLERANCE, Condition, Finding, Site
 from capturelint.runtime.protocol import BreakOutputs, HeldInputEvent, HostSyncEvent, SegmentKind, StaleInputEvent
-from capturelint.records import GraphMemoryRead, OpRecord, Segment, Stream, TensorUse
+from capturelint.records import GraphMemoryRead, OpRecord, ReadKind, Segment, Stream, TensorUse
 
 
 @dataclasses.dataclass(frozen=True)
@@ -428,6 +429,7 @@ class Analyzer:
         self.invariants = tuple(invariants)
         self.findings = FindingSet()
         self._provisional: list[Finding] = []  # findings of provisional reads, kept if the run diverged (finish)
+        self._unless_agreed: list[Finding] = []  # bare graphs' unreplayed reads, dropped if the twin agreed (finish)
         self.max_step_error = 0.0
         self.steps = 0
         self._capture_checked: set[int] = set()
@@ -470,14 +472,17 @@ class Analyzer:
             self.findings.extend(rule.check_stale(self.label, capture, event))
 
     def on_bare(self, capture: Stream, event: HeldInputEvent | GraphMemoryRead) -> None:
-        """An event of a graph without a shadow (``BareView``); a provisional read's
-        findings wait for the run's outcome (``finish``)."""
-        provisional = isinstance(event, GraphMemoryRead) and event.provisional
+        """An event of a graph without a shadow (``BareView``); the findings of a read of
+        a capture's unwritten outputs wait for the run's outcome (``finish``): the
+        emulator poisons those outputs, so an eager twin that agreed shows the value read
+        never reached the result (a discarded capture pass, as vLLM's dummy runs)."""
+        unreplayed = isinstance(event, GraphMemoryRead) and event.kind is ReadKind.UNREPLAYED
+        provisional = unreplayed and event.provisional
         # a provisional read counts as checked only once the run's outcome keeps it (finish)
         rules = self._hooked.get("check_bare", []) if provisional else self._rules("check_bare")
         if rules:
             view = bare_view(self.label, capture, event, self._bare_ops)
-            into = self._provisional if provisional else self.findings
+            into = self._provisional if provisional else self._unless_agreed if unreplayed else self.findings
             for rule in rules:
                 into.extend(rule.check_bare(view))
 
@@ -521,10 +526,19 @@ class Analyzer:
         """Rules over the whole run (a failed capture, the numerical oracle); returns
         every finding, merged and sorted."""
         agreement, twin = outcome.token_agreement, outcome.twin_error
-        if self._provisional and ((agreement is not None and agreement < 1.0)
-                                  or (agreement is None and twin is not None and not twin <= DIVERGENCE_TOLERANCE)):
-            self.findings.extend(self._provisional)  # the capture's outputs reached the result
+        compared = agreement is not None or twin is not None
+        diverged = ((agreement is not None and agreement < 1.0)
+                    or (agreement is None and twin is not None and not twin <= DIVERGENCE_TOLERANCE))
+        # the emulator poisons a capture's float memory with NaN: a non-finite error is that poison in the result
+        poisoned = twin is not None and not math.isfinite(twin)
+        kept = []
+        if diverged and poisoned and self._provisional:  # the capture's outputs reached the result
+            kept += self._provisional
             self.hooks_run.add("check_bare")
+        if diverged or not compared:  # a bare graph's: nothing shows the poisoned value was dropped
+            kept += self._unless_agreed
+        if kept:
+            self.findings.extend(kept)
             outcome = dataclasses.replace(outcome, findings=tuple(self.findings.sorted()))
         for rule in self._rules("check_run"):
             self.findings.extend(rule.check_run(outcome))

@@ -236,8 +236,9 @@ class GraphMemoryRead:
     line of the replay that overwrote it: the first after ``taken`` (``OVERWRITTEN``),
     the latest (``REPEATED``). ``count`` is how many arguments read it that way.
     ``provisional``: a breakable graph's capture output read before its first replay,
-    which counts only where the run's result diverged from its eager twin (engines read
-    a capture pass's discarded outputs knowingly: vLLM's dummy runs)."""
+    which counts only where the run's result diverged from its eager twin by a
+    non-finite error, the emulator's NaN poison (engines read a capture pass's discarded
+    outputs knowingly: vLLM's dummy runs)."""
 
     kind: ReadKind
     graph_id: int

@@ -32,7 +32,12 @@ class CaptureOutputConsumed(Rule):
     computed, until its first replay: the call that captures returns them. Engines read
     a capture pass's discarded outputs knowingly (vLLM's dummy runs index them), so on a
     breakable graph such a read is reported only where the run's result diverged from
-    its eager twin (without a twin it is not reported).
+    its eager twin by a non-finite error: the emulator fills a capture's float memory
+    with poison (NaN), so that error is the poison in the result (a finite divergence
+    has another cause; without a twin it is not reported). On a bare graph it is
+    reported unless an eager twin was compared and agreed, which shows the value read
+    never reached the result (vLLM V1's FULL capture loop indexes the captured output
+    and discards it).
 
     ## Why is this bad?
     On a GPU a capture records kernels into the graph without running them: the
@@ -59,7 +64,10 @@ class CaptureOutputConsumed(Rule):
 
     ## Limitations
     Any eager write to a storage counts as rewriting all of it, and an op that writes
-    a storage in place (`y.add_(1)`) is not counted as reading it. Reads inside
+    a storage in place (`y.add_(1)`) is not counted as reading it. The twin decides
+    whether a read reached the result, not a trace of the value read: a read whose value
+    reaches only what the twin does not compare, or a poisoned integer (0) that equals
+    the real one, is not reported where the twin agrees. Reads inside
     another capture are not reported (they run at that graph's replays). A device-to-
     host copy the emulator cannot see as an op (none on a CPU) is not reported.
     """

@@ -134,12 +134,13 @@ FULL graphs are left to ``reproduced``. Both runners do capture and replay them 
 Python (V1: ``CUDAGraphWrapper``, ``compilation/cuda_graph.py``, around the breakable
 wrapper; V2: ``torch.cuda.graph`` at ``cudagraph_utils.py:496``), which the checker
 sees without a shadow step: CL101-CL103, CL105, CL107 and the invariants go unchecked.
-Under V1, CL110 then reports ``_dummy_run`` (:5863) indexing the capture run's output
-(``hidden_states[logit_indices_device]``), a value the capture loop discards. So DeepSeek
-V4 keeps the reproduction for FULL, which would lose those rules here; the generic
-attention family (``generic.GenericRunnerLoop``, ``DRIVES_FULL``), which has no
-reproduction, runs its FULL graphs on these runners, checked by the bare-graph rules
-(CL104, CL106, CL108-CL112) and the eager twin, with V1's CL110 reported.
+Under V1, ``_dummy_run`` (:5863) indexes the capture run's output
+(``hidden_states[logit_indices_device]``), a value the capture loop discards: CL110 does
+not report it where the eager twin agrees (the poisoned value never reached the
+result). DeepSeek V4 keeps the reproduction for FULL, which would lose those rules here;
+the generic attention family (``generic.GenericRunnerLoop``, ``DRIVES_FULL``), which has
+no reproduction, runs its FULL graphs on these runners, checked by the bare-graph rules
+(CL104, CL106, CL108-CL112) and the eager twin.
 
 The model family's hooks (``MODEL_FIELDS``, ``BLOCK_SIZE``, ``DRIVES_FULL``, ``_workload``,
 ``_build``, ``_prefill``, ``_buffers``, ``_caches``) are DeepSeek V4's here; ``generic``
