@@ -199,9 +199,16 @@ def room_of(module: str) -> str | None:
 def family(module: str) -> str:
     """An adapter's engine family: its package or module under ``adapters/``
     (``adapters.vllm.runners.real`` -> ``vllm``, ``adapters.plain.target`` -> ``plain``);
-    outside it, the module's own name (``capturelint.target`` -> ``target``)."""
+    outside it, the family whose public face it is (``capturelint.target`` -> ``plain``),
+    else the module's own name."""
     parts = module.split(".")
+    if module in PUBLIC_FACES:
+        return PUBLIC_FACES[module]
     return parts[2] if parts[:2] == [ROOT, "adapters"] and len(parts) > 2 else parts[-1]
+
+
+# Modules outside adapters/ that are an adapter family's public face, by family.
+PUBLIC_FACES = {"capturelint.target": "plain"}  # the user's import of the target adapter
 
 
 Edge = tuple[str, str]
