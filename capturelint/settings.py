@@ -62,7 +62,7 @@ from capturelint.common_options import ENGINE, SHARED
 from capturelint.errors import CapturelintError
 from capturelint.inputs import InputProblem, load_toml
 from capturelint.options import CUDAGraphMode, EagerRegion, OptionSpec, Runner, Surface, parse_option
-from capturelint.options import toml_kind as _kind
+from capturelint.options import toml_kind
 
 PYPROJECT = "pyproject.toml"
 
@@ -209,7 +209,7 @@ def _table(path: Path, document: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if not isinstance(table, dict):
         raise CapturelintError(
-            f"{shown(path)}: tool.capturelint must be a table, got {_kind(table)}; write [tool.capturelint] "
+            f"{shown(path)}: tool.capturelint must be a table, got {toml_kind(table)}; write [tool.capturelint] "
             "followed by key = value lines"
         )
     return table

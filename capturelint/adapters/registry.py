@@ -47,7 +47,7 @@ from capturelint.hosting import hosting
 from capturelint.limits import default_jobs
 from capturelint.options import DEFAULT_ENGINE, EngineOptions, Kind, OptionSpec, Surface, parse_option
 from capturelint.settings import Settings, merge, shown
-from capturelint.settings import load_settings as _read_settings
+from capturelint.settings import load_settings as read_settings
 
 if TYPE_CHECKING:
     from capturelint.invariants import Invariant
@@ -245,7 +245,7 @@ def default_texts(name: str) -> str | None:
 
 def load_settings(config: str | None = None, start: Any = None) -> Settings:
     """``[tool.capturelint]`` read with every family's keys (``capturelint.settings``)."""
-    return _read_settings(config, start, family_specs())
+    return read_settings(config, start, family_specs())
 
 
 def refusal(name: str, chosen: str, surface: Surface) -> str:
