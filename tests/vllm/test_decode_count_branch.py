@@ -20,18 +20,14 @@ padded decode batch). About half a minute.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from scratch_vllm import planted, run_driver  # tests/vllm/scratch_vllm.py
 from vllm_required import require_vllm  # tests/vllm/vllm_required.py
 
-ROOT = Path(__file__).resolve().parents[2]
 PATCH = Path(__file__).resolve().parent / "data" / "decode_count_branch.patch"
 TARGET = "models/deepseek_v4/attention.py"
 
@@ -64,29 +60,15 @@ json.dump({"status": status, "untraced": out}, sys.stdout)
 """
 
 
-def _gate():
-    spec = importlib.util.spec_from_file_location("vllm_region_gate", ROOT / "examples" / "vllm_region_gate" / "gate.py")
-    gate = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, gate)  # its dataclasses look their module up
-    spec.loader.exec_module(sys.modules[spec.name])
-    return gate
-
 
 @pytest.mark.slow
 def test_a_branch_on_the_decode_count_is_flagged_where_captures_bake_it(tmp_path):
     require_vllm()
-    gate = _gate()
-    copy = tmp_path / "copy"
-    gate.link_tree(gate.find_vllm(), copy / "vllm", TARGET)
-    _, hunks = gate.parse_patch(PATCH.read_text())
-    gate.apply_patch(copy / "vllm" / TARGET, hunks)
-    planted = (copy / "vllm" / TARGET).read_text().splitlines()
-    branch_line = planted.index("        if num_decode_tokens < kv.shape[0]:") + 1
+    copy, lines = planted(tmp_path, TARGET, PATCH.read_text())
+    branch_line = lines.index("        if num_decode_tokens < kv.shape[0]:") + 1
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(copy), str(ROOT)]), "PYTHONDONTWRITEBYTECODE": "1"}
     report_path = tmp_path / "report.json"
-    done = subprocess.run([sys.executable, "-c", DRIVER, str(report_path)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=600)
+    done = run_driver(copy, tmp_path, DRIVER, str(report_path))
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["status"] == 1, done.stderr[-3000:]

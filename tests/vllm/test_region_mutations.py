@@ -23,18 +23,14 @@ One small configuration each, one subprocess each (vLLM's import is most of it).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from scratch_vllm import planted, run_driver  # tests/vllm/scratch_vllm.py
 from vllm_required import require_vllm  # tests/vllm/vllm_required.py
 
-ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parent / "data"
 TARGET = "models/deepseek_v4/attention.py"
 
@@ -58,26 +54,13 @@ json.dump({"status": status, "untraced": compare(graphs, eager)}, sys.stdout)
 """
 
 
-def _gate():
-    spec = importlib.util.spec_from_file_location("vllm_region_gate", ROOT / "examples" / "vllm_region_gate" / "gate.py")
-    gate = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, gate)  # its dataclasses look their module up
-    spec.loader.exec_module(sys.modules[spec.name])
-    return sys.modules[spec.name]
-
 
 def check_mutation(tmp_path: Path, patch: str, runner: str, mode: str, layers: int, steps: int) -> tuple[dict, dict]:
     """The JSON report of ``capturelint check`` on a copy of vLLM with ``patch`` applied,
     and the untraced run's ``(token agreement, max logit error)`` of the same configuration."""
-    gate = _gate()
-    copy = tmp_path / "copy"
-    gate.link_tree(gate.find_vllm(), copy / "vllm", TARGET)
-    _, hunks = gate.parse_patch((DATA / patch).read_text())
-    gate.apply_patch(copy / "vllm" / TARGET, hunks)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(copy), str(ROOT)]), "PYTHONDONTWRITEBYTECODE": "1"}
+    copy, _ = planted(tmp_path, TARGET, (DATA / patch).read_text())
     report = tmp_path / "report.json"
-    done = subprocess.run([sys.executable, "-c", DRIVER, runner, mode, str(layers), str(steps), str(report)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    done = run_driver(copy, tmp_path, DRIVER, runner, mode, str(layers), str(steps), str(report))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "error" not in done.stderr, done.stderr[-3000:]  # a verdict, not "the engine raised ..."
     result = json.loads(done.stdout.strip().splitlines()[-1])

@@ -5,9 +5,7 @@ graph run differs from its eager twin."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -179,22 +177,14 @@ def test_a_kv_write_skipped_in_dummy_runs_is_flagged_where_the_untraced_run_diff
     vLLM): V1 captures PIECEWISE graphs in a dummy run without metadata, so the early
     return is baked; V2 builds metadata for its captures."""
     require_vllm()
-    spec = importlib.util.spec_from_file_location("vllm_region_gate", ROOT / "examples" / "vllm_region_gate" / "gate.py")
-    gate = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, gate)
-    spec.loader.exec_module(sys.modules[spec.name])
-    target = "model_executor/layers/attention/attention.py"
-    copy = tmp_path / "copy"
-    gate.link_tree(gate.find_vllm(), copy / "vllm", target)
-    _, hunks = gate.parse_patch((DATA / "dummy_run_skips_kv_write.patch").read_text())
-    gate.apply_patch(copy / "vllm" / target, hunks)
-    planted = (copy / "vllm" / target).read_text().splitlines()
-    branch = planted.index("    if get_forward_context().attn_metadata is None:") + 1
+    from scratch_vllm import planted, run_driver  # tests/vllm/scratch_vllm.py
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(copy), str(ROOT)]), "PYTHONDONTWRITEBYTECODE": "1"}
+    target = "model_executor/layers/attention/attention.py"
+    copy, lines = planted(tmp_path, target, (DATA / "dummy_run_skips_kv_write.patch").read_text())
+    branch = lines.index("    if get_forward_context().attn_metadata is None:") + 1
+
     report_path = tmp_path / "report.json"
-    done = subprocess.run([sys.executable, "-c", DRIVER, str(report_path)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=900)
+    done = run_driver(copy, tmp_path, DRIVER, str(report_path), timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["status"] == 1, done.stderr[-3000:]
