@@ -6,11 +6,13 @@ Measures whole processes (vLLM's import included, the budget of issue 27: at mos
 for one architecture's default check on two cores): each supported architecture's
 default check (`--model ARCH`: v1 and v2, PIECEWISE and FULL, its default layers and the
 serving workload), then `--model all`, sharded `--shard K/N` (the jobs of a CI matrix)
-and joined with `capturelint merge`. With `--write` the joined report is stored as
-`tests/vllm/data/model_all_report.json` and its table as `docs/vllm-architectures.md`
-(`tests/vllm/test_vllm_archs.py` checks that the two agree).
+and joined with `capturelint merge`. With `--write` each architecture's report is stored
+as `tests/vllm/data/model_all/ARCH.json` and the table of all stored reports as
+`docs/vllm-architectures.md` (`tests/vllm/test_vllm_archs.py` checks that they agree).
+`--model ARCH` (repeatable) runs only those architectures' checks and no `--model all`
+(renewing one family's stored reports).
 
-    python bench/bench_vllm_archs.py [--shards 3] [--write] [--json]
+    python bench/bench_vllm_archs.py [--shards 3] [--model ARCH]... [--write] [--json]
 """
 
 from __future__ import annotations
@@ -51,30 +53,41 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=3)
     ap.add_argument("--write", action="store_true", help="store the joined report and docs/vllm-architectures.md")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--model", action="append", choices=archs.SUPPORTED, help="only these architectures, no --model all")
     args = ap.parse_args()
     cli = [sys.executable, "-m", "capturelint"]
     results: dict[str, float] = {}
     statuses: dict[str, int] = {}
-    for arch in archs.SUPPORTED:
-        name = f"check --engine vllm --model {arch}"
-        results[name], statuses[name] = timed([*cli, "check", "--engine", "vllm", "--model", arch, "--jobs", "1",
-                                               "--format", "json"])
+    stored = ROOT / "tests" / "vllm" / "data" / "model_all"
     with tempfile.TemporaryDirectory() as tmp:
-        shards = []
-        for k in range(1, args.shards + 1):
-            out = os.path.join(tmp, f"shard{k}.json")
-            name = f"check --model all --shard {k}/{args.shards}"
-            results[name], statuses[name] = timed([*cli, "check", "--engine", "vllm", "--model", "all", "--jobs", "1",
-                                                   "--shard", f"{k}/{args.shards}", "--format", "json", "-o", out])
-            shards.append(out)
-        joined = os.path.join(tmp, "all.json")
-        results["merge"], statuses["merge"] = timed([*cli, "merge", *shards, "--format", "json", "-o", joined])
-        results["--model all, sharded (sum)"] = sum(v for k, v in results.items() if "--shard" in k)
+        for arch in args.model or archs.SUPPORTED:
+            name = f"check --engine vllm --model {arch}"
+            out = os.path.join(tmp, f"{arch}.json")
+            results[name], statuses[name] = timed([*cli, "check", "--engine", "vllm", "--model", arch, "--jobs", "1",
+                                                   "--format", "json", "-o", out])
+            if args.write:
+                report = json.loads(Path(out).read_text())
+                (stored / f"{arch}.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
         if args.write:
-            report = json.loads(Path(joined).read_text())
-            (ROOT / "tests" / "vllm" / "data" / "model_all_report.json").write_text(
-                json.dumps(report, indent=1, sort_keys=True) + "\n")
-            (ROOT / "docs" / "vllm-architectures.md").write_text(archs.markdown(report))
+            reports = [json.loads((stored / f"{a}.json").read_text()) for a in archs.SUPPORTED]
+            (ROOT / "docs" / "vllm-architectures.md").write_text(archs.markdown(reports))
+    if not args.model:
+        with tempfile.TemporaryDirectory() as tmp:
+            shards = []
+            for k in range(1, args.shards + 1):
+                out = os.path.join(tmp, f"shard{k}.json")
+                name = f"check --model all --shard {k}/{args.shards}"
+                results[name], statuses[name] = timed([*cli, "check", "--engine", "vllm", "--model", "all", "--jobs",
+                                                       "1", "--shard", f"{k}/{args.shards}", "--format", "json", "-o",
+                                                       out])
+                shards.append(out)
+            joined = os.path.join(tmp, "all.json")
+            results["merge"], statuses["merge"] = timed([*cli, "merge", *shards, "--format", "json", "-o", joined])
+            results["--model all, sharded (sum)"] = sum(v for k, v in results.items() if "--shard" in k)
+            if args.write:  # the sharded --model all gives the rows the per-architecture reports give
+                reports = [json.loads((stored / f"{a}.json").read_text()) for a in archs.SUPPORTED]
+                same = archs.table(json.loads(Path(joined).read_text())) == archs.table(reports)
+                print(f"--model all, sharded and merged, makes the stored reports' table: {same}", file=sys.stderr)
     machine = (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, load average "
                f"{os.getloadavg()[0]:.1f} at the end")
     if args.json:

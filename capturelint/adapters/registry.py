@@ -72,7 +72,9 @@ class Adapter(Protocol):
     - ``record_regions(plan, progress)``: the region map of its captures (no shadow);
     - ``suggest_slots(plan)``: its configurations for ``capturelint suggest``, each slot
       carrying the break decorator of its runtime;
-    - ``default_invariants()``: the declared invariants it ships.
+    - ``default_invariants()``: the declared invariants it ships;
+    - optionally ``subject(plan)``: what its reports say they checked, when more than
+      ``{"engine": NAME}`` (vLLM's ``--model``).
     """
 
     NAME: str
@@ -364,7 +366,8 @@ def subject(plan: CheckPlan) -> dict[str, Any]:
         return adapter(TARGET).subject(plan)  # type: ignore[attr-defined, no-any-return]
     if plan.engine == SCRIPT:
         return {"script": str(plan.target)}
-    return {"engine": plan.engine}
+    own = getattr(adapter(plan.engine), "subject", None)  # an engine that says more (vLLM: its --model)
+    return own(plan) if own is not None else {"engine": plan.engine}
 
 
 @hosting

@@ -100,15 +100,44 @@ def test_every_name_of_vllms_list_has_a_row():
     assert all(verdict.startswith("not supported yet: ") and len(verdict) > 40 for *_, verdict in rows)
 
 
-def test_the_architectures_doc_is_the_table_of_the_model_all_report():
-    """``docs/vllm-architectures.md`` is what ``python -m capturelint.adapters.vllm.archs``
-    makes of the stored ``--model all`` report (``bench/bench_vllm_archs.py`` renews both)."""
+def stored_reports() -> list[dict]:
+    """The stored ``--model ARCH`` reports, one per checked architecture, in the order of
+    ``archs.SUPPORTED`` (``bench/bench_vllm_archs.py --write`` renews them)."""
     from capturelint.adapters.vllm import archs
 
-    report = json.loads((DATA / "model_all_report.json").read_text())
-    labels = {(c["runner"], c["mode"]) for c in report["configurations"]}
-    assert labels == {(f"{a}:{r}", m) for a in archs.SUPPORTED for r in ("v1", "v2") for m in ("PIECEWISE", "FULL")}
-    assert (ROOT / "docs" / "vllm-architectures.md").read_text() == archs.markdown(report)
+    stored = {p.stem: json.loads(p.read_text()) for p in sorted((DATA / "model_all").glob("*.json"))}
+    assert sorted(stored) == sorted(archs.SUPPORTED), "one stored report per checked architecture"
+    return [stored[a] for a in archs.SUPPORTED]
+
+
+def test_the_architectures_doc_is_the_table_of_the_stored_reports():
+    """``docs/vllm-architectures.md`` is what ``python -m capturelint.adapters.vllm.archs``
+    makes of the stored reports; each is its architecture's, both runners and modes."""
+    from capturelint.adapters.vllm import archs
+
+    reports = stored_reports()
+    for arch, report in zip(archs.SUPPORTED, reports):
+        assert report["subject"] == ({"engine": "vllm"} if arch == archs.DEFAULT else {"engine": "vllm", "model": arch})
+        labels = {(c["runner"], c["mode"]) for c in archs.labelled(report)["configurations"]}
+        assert labels == {(f"{arch}:{r}", m) for r in ("v1", "v2") for m in ("PIECEWISE", "FULL")}, arch
+    assert (ROOT / "docs" / "vllm-architectures.md").read_text() == archs.markdown(reports)
+
+
+def test_a_model_all_report_and_the_per_architecture_reports_make_the_same_table():
+    """A ``--model all`` report (its labels ``ARCH:runner``) and single-architecture
+    reports (plain labels, the architecture in the subject) give the same rows."""
+    from capturelint.adapters.vllm import archs
+
+    reports = stored_reports()
+    joined = {"subject": {"engine": "vllm", "model": "all"},
+              "configurations": [c for r in reports for c in archs.labelled(r)["configurations"]],
+              "findings": [f for r in reports for f in archs.labelled(r)["findings"]]}
+    assert archs.table(joined) == archs.table(reports)
+    planted = {**joined, "findings": [{"runner": f"{archs.SUPPORTED[-1]}:v1", "mode": "FULL", "code": "CL104",
+                                       "location": {"file": "vllm/x.py", "line": 7}}]}
+    rows = {(r[0], r[2], r[3]): r[4] for r in archs.table(planted)}
+    assert rows[(archs.SUPPORTED[-1], "v1", "FULL")] == "corrupting: CL104 at vllm/x.py:7 (1 finding)"
+    assert rows[(archs.SUPPORTED[-1], "v2", "FULL")] == "safe"
 
 
 def test_a_generic_attention_model_checks_clean_in_process():
@@ -158,7 +187,7 @@ from capturelint.adapters.vllm.runners.real import runner_context
 from capturelint.adapters.vllm.workload import RunSpec
 from capturelint.options import CUDAGraphMode, Runner
 out = {}
-with cpu_shim(), generic.attention_backend():
+with cpu_shim(), generic.backend():
     loop = generic.loop_for("LlamaForCausalLM")
     for runner in Runner:
         spec = RunSpec(runner=runner, mode=CUDAGraphMode.PIECEWISE, layers=1, steps=4)

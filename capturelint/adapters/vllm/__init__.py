@@ -13,6 +13,9 @@ Rooms, by job:
   configuration;
 - ``layers``: the compressed layers' caches and metadata;
 - ``invariants``: the declared invariants it ships;
+- ``archs``: the architectures ``--model`` knows, checked or not, and the table;
+  ``families``: the families run whole on vLLM's own runners, one module each
+  (``generic``: vLLM's ``Attention``);
 - ``runners/``: the step loops, one per kind of model runner: vLLM's own
   (``real.VllmRunnerLoop``), their capture conditions reproduced
   (``reproduced.ReproducedLoop``), speculative decoding (``spec.MTPLoop``,

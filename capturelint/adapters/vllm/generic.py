@@ -142,9 +142,9 @@ def build_model(arch: GenericArch, runner: Runner, layers: int, seed: int) -> tu
 
 
 @contextlib.contextmanager
-def attention_backend() -> Iterator[None]:
+def backend() -> Iterator[None]:
     """vLLM's Triton attention backend for the block, its kernels our references (see
-    the module docstring). Enter it inside ``install.cpu_shim``."""
+    the module docstring). Enter it inside ``install.cpu_shim`` (``families``: each family's ``backend``)."""
     from vllm.platforms import current_platform
     from vllm.v1.attention import selector
     from vllm.v1.attention.backends import triton_attn
@@ -207,4 +207,4 @@ def region_of(model: Any) -> str:
 
 
 __all__ = ["ARCHS", "BLOCK_SIZE", "DEFAULT_LAYERS", "GenericArch", "GenericRunnerLoop", "MODEL_FIELDS", "TINY",
-           "attention_backend", "build_model", "compare", "hf_config", "loop_for", "region_of", "vllm_config"]
+           "backend", "build_model", "compare", "hf_config", "loop_for", "region_of", "vllm_config"]

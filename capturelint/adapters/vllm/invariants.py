@@ -75,27 +75,10 @@ select = [
 ]
 '''
 
-DSV4_IDS = ("dsv4-v1-attention-prep-eager", "dsv4-sparse-attention-eager")
-GENERIC_IDS = ("attention-eager",)
-
 
 def default_invariants() -> tuple[Invariant, ...]:
     """vLLM's invariants for DeepSeek V4 (the default architecture), with source ``default``."""
     return shipped_defaults(DEFAULTS_TOML, "capturelint/adapters/vllm/invariants.py")
 
 
-def generic_invariants() -> tuple[Invariant, ...]:
-    """The generic attention family's (``generic``): the attention kernel stays in its
-    eager break in PIECEWISE graphs."""
-    return shipped_defaults(GENERIC_TOML, "capturelint/adapters/vllm/invariants.py")
-
-
-def family_invariants(family: str, invariants: tuple[Invariant, ...]) -> tuple[Invariant, ...]:
-    """``invariants`` for one family's configurations: the other families' defaults
-    left out (a project's own apply to every family)."""
-    others = GENERIC_IDS if family == "deepseek-v4" else DSV4_IDS
-    return tuple(i for i in invariants if not (i.source == "default" and i.id in others))
-
-
-__all__ = ["DEFAULTS_TOML", "DSV4_IDS", "GENERIC_IDS", "GENERIC_TOML", "default_invariants", "family_invariants",
-           "generic_invariants"]
+__all__ = ["DEFAULTS_TOML", "GENERIC_TOML", "default_invariants"]

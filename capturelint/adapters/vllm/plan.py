@@ -59,8 +59,8 @@ from capturelint.adapters.common import (
     run_plan,
     slots,
 )
-from capturelint.adapters.vllm import archs
-from capturelint.adapters.vllm.invariants import default_invariants, family_invariants, generic_invariants
+from capturelint.adapters.vllm import archs, families
+from capturelint.adapters.vllm.invariants import default_invariants
 from capturelint.adapters.vllm.options import (
     DEFAULT_BATCH_SIZES,
     DEFAULT_CAPTURE_SIZES,
@@ -147,9 +147,8 @@ def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
         knobs = dataclasses.replace(knobs, capture_sizes=tuple(sorted(set(knobs.capture_sizes))))
     # DSpark runs only on V2 (config/vllm.py:3110-3113): its default runner
     default_runners = (Runner.V2,) if spec is SpecMethod.DSPARK else tuple(Runner)
-    defaults = {archs.DEFAULT: default_invariants, archs.ALL: lambda: default_invariants() + generic_invariants()}
     plan = resolve_plan(settings, options, NAME, default_runners=lambda: default_runners, default_modes=VLLM_MODES,
-                        invariants=defaults.get(model, generic_invariants), mode_refused=refused,
+                        invariants=lambda: families.default_invariants(model), mode_refused=refused,
                         check_runners=spec_runners, knobs=knobs)
     if model == archs.ALL:
         # every supported architecture's configurations, labelled ARCH:runner (archs.split_label)
@@ -163,6 +162,13 @@ def make_plan(settings: Settings, options: EngineOptions) -> CheckPlan:
     if spec is None:
         refuse_unreplayed(knobs, plan.steps or DEFAULT_STEPS)
     return plan
+
+
+def subject(plan: CheckPlan) -> dict[str, Any]:
+    """What a vLLM check checked: ``{"engine": "vllm"}``, with ``"model"`` when it is not
+    the default architecture (``Qwen3ForCausalLM``, ``all``)."""
+    model = plan.knobs.model
+    return {"engine": NAME} if model == archs.DEFAULT else {"engine": NAME, "model": model}
 
 
 def refuse_unreplayed(knobs: Knobs, steps: int) -> None:
@@ -226,10 +232,6 @@ def _arch(runner: Any, plan: CheckPlan) -> tuple[str, Runner]:
     return arch, Runner(plain)
 
 
-def _generic(arch: str) -> bool:
-    return arch != archs.DEFAULT
-
-
 def _spec(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode, arch: str = archs.DEFAULT) -> Any:
     from capturelint.adapters.vllm.workload import RunSpec
 
@@ -237,7 +239,8 @@ def _spec(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode, arch: str = arch
     workload = {name: value for name, value in (("capture_sizes", knobs.capture_sizes),
                                                  ("batch_sizes", knobs.batch_sizes)) if value is not None}
     # --spec: sliding-window target layers (SPEC_LAYERS_REFUSAL)
-    default_layers = 2 if _generic(arch) else (1 if knobs.spec else DEFAULT_LAYERS)  # generic.DEFAULT_LAYERS: 2
+    family = families.of(arch)
+    default_layers = family.default_layers if family is not None else (1 if knobs.spec else DEFAULT_LAYERS)
     layers = plan.layers or default_layers
     return RunSpec(runner=runner, mode=mode, eager_region=plan.eager_region, layers=layers,
                    steps=plan.steps or DEFAULT_STEPS, seed=plan.seed, **workload)
@@ -269,8 +272,8 @@ def real_runner(plan: CheckPlan, runner: Any, mode: CUDAGraphMode) -> bool:
 
     knobs: Knobs = plan.knobs
     arch, runner = _arch(runner, plan)
-    if _generic(arch):
-        return True  # vLLM's own runners, PIECEWISE and FULL (generic)
+    if families.of(arch) is not None:
+        return True  # vLLM's own runners, PIECEWISE and FULL (families)
     return not knobs.spec and knobs.vllm_runner_impl is RunnerImpl.REAL and real.supports(runner, mode)
 
 
@@ -279,10 +282,9 @@ def step_loop(plan: CheckPlan, runner: Runner, mode: CUDAGraphMode) -> Any:
     vLLM's own model runner (``runners.real``) where it drives the configuration, else
     the model runner's capture conditions reproduced (``runners.reproduced``)."""
     arch, _ = _arch(runner, plan)
-    if _generic(arch):
-        from capturelint.adapters.vllm import generic
-
-        return generic.loop_for(arch)
+    family = families.of(arch)
+    if family is not None:
+        return family.load().loop_for(arch)
     if plan.knobs.spec:
         from capturelint.adapters.vllm.runners.spec import LOOPS
 
@@ -319,12 +321,11 @@ def configuration(plan: CheckPlan, runner: Any, mode: Any) -> Configuration:
         agreement, error = compare(loop(spec).generate(), loop(spec, graphs=False).generate())
         return TwinResult(agreement, error)
 
-    family = archs.ARCHS[arch].family
-    region = "per-runner" if _generic(arch) else region_of(engine.model)
+    region = "per-runner" if families.of(arch) is not None else region_of(engine.model)
     return Configuration(RunLabel(str(plain), str(mode)), engine.generate, engine.roots(), region,
                          forward_context_probe, layer_scope_group, twin, require_replays=True,
                          eager_region_option=str(plan.eager_region),
-                         invariants=family_invariants(family, plan.invariants), capture_only=engine.capture)
+                         invariants=families.family_invariants(arch, plan.invariants), capture_only=engine.capture)
 
 
 def _relabel(report: ConfigReport, runner: str) -> ConfigReport:
@@ -352,10 +353,9 @@ def check_one(plan: CheckPlan, runner: Any, mode: Any, shadow: bool = True, stat
         stack.enter_context(cpu_shim())
         if real:
             stack.enter_context(runner_context(plain))
-        if _generic(arch):
-            from capturelint.adapters.vllm.generic import attention_backend
-
-            stack.enter_context(attention_backend())
+        family = families.of(arch)
+        if family is not None:
+            stack.enter_context(family.load().backend())
         try:
             report = check_configuration(configuration(plan, runner, mode), plan.codes, shadow=shadow, static=static)
         except (CapturelintError, AttributeError) as e:
@@ -401,4 +401,5 @@ def suggest_slots(plan: CheckPlan) -> list[Slot]:
 
 
 __all__ = ["NAME", "VLLM_MODES", "check_one", "configuration", "default_invariants", "forward_context_probe", "load",
-           "make_plan", "missing_op", "real_runner", "record_regions", "run_check", "step_loop", "suggest_slots"]
+           "make_plan", "missing_op", "real_runner", "record_regions", "run_check", "step_loop", "subject",
+           "suggest_slots"]
