@@ -55,6 +55,8 @@ CHECKED = (
     Arch(DEFAULT, "deepseek-v4", "vllm/models/deepseek_v4", full_on_vllm_runners=False),
     Arch("Qwen3ForCausalLM", "generic attention", "vllm/model_executor/models/qwen3.py"),
     Arch("LlamaForCausalLM", "generic attention", "vllm/model_executor/models/llama.py"),
+    Arch("DeepseekV32ForCausalLM", "sparse MLA", "vllm/models/deepseek_v32"),
+    Arch("GlmMoeDsaForCausalLM", "sparse MLA", "vllm/models/deepseek_v32"),
 )
 
 NOT_YET = (
@@ -62,7 +64,6 @@ NOT_YET = (
     Arch("BeamForCausalLM", "model folder", "vllm/models/beam",
          "its own attention classes (BeamAttention, DFlash2BeamAttention in models/beam/nvidia) over CUDA-only "
          "kernels: no CPU references yet"),
-    Arch("DeepseekV32ForCausalLM", "sparse MLA", "vllm/models/deepseek_v32", _SPARSE_MLA),
     Arch("DeepseekV32MTPModel", "sparse MLA", "vllm/models/deepseek_v32", _SPARSE_MLA),
     Arch("DeepseekV4ForConditionalGeneration", "deepseek-v4", "vllm/models/deepseek_v4",
          "the multimodal wrapper of DeepseekV4ForCausalLM: its attention is checked as DeepseekV4ForCausalLM; the "
@@ -79,7 +80,6 @@ NOT_YET = (
     Arch("Glm5NextForCausalLM", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
     Arch("Glm5NextForConditionalGeneration", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
     Arch("Glm5NextMTPModel", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
-    Arch("GlmMoeDsaForCausalLM", "sparse MLA", "vllm/models/deepseek_v32", _SPARSE_MLA),
     Arch("HYV4ForCausalLM", "sparse MLA", "vllm/models/hy_v4", _SPARSE_MLA),
     Arch("HYV4MTPModel", "sparse MLA", "vllm/models/hy_v4", _SPARSE_MLA),
     Arch("InklingForCausalLM", "short convolution hybrid", "vllm/models/inkling",
