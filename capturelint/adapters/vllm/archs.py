@@ -46,6 +46,10 @@ class Arch:
 
 _SPARSE_MLA = ("sparse MLA family (MLA attention with its eager break, mla_attention.py:1484, and the sparse-attention "
                "indexer, sparse_attn_indexer.py:437): no CPU references for its FlashMLA / DeepGEMM kernels yet")
+_DSA = ("vLLM's own model runs on both runners (adapters/vllm/sparse_mla.py, kernels/sparse_mla_fused.py: V2 PIECEWISE "
+        "graph run = eager), but V1 PIECEWISE captures without attention metadata (gpu_model_runner.py:5637), so "
+        "fused_norm_rope's MLA/indexer cache writes are not in its graphs (CL101, token agreement 0.33: vLLM's hazard, "
+        "as DeepSeek V4's #51430), and FULL graphs replayed no step of the default workload yet")
 _GDN = ("gated delta-net hybrid (layers/mamba/gdn/*_gdn_linear_attn.py breaks; FLA Triton kernels in captured code "
         "need torch references): not covered yet")
 _KIMI = ("Kimi delta attention (gated delta-net, kimi_gdn_linear_attn.py) with MLA layers (models/kimi_k3): "

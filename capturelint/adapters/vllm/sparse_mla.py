@@ -134,7 +134,7 @@ def backend() -> Iterator[None]:
 
         # vllm.utils.torch_utils.current_stream answers a CPU platform with a placeholder
         # stream (no events); the emulated device's current stream is what a GPU's is
-        patches.set(index_group, "current_stream", lambda: torch.cuda.current_stream())
+        patches.set(index_group, "current_stream", _compute_stream)
         patches.set(index_group, "_create_side_stream", lambda device: torch.cuda.Stream())
         patches.set(index_group, "_create_event", lambda: torch.cuda.Event())
         from vllm.third_party.flashmla import flash_mla_interface
@@ -149,6 +149,15 @@ def backend() -> Iterator[None]:
     finally:
         patches.undo()
         selector._cached_get_attn_backend.cache_clear()
+
+
+def _compute_stream() -> Any:
+    """The emulated device's current stream; V1's capture may have pushed vLLM's CPU
+    placeholder stream (no events) there, for which the default stream stands."""
+    from capturelint.runtime import streams
+
+    stream = streams.current_stream()
+    return stream if isinstance(stream, streams.EmulatedStream) else streams.default_stream()
 
 
 class SparseMlaRunnerLoop(real.VllmRunnerLoop):
