@@ -143,6 +143,37 @@ def test_a_model_all_report_and_the_per_architecture_reports_make_the_same_table
     assert rows[(archs.SUPPORTED[-1], "v2", "FULL")] == "safe"
 
 
+def test_a_model_all_report_prints_the_table_under_its_rich_report():
+    """``check --model all`` (and ``merge`` of its shards) print the table: one row per
+    architecture, runner and mode, then the names of vLLM's list not checked; a single
+    architecture's report prints none."""
+    import io
+
+    from rich.console import Console
+
+    from capturelint.adapters import registry
+    from capturelint.adapters.vllm import archs
+    from capturelint.report import Report
+    from capturelint.reporters import Options, reporter
+
+    reports = stored_reports()
+    joined = {**reports[0], "subject": {"engine": "vllm", "model": "all"},
+              **{key: [e for r in reports for e in archs.labelled(r)[key]]
+                 for key in ("configurations", "findings", "numerical")}}
+    report = Report.from_json(joined)
+    columns, rows = registry.table(report)
+    assert columns == ("architecture", "family", "runner", "mode", "breakable graphs")
+    assert len(rows) == 4 * len(archs.SUPPORTED) + len(archs.NOT_YET)
+    assert ("Qwen3ForCausalLM", "generic attention", "v2", "FULL", "safe") in rows
+    out = io.StringIO()
+    reporter("check", "rich").render(report, Console(file=out, width=200), Options(table=(columns, rows)))
+    text = out.getvalue()
+    assert all(name in text for name in archs.ARCHS)
+    assert text.index("breakable graphs") < text.rindex(report.summary_line().split(" [")[0])
+    single = Report.from_json(reports[1])
+    assert registry.table(single) is None
+
+
 def test_a_generic_attention_model_checks_clean_in_process():
     """The family's small configuration in the default suite: one layer of vLLM's own
     Qwen3 on vLLM's own V2 runner, PIECEWISE, three steps (prefill, mixed, padded decode)."""

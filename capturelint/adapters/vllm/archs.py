@@ -165,8 +165,8 @@ def labelled(report: dict[str, Any]) -> dict[str, Any]:
     def label(entry: dict[str, Any]) -> dict[str, Any]:
         return {**entry, "runner": entry["runner"] if ":" in entry["runner"] else f"{model}:{entry['runner']}"}
 
-    return {**report, "configurations": [label(c) for c in report.get("configurations", [])],
-            "findings": [label(f) for f in report.get("findings", [])]}
+    return {**report, **{key: [label(entry) for entry in report.get(key, [])]
+                         for key in ("configurations", "findings", "numerical")}}
 
 
 def table(reports: dict[str, Any] | list[dict[str, Any]]) -> list[tuple[str, str, str, str, str]]:
