@@ -11,7 +11,10 @@ Families (by the eager breaks their code takes, not by name):
   conditions stands in for FULL graphs (``runners.real``);
 - ``generic attention``: vLLM's own model class whose attention is vLLM's ``Attention``
   (eager break ``unified_attention_with_output``), over vLLM's Triton attention backend
-  with reference kernels (``generic``), both runners and modes on vLLM's own runners.
+  with reference kernels (``generic``), both runners and modes on vLLM's own runners;
+- ``MLA``: vLLM's own DeepSeek V2/V3 model class whose attention is vLLM's
+  ``MLAAttention`` (eager break ``unified_mla_attention_with_output``), over vLLM's Triton
+  MLA backend with reference kernels (``mla``), both runners and modes on vLLM's own runners.
 
 ``python -m capturelint.adapters.vllm.archs REPORT.json...`` prints the Markdown table of
 ``check --engine vllm --model all --format json`` reports (merged shards too), or of
@@ -59,8 +62,8 @@ CHECKED = (
     Arch(DEFAULT, "deepseek-v4", "vllm/models/deepseek_v4", full_on_vllm_runners=False),
     Arch("Qwen3ForCausalLM", "generic attention", "vllm/model_executor/models/qwen3.py"),
     Arch("LlamaForCausalLM", "generic attention", "vllm/model_executor/models/llama.py"),
-    Arch("DeepseekV32ForCausalLM", "sparse MLA", "vllm/models/deepseek_v32"),
-    Arch("GlmMoeDsaForCausalLM", "sparse MLA", "vllm/models/deepseek_v32"),
+    Arch("DeepseekV2ForCausalLM", "MLA", "vllm/model_executor/models/deepseek_v2.py"),
+    Arch("DeepseekV3ForCausalLM", "MLA", "vllm/model_executor/models/deepseek_v2.py"),
 )
 
 NOT_YET = (
@@ -68,6 +71,7 @@ NOT_YET = (
     Arch("BeamForCausalLM", "model folder", "vllm/models/beam",
          "its own attention classes (BeamAttention, DFlash2BeamAttention in models/beam/nvidia) over CUDA-only "
          "kernels: no CPU references yet"),
+    Arch("DeepseekV32ForCausalLM", "sparse MLA", "vllm/models/deepseek_v32", _DSA),
     Arch("DeepseekV32MTPModel", "sparse MLA", "vllm/models/deepseek_v32", _SPARSE_MLA),
     Arch("DeepseekV4ForConditionalGeneration", "deepseek-v4", "vllm/models/deepseek_v4",
          "the multimodal wrapper of DeepseekV4ForCausalLM: its attention is checked as DeepseekV4ForCausalLM; the "
@@ -84,6 +88,7 @@ NOT_YET = (
     Arch("Glm5NextForCausalLM", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
     Arch("Glm5NextForConditionalGeneration", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
     Arch("Glm5NextMTPModel", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
+    Arch("GlmMoeDsaForCausalLM", "sparse MLA", "vllm/models/deepseek_v32", _DSA),
     Arch("HYV4ForCausalLM", "sparse MLA", "vllm/models/hy_v4", _SPARSE_MLA),
     Arch("HYV4MTPModel", "sparse MLA", "vllm/models/hy_v4", _SPARSE_MLA),
     Arch("InklingForCausalLM", "short convolution hybrid", "vllm/models/inkling",
@@ -164,8 +169,8 @@ def labelled(report: dict[str, Any]) -> dict[str, Any]:
     def label(entry: dict[str, Any]) -> dict[str, Any]:
         return {**entry, "runner": entry["runner"] if ":" in entry["runner"] else f"{model}:{entry['runner']}"}
 
-    return {**report, "configurations": [label(c) for c in report.get("configurations", [])],
-            "findings": [label(f) for f in report.get("findings", [])]}
+    return {**report, **{key: [label(entry) for entry in report.get(key, [])]
+                         for key in ("configurations", "findings", "numerical")}}
 
 
 def table(reports: dict[str, Any] | list[dict[str, Any]]) -> list[tuple[str, str, str, str, str]]:

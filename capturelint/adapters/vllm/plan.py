@@ -171,6 +171,14 @@ def subject(plan: CheckPlan) -> dict[str, Any]:
     return {"engine": NAME} if model == archs.DEFAULT else {"engine": NAME, "model": model}
 
 
+def table(report: dict[str, Any]) -> tuple[tuple[str, ...], list[tuple[str, ...]]] | None:
+    """Under ``--model all`` (merged shards too), the table of ``docs/vllm-architectures.md``:
+    one row per architecture, runner and mode, then the names of vLLM's list not checked."""
+    if (report.get("subject") or {}).get("model") != archs.ALL:
+        return None
+    return ("architecture", "family", "runner", "mode", "breakable graphs"), list(archs.table(report))
+
+
 def refuse_unreplayed(knobs: Knobs, steps: int) -> None:
     """Refuse, before the run, a serving workload whose every step is larger than every
     capture size: each request schedules at least one token, so such a step runs eagerly
@@ -314,11 +322,10 @@ def configuration(plan: CheckPlan, runner: Any, mode: Any) -> Configuration:
     engine = loop(spec)
 
     def twin(output: Any) -> TwinResult:
-        # The numbers a report prints are the program's: an untraced graph run of the
-        # configuration against its eager twin, not the traced run, whose replays reuse
-        # their shadow's break calls (``protocol.run_or_reuse``) and so may differ from
-        # what the program computes on its own (docs/vllm.md, "The numbers").
-        agreement, error = compare(loop(spec).generate(), loop(spec, graphs=False).generate())
+        # The traced run's replays compute what the program computes on its own
+        # (``capturelint.shadow_isolation``; docs/vllm.md, "The numbers"), so its output
+        # is compared with the eager twin's: no second graph run.
+        agreement, error = compare(output, loop(spec, graphs=False).generate())
         return TwinResult(agreement, error)
 
     region = "per-runner" if families.of(arch) is not None else region_of(engine.model)
@@ -402,4 +409,4 @@ def suggest_slots(plan: CheckPlan) -> list[Slot]:
 
 __all__ = ["NAME", "VLLM_MODES", "check_one", "configuration", "default_invariants", "forward_context_probe", "load",
            "make_plan", "missing_op", "real_runner", "record_regions", "run_check", "step_loop", "subject",
-           "suggest_slots"]
+           "suggest_slots", "table"]
