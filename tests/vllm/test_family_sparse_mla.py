@@ -109,7 +109,7 @@ def test_fused_q_reference_matches_vllms_triton_kernel():
     assert torch.allclose(ours[2], theirs[2], atol=1e-5)  # the roped q_pe
     values = ours[0].float(), theirs[0].float()  # the fp8 index q: as for the indexer cache above
     differ = values[0] != values[1]
-    assert differ.float().mean() < 0.02
+    assert differ.float().mean() < 0.05
     assert (((values[0][differ] / values[1][differ]).abs() - 1.25).abs() == 0.75).all()  # a factor of 2 apart
     assert torch.allclose(ours[1], theirs[1], rtol=1e-6)  # the weights with the q scales folded in
     with pytest.raises(NotImplementedError, match="bf16 MQA query"):

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from capturelint.adapters.vllm.kernels.compressed import _TritonHelpers, addressable
+from capturelint.adapters.vllm.kernels.compressed import addressable
 from capturelint.adapters.vllm.kernels.fp8_ds_mla import apply_gptj_rope, ceil_log2
 from capturelint.adapters.vllm.kernels.library import Impls, no_result_fake, own_op, register_ops
 
@@ -294,7 +294,11 @@ def install(patches: Any) -> None:
     from vllm.v1.attention.backends.mla import sparse_utils
 
     patches.set(sparse_utils, "_CONVERT_REQ_INDEX_TO_GLOBAL_INDEX_KERNEL", ReqIndexToGlobalKernel())
-    patches.set(sparse_utils, "triton", _TritonHelpers(sparse_utils.triton))  # _remap_tiling's next_power_of_2
+    import triton
+
+    # vLLM's placeholder (Triton is disabled without a GPU driver) lacks the host helper
+    # _remap_tiling reads, next_power_of_2; the installed package's is the one a GPU runs
+    patches.set(sparse_utils, "triton", triton)
 
 
 __all__ = ["IMPLS", "fused_embed_norm", "fused_norm_rope", "fused_q", "indexer_k_insert", "install",
