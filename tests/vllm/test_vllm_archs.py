@@ -25,7 +25,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("name, says", [
     ("Gpt2ForCausalLM", "unknown architecture 'Gpt2ForCausalLM'"),
-    ("KimiLinearForCausalLM", "architecture KimiLinearForCausalLM is not supported yet (Kimi delta attention"),
+    ("KimiK3ForConditionalGeneration", "architecture KimiK3ForConditionalGeneration is not supported yet (Kimi K3"),
 ])
 def test_an_unknown_or_unsupported_model_is_one_line_naming_the_supported(name, says):
     done = _cli("check", "--engine", "vllm", "--model", name)
