@@ -10,8 +10,9 @@ its eager break ``_forward``) and Kimi's own multi-head latent attention
 configuration made in code with vLLM's ``KimiLinearConfig``
 (``transformers_utils/configs/kimi_linear.py``; ``TINY``: a KDA layer then an MLA layer,
 ``linear_attn_config``; hidden 128; KDA 2 heads of 32, short conv 4; MLA 4 heads, no
-query LoRA (Kimi-Linear's full-rank ``q_proj``), ``kv_lora_rank`` 64, NoPE with a rope
-width of 16, no output gate; dense MLPs; vocabulary 96), random weights from the seed,
+query LoRA (Kimi-Linear's full-rank ``q_proj``), ``kv_lora_rank`` 256 and a rope width of
+64 (a latent row of 320, a size vLLM's MLA accepts), NoPE, no output gate; dense MLPs;
+vocabulary 96), random weights from the seed,
 then the MLA layer's ``process_weights_after_loading`` (``W_UK_T``/``W_UV``, what vLLM's
 loader runs). ``VLLM_KIMI_K3_GEMM_AR=0`` for the build: the fused GEMM + all-reduce
 needs CUTLASS's DSL and an NVLink world, and a world of one has no all-reduce.
