@@ -114,6 +114,16 @@ def vllm_config(layers: int, runner: Runner) -> Any:
     return vc
 
 
+class _Recording:
+    """Keeps each step's logits (``compute_logits``) for the numerical oracle; mixed into
+    vLLM's model class, so its modules and scopes stay as they are."""
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = super().compute_logits(hidden)  # type: ignore[misc]
+        self.logits_seen.append(logits.detach().float().clone())
+        return logits
+
+
 @contextlib.contextmanager
 def _env(name: str, value: str) -> Iterator[None]:
     saved = os.environ.get(name)
@@ -151,7 +161,7 @@ def build_model(runner: Runner, layers: int, seed: int) -> tuple[torch.nn.Module
         ensure_distributed(vc)
         cls = importlib.import_module("vllm.models.kimi_k3").KimiLinearForCausalLM
         model = cls(vllm_config=vc, prefix="")
-    model.__class__ = type(f"{ARCH}ForCapturelint", (generic._Recording, cls), {})
+    model.__class__ = type(f"{ARCH}ForCapturelint", (_Recording, cls), {})
     use_cpu_gemm(model)
     for m in model.modules():  # the LM head's GEMM takes the CPU branch too (UnquantizedEmbeddingMethod.apply)
         if isinstance(m, ParallelLMHead):
