@@ -54,6 +54,13 @@ _GDN = ("gated delta-net hybrid (layers/mamba/gdn/*_gdn_linear_attn.py breaks; F
 _KIMI = ("Kimi delta attention (gated delta-net, kimi_gdn_linear_attn.py) with MLA layers (models/kimi_k3): "
          "neither family is covered yet")
 
+_DOTS3 = ("its full-attention layers are DeepSeek V3.2 sparse MLA with the indexer (Dots3NoteFullAttention, "
+          "Dots3NotePaddedSparseBackend over FlashAttention's sparse MLA: the sparse MLA family's kernels); its "
+          "sliding-window layers are dense MLA on Dots3NoteTritonMLABackend (models/dots3_note/nvidia/attention.py), "
+          "whose decode gathers the window with its own Triton kernels (_gather_swa_kv_kernel, "
+          "_apply_swa_score_mask_kernel) and whose prefill is flash-attn varlen (vllm_flash_attn): no CPU references "
+          "for those yet (the MLA family's decode_attention_fwd and concat_and_cache_mla references cover the rest)")
+
 CHECKED = (
     Arch(DEFAULT, "deepseek-v4", "vllm/models/deepseek_v4", full_on_vllm_runners=False),
     Arch("Qwen3ForCausalLM", "generic attention", "vllm/model_executor/models/qwen3.py"),
@@ -77,10 +84,9 @@ NOT_YET = (
     Arch("DeepseekV41ForCausalLM", "deepseek-v4.1", "vllm/models/deepseek_v41",
          "its own attention classes (models/deepseek_v41: MegaAttn, FlashInfer MLA, decoder replay layers) with 11 "
          "eager breaks: not covered yet"),
-    Arch("Dots3NoteForCausalLM", "MLA", "vllm/models/dots3_note",
-         "padded MLA and sliding-window attention (models/dots3_note): the MLA family is not covered yet"),
-    Arch("Dots3NoteMTPModel", "MLA", "vllm/models/dots3_note",
-         "the MTP draft of Dots3NoteForCausalLM: the MLA family is not covered yet"),
+    Arch("Dots3NoteForCausalLM", "sparse MLA + sliding-window MLA", "vllm/models/dots3_note", _DOTS3),
+    Arch("Dots3NoteMTPModel", "sparse MLA + sliding-window MLA", "vllm/models/dots3_note",
+         "the MTP draft of Dots3NoteForCausalLM: " + _DOTS3),
     Arch("Glm5NextForCausalLM", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
     Arch("Glm5NextForConditionalGeneration", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
     Arch("Glm5NextMTPModel", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),

@@ -47,9 +47,19 @@ yet see the ops' writes (``generic``'s docstring).
 **The runners**: ``MlaRunnerLoop``, vLLM's own V1 or V2 ``GPUModelRunner``
 (``runners.real``) over this model, with vLLM's KV cache plan (one MLA group, block size
 16, the Triton MLA backend's kernel block size), the serving workload
-(``workload.schedule``), PIECEWISE and FULL graphs (FULL: the backend supports uniform
-decode batches only, ``AttentionCGSupport.UNIFORM_BATCH``, and vLLM's runner resolves the
-mode as it does on a GPU).
+(``workload.schedule``), PIECEWISE and FULL graphs (FULL: the backend captures uniform
+decode batches only, ``AttentionCGSupport.UNIFORM_BATCH``, so vLLM's
+``resolve_cudagraph_mode_and_sizes``, ``config/compilation.py:1376``, turns FULL into
+FULL_DECODE_ONLY, as on a GPU: the decode steps replay bare FULL graphs, the prefill and
+mixed steps run eager).
+
+**Its one finding is vLLM's**: under V1 PIECEWISE, CL103 at ``_custom_ops.py:2927``
+(``concat_and_cache_mla``). The MLA backends keep ``forward_includes_kv_cache_update =
+True`` (``v1/attention/backend.py:70``) although ``MLAAttention`` writes the latent cache
+in captured code, so V1 hands that write the unpadded slot mapping
+(``gpu_model_runner.py:4036-4041``, whose comment says it must then be padded) and a
+replay runs it over the capture's extent; harmless today only because V1's slot-mapping
+kernel fills the persistent buffer's tail with ``PAD_SLOT_ID`` (``block_table.py:336``).
 """
 
 from __future__ import annotations
