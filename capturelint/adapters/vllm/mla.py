@@ -41,8 +41,9 @@ and ``unified_mla_attention_with_output`` (``opaque_attention_op`` is True on CU
 CPU); its ``use_direct_call`` branch would call ``forward_impl`` without the eager break.
 So the ops stay, but ``torch.ops.vllm.<op>`` answers vLLM's own Python functions for the
 block (the same decorated functions the ops dispatch to), as ``generic`` calls
-``unified_attention_with_output`` directly: through the dispatcher, a traced run does not
-yet see the ops' writes (``generic``'s docstring).
+``unified_attention_with_output`` directly: through the dispatcher, the emulated FULL
+graph records each op as one call and its replay re-runs the op's Python, where a GPU's
+graph holds the kernels it launched (``generic``'s docstring).
 
 **The runners**: ``MlaRunnerLoop``, vLLM's own V1 or V2 ``GPUModelRunner``
 (``runners.real``) over this model, with vLLM's KV cache plan (one MLA group, block size
