@@ -76,9 +76,27 @@ select = [
 '''
 
 
+# The gated delta-net hybrid: its full-attention layers are vLLM's Attention (the
+# generic family's attention-eager, under this model's scopes), its linear-attention
+# layers keep the convolution and the delta rule in the break qwen_gdn_attention_core.
+GDN_TOML = GENERIC_TOML + '''
+[tool.capturelint.invariants.gdn-core-eager]
+require = "eager"
+modes = ["PIECEWISE"]
+why = """vLLM's gated delta-net layer runs its convolution and delta rule in the eager break \\
+qwen_gdn_attention_core (model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:2243): they read each \\
+step's GDN metadata (prefill/decode split, state indices, query start locations) and update the conv and \\
+recurrent states of the step's requests, so captured they would replay the capture's; the input and output \\
+projections and the gated norm are captured"""
+select = [
+    { scope = "model.layers.*.linear_attn", op = ["vllm.qwen_gdn_attention_core*", "capturelint_vllm.gdn_*", "capturelint_vllm.causal_conv1d*"] },
+]
+'''
+
+
 def default_invariants() -> tuple[Invariant, ...]:
     """vLLM's invariants for DeepSeek V4 (the default architecture), with source ``default``."""
     return shipped_defaults(DEFAULTS_TOML, "capturelint/adapters/vllm/invariants.py")
 
 
-__all__ = ["DEFAULTS_TOML", "GENERIC_TOML", "default_invariants"]
+__all__ = ["DEFAULTS_TOML", "GDN_TOML", "GENERIC_TOML", "default_invariants"]
