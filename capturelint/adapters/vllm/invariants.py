@@ -77,19 +77,40 @@ select = [
 
 
 # The gated delta-net hybrid: its full-attention layers are vLLM's Attention (the
-# generic family's attention-eager, under this model's scopes), its linear-attention
+# generic family's attention-eager, the same scopes), its linear-attention
 # layers keep the convolution and the delta rule in the break qwen_gdn_attention_core.
 GDN_TOML = GENERIC_TOML + '''
 [tool.capturelint.invariants.gdn-core-eager]
 require = "eager"
+runners = ["v2"]
 modes = ["PIECEWISE"]
 why = """vLLM's gated delta-net layer runs its convolution and delta rule in the eager break \\
 qwen_gdn_attention_core (model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:2243): they read each \\
 step's GDN metadata (prefill/decode split, state indices, query start locations) and update the conv and \\
 recurrent states of the step's requests, so captured they would replay the capture's; the input and output \\
-projections and the gated norm are captured"""
+projections and the gated norm are captured. Model Runner V2 only: V1 captures its PIECEWISE graphs in a \\
+dummy run without GDN metadata, where the break returns before any of them, so there is nothing to select"""
 select = [
-    { scope = "model.layers.*.linear_attn", op = ["vllm.qwen_gdn_attention_core*", "capturelint_vllm.gdn_*", "capturelint_vllm.causal_conv1d*"] },
+    { scope = "model.layers.*.linear_attn", op = ["capturelint_vllm.gdn_*", "capturelint_vllm.causal_conv1d*"] },
+]
+'''
+
+
+MLA_TOML = '''
+[tool.capturelint.invariants.mla-attention-eager]
+require = "eager"
+modes = ["PIECEWISE"]
+why = """vLLM's MLAAttention runs the latent attention in the eager break unified_mla_attention_with_output \\
+(model_executor/layers/attention/mla_attention.py:1484): forward_impl splits the step into decode and prefill \\
+rows by the step's attention metadata (num_decode_tokens), the decode attention reads each step's block tables \\
+and sequence lengths and the prefill its query start locations, so captured they would replay the capture's; only \\
+the latent KV-cache write (unified_mla_kv_cache_update) is captured. Selected: the decode path (forward_mqa with \\
+its decode kernel, the W_UK and W_UV absorptions), the prefill path (forward_mha), and the profile run's zero \\
+fill of the output (forward_impl, what a capture without metadata runs there)"""
+select = [
+    { scope = "model.layers.*.self_attn.mla_attn.mla_attn", op = ["capturelint_vllm.mla_decode_attention*"] },
+    { scope = "model.layers.*.self_attn.mla_attn.mla_attn", function = ["forward_mqa", "forward_mha", "_v_up_proj"] },
+    { scope = "model.layers.*.self_attn.mla_attn.mla_attn", function = "forward_impl", op = ["aten.fill_*", "aten.bmm*"] },
 ]
 '''
 
@@ -99,4 +120,4 @@ def default_invariants() -> tuple[Invariant, ...]:
     return shipped_defaults(DEFAULTS_TOML, "capturelint/adapters/vllm/invariants.py")
 
 
-__all__ = ["DEFAULTS_TOML", "GDN_TOML", "GENERIC_TOML", "default_invariants"]
+__all__ = ["DEFAULTS_TOML", "GDN_TOML", "GENERIC_TOML", "MLA_TOML", "default_invariants"]

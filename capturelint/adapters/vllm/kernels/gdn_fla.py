@@ -374,5 +374,6 @@ IMPLS: Impls = {
 
 
 __all__ = ["CHUNK", "IMPLS", "POST_CONV_PREP", "RECURRENT", "chunk_gated_delta_rule", "fused_post_conv_prep",
-           "fused_recurrent_gated_delta_rule", "fused_recurrent_gated_delta_rule_packed_decode", "fused_sigmoid_gating_delta_rule_update", "gating", "l2norm",
-           "l2norm_fwd", "reference_chunk", "reference_post_conv_prep", "reference_recurrent"]
+           "fused_recurrent_gated_delta_rule", "fused_recurrent_gated_delta_rule_packed_decode",
+           "fused_sigmoid_gating_delta_rule_update", "gating", "l2norm", "l2norm_fwd", "reference_chunk",
+           "reference_post_conv_prep", "reference_recurrent"]
