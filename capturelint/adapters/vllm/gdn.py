@@ -2,30 +2,41 @@
 (``model_executor/models/qwen3_next.py``), whose layers alternate gated delta-net linear
 attention (``QwenGatedDeltaNetAttention``, ``model_executor/layers/mamba/gdn/
 qwen_gdn_linear_attn.py``: its eager break ``qwen_gdn_attention_core`` :2243) with full
-attention (vLLM's generic ``Attention``, the generic family's backend), run whole
+attention (vLLM's generic ``Attention``, on the generic family's backend), run whole
 through vLLM's own runners.
 
 **The model** is vLLM's own class, built through its ``__init__`` from a tiny
-configuration made in code with ``transformers``' ``Qwen3NextConfig`` (``TINY``: one
-linear-attention layer then one full-attention layer, ``layer_types``; hidden 128;
-linear attention 2 key heads and 4 value heads of 32, conv kernel 4; full attention 4
-query heads over 2 KV heads of 32 with its output gate; vocabulary 96), random weights
-from the seed. The first layer's MLP is dense (``mlp_only_layers``), the second a tiny
-MoE (4 experts, top 2, a shared expert): vLLM's class needs one MoE layer
-(``QwenNextMixtureOfExperts.set_moe_parameters`` raises without).
+configuration made in code with ``transformers``' ``Qwen3NextConfig`` (``TINY``: a
+linear-attention layer then a full-attention layer, ``layer_types``; hidden 128; linear
+attention 2 key heads and 4 value heads of 32, conv kernel 4; full attention 4 query
+heads over 2 KV heads of 32 with its output gate; vocabulary 96), random weights from
+the seed. The linear-attention layers' MLPs are dense (``mlp_only_layers``), the others
+a tiny MoE (4 experts, top 2, a shared expert): vLLM's class needs one MoE layer
+(``QwenNextMixtureOfExperts.set_moe_parameters`` raises without), and its block reads
+the expert-parallel group (a world of one's here).
 
-**Platform choices a CUDA platform makes**: the layer picks ``forward_cuda`` (the CPU
-platform would pick ``forward_cpu``, which calls ``vllm._C``), the Triton decode
-kernel (``gdn_decode_kernel = "triton"``), the FLA prefill (``forward_native`` of
-``ChunkGatedDeltaRule``). Its kernels are references of ours: the FLA kernels
-(``kernels.gdn_fla``) and the causal convolution (``kernels.causal_conv1d``), captured
-whole in FULL graphs, where interpreted Triton cannot run.
+**What a CUDA platform picks**, the CPU platform would not: the GDN layer's
+``forward_cuda`` (the CPU platform picks ``forward_cpu``, whose ops call ``vllm._C``),
+and with it the FLA prefill (``ChunkGatedDeltaRule.forward_native``) and the packed
+recurrent decode (``VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE``). Its kernels are
+references of ours (``backend``): the FLA kernels (``kernels.gdn_fla``), the causal
+convolution (``kernels.causal_conv1d``), the routed experts (``kernels.moe``); they run
+captured in FULL graphs, where interpreted Triton cannot. V2's state bookkeeping kernels
+(``v1/worker/gpu/model_states/mamba_hybrid.py``) run between graphs, as they are, in
+Triton's interpreter (``INTERPRETED``). ``forward_cuda`` enters its break through the
+custom op ``torch.ops.vllm.qwen_gdn_attention_core``; the check calls the same decorated
+function directly, as the generic family calls ``unified_attention_with_output`` (why:
+``generic``).
 
 **The runners**: ``GdnRunnerLoop``, vLLM's own V1 or V2 ``GPUModelRunner``
-(``runners.real``) over this model, with vLLM's hybrid KV cache plan: the linear
-attention's conv and recurrent states (``MambaSpec``, one block per request) in one
-group beside the full attention's paged KV group, page sizes unified as vLLM's
-``HybridAttentionMambaModelConfig`` unifies them.
+(``runners.real``) over this model, with vLLM's hybrid KV cache plan
+(``get_kv_cache_configs``: the GDN layers' conv and recurrent states, ``MambaSpec``, one
+block per request, ``mamba_block_size = max_model_len`` as ``MambaModelConfig`` sets it
+without prefix caching, in one group beside the full attention's paged KV group, their
+pages unified by vLLM's planner) and vLLM's GDN metadata builder
+(``v1/attention/backends/gdn_attn.py``). FULL is what vLLM makes of it for the GDN
+backend (``UNIFORM_BATCH``): FULL_DECODE_ONLY, so the workload's decode-only steps
+replay FULL graphs and the others run eagerly.
 """
 
 from __future__ import annotations
@@ -81,13 +92,10 @@ def vllm_config(arch: generic.GenericArch, layers: int, runner: Runner) -> Any:
     """The generic family's ``VllmConfig`` over this family's tiny configuration, an MoE
     model (its expert-parallel group) whose Mamba states take one block per request
     (``MambaModelConfig``: no prefix caching, ``mamba_block_size = max_model_len``)."""
-    hf = hf_config(arch, layers)
-    saved = generic.hf_config
-    generic.hf_config = lambda arch, layers: hf
-    try:
-        vc = generic.vllm_config(arch, layers, runner)
-    finally:
-        generic.hf_config = saved
+    vc = generic.vllm_config(arch, layers, runner)
+    # this family's configuration in place of the generic one made from the same class:
+    # the heads, head size and layers its answers read are TINY's in both
+    vc.model_config.hf_config = vc.model_config.hf_text_config = hf_config(arch, layers)
     vc.model_config.is_moe = True
     vc.model_config.architecture = arch.name
     vc.model_config.architectures = [arch.name]
