@@ -297,7 +297,8 @@ def test_the_hybrid_kv_cache_plan_is_vllms_with_a_state_group_beside_the_attenti
         assert set(groups) == {FullAttentionSpec, MambaSpec}
         assert groups[FullAttentionSpec].layer_names == ["model.layers.1.self_attn.attn"]
         assert groups[MambaSpec].layer_names == ["model.layers.0.linear_attn"]
-        assert groups[MambaSpec].kv_cache_spec.page_size_bytes == groups[FullAttentionSpec].kv_cache_spec.page_size_bytes
+        pages = {spec: group.kv_cache_spec.page_size_bytes for spec, group in groups.items()}
+        assert pages[MambaSpec] == pages[FullAttentionSpec]
         names = dict(loop.roots()["caches"])
         conv, ssm = names["conv_state.model.layers.0.linear_attn"], names["ssm_state.model.layers.0.linear_attn"]
         assert ssm.shape[1:] == (4, 32, 32)  # value heads, value dim, key dim

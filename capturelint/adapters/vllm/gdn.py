@@ -126,7 +126,7 @@ def build_model(arch: generic.GenericArch, runner: Runner, layers: int, seed: in
         ensure_distributed(vc)
         _expert_parallel_group()
         model = cls(vllm_config=vc, prefix="")
-    model.__class__ = type(f"{arch.name}ForCapturelint", (generic._Recording, cls), {})
+    model.__class__ = type(f"{arch.name}ForCapturelint", (generic.Recording, cls), {})
     use_cpu_gemm(model)
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
