@@ -72,10 +72,14 @@ CHECKED = (
     Arch("DeepseekV2ForCausalLM", "MLA", "vllm/model_executor/models/deepseek_v2.py"),
     Arch("DeepseekV3ForCausalLM", "MLA", "vllm/model_executor/models/deepseek_v2.py"),
     Arch("KimiLinearForCausalLM", "Kimi linear + MLA", "vllm/models/kimi_k3"),
+    Arch("Qwen3NextForCausalLM", "gated delta-net hybrid", "vllm/model_executor/models/qwen3_next.py"),
 )
 
 NOT_YET = (
-    Arch("AliceAIForCausalLM", "gated delta-net hybrid", "vllm/model_executor/models/alice_ai.py", _GDN),
+    Arch("AliceAIForCausalLM", "Kimi delta attention hybrid", "vllm/model_executor/models/alice_ai.py",
+         "its linear-attention layers are KimiGatedDeltaNetAttention (layers/mamba/gdn/kimi_gdn_linear_attn.py, the "
+         "layer the Kimi linear + MLA family checks), beside Qwen3-Next's gated full attention and MoE "
+         "(Qwen3NextAttention, which the gated delta-net family checks): no family assembles the two yet"),
     Arch("BeamForCausalLM", "model folder", "vllm/models/beam",
          "its own attention classes (BeamAttention, DFlash2BeamAttention in models/beam/nvidia) over CUDA-only "
          "kernels: no CPU references yet"),
