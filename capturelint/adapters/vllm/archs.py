@@ -25,6 +25,8 @@ import json
 import sys
 from typing import Any
 
+from capturelint.findings import problem_entries
+
 DEFAULT = "DeepseekV4ForCausalLM"
 ALL = "all"
 
@@ -161,7 +163,7 @@ def labelled(report: dict[str, Any]) -> dict[str, Any]:
         return {**entry, "runner": entry["runner"] if ":" in entry["runner"] else f"{model}:{entry['runner']}"}
 
     return {**report, "configurations": [label(c) for c in report.get("configurations", [])],
-            "findings": [label(f) for f in report.get("findings", [])]}
+            "findings": [label(f) for p in report.get("findings", []) for f in problem_entries(p)]}
 
 
 def table(reports: dict[str, Any] | list[dict[str, Any]]) -> list[tuple[str, str, str, str, str]]:
@@ -176,7 +178,7 @@ def table(reports: dict[str, Any] | list[dict[str, Any]]) -> list[tuple[str, str
     for report in [reports] if isinstance(reports, dict) else reports:
         report = labelled(report)
         configurations.extend(report.get("configurations", []))
-        for f in report.get("findings", []):
+        for f in (f for p in report.get("findings", []) for f in problem_entries(p)):  # one entry a problem
             findings.setdefault((f["runner"], f["mode"]), []).append(f)
     for cfg in configurations:
         arch, runner = split_label(cfg["runner"])
