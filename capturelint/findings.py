@@ -50,6 +50,7 @@ class LineRole(enum.Enum):
     BRANCH = "branch"  # the condition whose choice differed between capture and step
     VIEW = "view"  # the line that took a view of graph memory a later replay rewrote
     COMMENT = "comment"  # an inline suppression comment (CL902, CL903)
+    BREAK = "break"  # the eager break where a divergence from the eager twin enters (CL901)
 
     def __str__(self) -> str:
         return self.value

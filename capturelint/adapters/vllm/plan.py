@@ -303,7 +303,10 @@ def configuration(plan: CheckPlan, runner: Any, mode: Any) -> Configuration:
     own runner inside ``runners.real.runner_context``). Under ``--model all`` the
     configuration is checked as its plain runner (``v1``: the invariants of a runner
     apply) and labelled ``ARCH:runner`` after (``check_one``)."""
+    from capturelint.adapters.vllm.break_probe import BreakProbe, divergence
     from capturelint.adapters.vllm.model import compare, region_of
+    from capturelint.analyzer import EnteredAt
+    from capturelint.findings import DIVERGENCE_TOLERANCE
     from capturelint.harness import TwinResult
     from capturelint.pipeline import Configuration
 
@@ -318,8 +321,17 @@ def configuration(plan: CheckPlan, runner: Any, mode: Any) -> Configuration:
         # configuration against its eager twin, not the traced run, whose replays reuse
         # their shadow's break calls (``protocol.run_or_reuse``) and so may differ from
         # what the program computes on its own (docs/vllm.md, "The numbers").
-        agreement, error = compare(loop(spec).generate(), loop(spec, graphs=False).generate())
-        return TwinResult(agreement, error)
+        # every eager break's calls are recorded in both runs, so that a divergence no rule explains is located
+        # at the break where it enters (break_probe; CL901)
+        graphs, eager = loop(spec), loop(spec, graphs=False)
+        probe = BreakProbe()
+        with probe.recording([m for m in (getattr(graphs, "model", None), getattr(eager, "model", None)) if m is not None]):
+            graph_out, graph_calls = probe.run(graphs.generate)
+            eager_out, eager_calls = probe.run(eager.generate)
+        agreement, error = compare(graph_out, eager_out)
+        found = divergence(graph_calls, eager_calls) if agreement < 1.0 or error > DIVERGENCE_TOLERANCE else None
+        entered = EnteredAt(found.name, found.frame, found.step, found.real, found.rows) if found else None
+        return TwinResult(agreement, error, entered)
 
     region = "per-runner" if families.of(arch) is not None else region_of(engine.model)
     return Configuration(RunLabel(str(plain), str(mode)), engine.generate, engine.roots(), region,
