@@ -150,8 +150,8 @@ class BreakProbe:
         return lambda: self._record(inner, fn, args, kwargs)
 
     def _record(self, inner: Any, call: Callable[[], Any], args: tuple, kwargs: dict) -> Any:
-        if self._calls is None or self._real is None:
-            return call()
+        if self._calls is None or self._real is None or torch.cuda.is_current_stream_capturing():
+            return call()  # outside a workload step, or a break a (FULL) capture records: no call of the step
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.dim() > 0]
         rows = max((t.shape[0] for t in tensors), default=0)
         code = getattr(inner, "__code__", None)
