@@ -43,6 +43,7 @@ class Options:
     hint: str | None = None  # check, suggest, rich: the last line (the command that finds, or applies, the fix)
     rules: tuple[Any, ...] = ()  # check, sarif: the rule set (findings.RuleInfo) the log documents
     command: str = "check"  # check, html: the command its header names (run, merge)
+    table: tuple[tuple[str, ...], list[tuple[str, ...]]] | None = None  # check, rich: an engine's table (columns, rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +98,7 @@ def _html_dot(alternative: str) -> Callable[[], None]:
 def _check_rich(report: Any, console: Any, options: Options) -> None:
     from capturelint.render.check import render_rich
 
-    render_rich(report, console, options.verbose)
+    render_rich(report, console, options.verbose, options.table)
     if options.hint and report.findings:
         from rich.text import Text
 

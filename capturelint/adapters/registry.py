@@ -74,7 +74,8 @@ class Adapter(Protocol):
       carrying the break decorator of its runtime;
     - ``default_invariants()``: the declared invariants it ships;
     - optionally ``subject(plan)``: what its reports say they checked, when more than
-      ``{"engine": NAME}`` (vLLM's ``--model``).
+      ``{"engine": NAME}`` (vLLM's ``--model``), and ``table(report_json)``: a table
+      printed under its rich report (columns, rows), or None.
     """
 
     NAME: str
@@ -370,6 +371,17 @@ def subject(plan: CheckPlan) -> dict[str, Any]:
     return own(plan) if own is not None else {"engine": plan.engine}
 
 
+def table(report: Report) -> tuple[tuple[str, ...], list[tuple[str, ...]]] | None:
+    """The table an engine prints under its report (columns, rows), when its adapter has
+    one for what the report checked (``table(report_json)``: vLLM's ``--model all``, one
+    row per architecture, runner and mode); None otherwise."""
+    engine = (report.subject or {}).get("engine")
+    if engine is None or engine not in names():
+        return None
+    own = getattr(adapter(engine), "table", None)
+    return own(report.to_json()) if own is not None else None
+
+
 @hosting
 def load(plan: CheckPlan) -> CheckPlan:
     """The plan with what it needs built (a target's engines: its configurations known)."""
@@ -432,4 +444,5 @@ def unregister(name: str) -> None:
 __all__ = ["Adapter", "CheckPlan", "ENTRY_POINTS", "EngineOptions", "Family", "FamilyOptions", "SCRIPT", "TARGET",
            "adapter", "before_engines_run", "default_texts", "engine_option_names", "engine_options",
            "family_options", "family_specs", "load", "load_settings", "make_plan", "names", "option_specs",
-           "record_regions", "refusal", "register", "run_check", "subject", "suggest_slots", "unit", "unregister"]
+           "record_regions", "refusal", "register", "run_check", "subject", "suggest_slots", "table", "unit",
+           "unregister"]

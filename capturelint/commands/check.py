@@ -18,6 +18,7 @@ from capturelint.commands.common import (
     settings_for,
     shared_options,
 )
+from capturelint.adapters import registry
 from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS
 from capturelint.output import check_output_path, is_stdout
 from capturelint.reporters import Options, emit, reporter
@@ -62,7 +63,7 @@ def check(**kw: Any) -> int:
     fallback = api.fallback_uri(settings)
     hint = suggest_hint(kw) if suggestable(report) else None
     emit(rep, report, output, Options(verbose=bool(kw["verbose"]), fallback_uri=fallback, hint=hint,
-                                      rules=rule_infos()))
+                                      rules=rule_infos(), table=registry.table(report)))
     if not (rep.summary and is_stdout(output)):
         say(report.summary_line())
     if kw["exit_zero"]:
@@ -83,8 +84,6 @@ def suggest_hint(kw: dict[str, Any]) -> str:
     """``hint: capturelint suggest --runner v1 ...``: the check's own options, for the
     command that finds the eager region that fixes its findings."""
     import shlex
-
-    from capturelint.adapters import registry
 
     names = ("target",) if kw.get("target") is not None else registry.engine_option_names()
     args = given_flags(kw, (*names, "config", "select", "ignore"))

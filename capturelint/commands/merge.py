@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from capturelint.commands.common import say, terminal_options, warn
+from capturelint.adapters import registry
 from capturelint.errors import EXIT_CLEAN, EXIT_FINDINGS, CapturelintError
 from capturelint.output import check_output_path, is_stdout, write_file, write_stdout
 from capturelint.rules import rule_infos
@@ -67,7 +68,7 @@ def merge(reports: tuple[str, ...], fmt: str | None, output: str | None, exit_ze
              "probably does not say what was meant; see capturelint invariants --explain ID")
     rep = reporter("check", fmt or "json")
     emit(rep, report, output, Options(verbose=verbose, fallback_uri=_fallback_uri(config_path), rules=rule_infos(),
-                                      command="merge"))
+                                      command="merge", table=registry.table(report)))
     if not (rep.summary and is_stdout(output)):
         say(report.summary_line())
     if exit_zero:

@@ -88,15 +88,20 @@ def _segments_text(g: GraphMap) -> Text:
     return t
 
 
-def render_rich(report: Report, console: Console, verbose: bool = False) -> None:
+Table_ = tuple[tuple[str, ...], list[tuple[str, ...]]]
+
+
+def render_rich(report: Report, console: Console, verbose: bool = False, table: Table_ | None = None) -> None:
     """The concise report; with ``verbose`` the same report followed by the evidence
-    (``render_evidence``): ``--verbose`` adds, never removes."""
-    render_concise(report, console, evidence=verbose)
+    (``render_evidence``): ``--verbose`` adds, never removes. ``table``: an engine's
+    table (columns, rows: vLLM's ``--model all``), before the summary line."""
+    render_concise(report, console, evidence=verbose, table=table)
 
 
-def render_concise(report: Report, console: Console, evidence: bool = False) -> None:
+def render_concise(report: Report, console: Console, evidence: bool = False, table: Table_ | None = None) -> None:
     """The verdict, one entry per problem with its why and fix, the summary; with
-    ``evidence``, the evidence (``render_evidence``) before the summary."""
+    ``evidence``, the evidence (``render_evidence``) before the summary; ``table`` last
+    before the summary."""
     failed = report.failed or report.diverged
     console.print(Text(report.verdict_line(), style="red" if report.diverged else "yellow" if report.not_compared
                        else "green"), soft_wrap=True)
@@ -143,6 +148,14 @@ def render_concise(report: Report, console: Console, evidence: bool = False) -> 
         console.print(Text(f"{_count(n, 'finding')} in {_count(len(groups), 'problem')}: --verbose shows each with its "
                            f"ops, segments and replay steps; capturelint rules CODE shows why a rule matters "
                            f"({', '.join(codes)})", style="dim"), soft_wrap=True)
+    if table is not None:
+        from rich.table import Table
+
+        columns, rows = table
+        grid = Table(*columns)
+        for row in rows:
+            grid.add_row(*row)
+        console.print(grid)
     style = "bold red" if failed else "bold yellow" if report.not_compared else "bold green"
     console.print(Text(report.summary_line(), style=style), soft_wrap=True)
 

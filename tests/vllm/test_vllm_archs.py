@@ -32,7 +32,10 @@ def test_an_unknown_or_unsupported_model_is_one_line_naming_the_supported(name, 
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], lines
-    assert "DeepseekV4ForCausalLM, Qwen3ForCausalLM, LlamaForCausalLM or all" in lines[0]
+    from capturelint.adapters.vllm import archs
+
+    assert f"{', '.join(archs.SUPPORTED)} or all" in lines[0] and archs.SUPPORTED[:3] == (
+        "DeepseekV4ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM")
 
 
 def test_deepseek_v4_options_are_refused_with_another_model():
@@ -69,7 +72,7 @@ def test_model_all_labels_each_architectures_configurations():
                                                                    mode="PIECEWISE"))
     assert [f"{r}/{m}" for r, m in plan.all_configurations] == [f"{a}:v2/PIECEWISE" for a in archs.SUPPORTED]
     assert {i.id for i in plan.invariants} == {"dsv4-v1-attention-prep-eager", "dsv4-sparse-attention-eager",
-                                               "attention-eager"}
+                                               "attention-eager", "mla-attention-eager"}
     default = registry.make_plan(Settings(), registry.engine_options(engine="vllm"))
     assert default.knobs.model == "DeepseekV4ForCausalLM" and default.configured is None
 
@@ -138,6 +141,37 @@ def test_a_model_all_report_and_the_per_architecture_reports_make_the_same_table
     rows = {(r[0], r[2], r[3]): r[4] for r in archs.table(planted)}
     assert rows[(archs.SUPPORTED[-1], "v1", "FULL")] == "corrupting: CL104 at vllm/x.py:7 (1 finding)"
     assert rows[(archs.SUPPORTED[-1], "v2", "FULL")] == "safe"
+
+
+def test_a_model_all_report_prints_the_table_under_its_rich_report():
+    """``check --model all`` (and ``merge`` of its shards) print the table: one row per
+    architecture, runner and mode, then the names of vLLM's list not checked; a single
+    architecture's report prints none."""
+    import io
+
+    from rich.console import Console
+
+    from capturelint.adapters import registry
+    from capturelint.adapters.vllm import archs
+    from capturelint.report import Report
+    from capturelint.reporters import Options, reporter
+
+    reports = stored_reports()
+    joined = {**reports[0], "subject": {"engine": "vllm", "model": "all"},
+              **{key: [e for r in reports for e in archs.labelled(r)[key]]
+                 for key in ("configurations", "findings", "numerical")}}
+    report = Report.from_json(joined)
+    columns, rows = registry.table(report)
+    assert columns == ("architecture", "family", "runner", "mode", "breakable graphs")
+    assert len(rows) == 4 * len(archs.SUPPORTED) + len(archs.NOT_YET)
+    assert ("Qwen3ForCausalLM", "generic attention", "v2", "FULL", "safe") in rows
+    out = io.StringIO()
+    reporter("check", "rich").render(report, Console(file=out, width=200), Options(table=(columns, rows)))
+    text = out.getvalue()
+    assert all(name in text for name in archs.ARCHS)
+    assert text.index("breakable graphs") < text.rindex(report.summary_line().split(" [")[0])
+    single = Report.from_json(reports[1])
+    assert registry.table(single) is None
 
 
 def test_a_generic_attention_model_checks_clean_in_process():

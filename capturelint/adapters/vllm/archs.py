@@ -11,7 +11,10 @@ Families (by the eager breaks their code takes, not by name):
   conditions stands in for FULL graphs (``runners.real``);
 - ``generic attention``: vLLM's own model class whose attention is vLLM's ``Attention``
   (eager break ``unified_attention_with_output``), over vLLM's Triton attention backend
-  with reference kernels (``generic``), both runners and modes on vLLM's own runners.
+  with reference kernels (``generic``), both runners and modes on vLLM's own runners;
+- ``MLA``: vLLM's own DeepSeek V2/V3 model class whose attention is vLLM's
+  ``MLAAttention`` (eager break ``unified_mla_attention_with_output``), over vLLM's Triton
+  MLA backend with reference kernels (``mla``), both runners and modes on vLLM's own runners.
 
 ``python -m capturelint.adapters.vllm.archs REPORT.json...`` prints the Markdown table of
 ``check --engine vllm --model all --format json`` reports (merged shards too), or of
@@ -57,6 +60,8 @@ CHECKED = (
     Arch(DEFAULT, "deepseek-v4", "vllm/models/deepseek_v4", full_on_vllm_runners=False),
     Arch("Qwen3ForCausalLM", "generic attention", "vllm/model_executor/models/qwen3.py"),
     Arch("LlamaForCausalLM", "generic attention", "vllm/model_executor/models/llama.py"),
+    Arch("DeepseekV2ForCausalLM", "MLA", "vllm/model_executor/models/deepseek_v2.py"),
+    Arch("DeepseekV3ForCausalLM", "MLA", "vllm/model_executor/models/deepseek_v2.py"),
 )
 
 NOT_YET = (
@@ -162,8 +167,9 @@ def labelled(report: dict[str, Any]) -> dict[str, Any]:
     def label(entry: dict[str, Any]) -> dict[str, Any]:
         return {**entry, "runner": entry["runner"] if ":" in entry["runner"] else f"{model}:{entry['runner']}"}
 
-    return {**report, "configurations": [label(c) for c in report.get("configurations", [])],
-            "findings": [label(f) for p in report.get("findings", []) for f in problem_entries(p)]}
+    expanded = {**report, "findings": [f for p in report.get("findings", []) for f in problem_entries(p)]}
+    return {**report, **{key: [label(entry) for entry in expanded.get(key, [])]
+                         for key in ("configurations", "findings", "numerical")}}
 
 
 def table(reports: dict[str, Any] | list[dict[str, Any]]) -> list[tuple[str, str, str, str, str]]:

@@ -11,8 +11,8 @@ of the replay model holds, and only the twin sees the difference (docs/rules.md,
 "CL901's location"). No rule over the capture and its shadow can name it; this probe
 finds where it enters instead.
 
-**How.** During the untraced graph run and the eager twin (``plan.configuration``'s
-``twin``), every call of a vLLM eager break inside a workload step (``bridge.real_rows``)
+**How.** During the eager twin (``plan.configuration``'s ``twin``) and, where the
+twin's output differs from the checked run's, one untraced graph run, every call of a vLLM eager break inside a workload step (``bridge.real_rows``)
 is recorded with its tensor arguments' real rows before and after the call (the break
 writes its results into caller-owned buffers) and its return value: replays through the
 functions ``BreakableCUDAGraphCapture.add_eager`` recorded, eager calls through the

@@ -171,6 +171,14 @@ def subject(plan: CheckPlan) -> dict[str, Any]:
     return {"engine": NAME} if model == archs.DEFAULT else {"engine": NAME, "model": model}
 
 
+def table(report: dict[str, Any]) -> tuple[tuple[str, ...], list[tuple[str, ...]]] | None:
+    """Under ``--model all`` (merged shards too), the table of ``docs/vllm-architectures.md``:
+    one row per architecture, runner and mode, then the names of vLLM's list not checked."""
+    if (report.get("subject") or {}).get("model") != archs.ALL:
+        return None
+    return ("architecture", "family", "runner", "mode", "breakable graphs"), list(archs.table(report))
+
+
 def refuse_unreplayed(knobs: Knobs, steps: int) -> None:
     """Refuse, before the run, a serving workload whose every step is larger than every
     capture size: each request schedules at least one token, so such a step runs eagerly
@@ -317,20 +325,23 @@ def configuration(plan: CheckPlan, runner: Any, mode: Any) -> Configuration:
     engine = loop(spec)
 
     def twin(output: Any) -> TwinResult:
-        # The numbers a report prints are the program's: an untraced graph run of the
-        # configuration against its eager twin, not the traced run, whose replays reuse
-        # their shadow's break calls (``protocol.run_or_reuse``) and so may differ from
-        # what the program computes on its own (docs/vllm.md, "The numbers").
-        # every eager break's calls are recorded in both runs, so that a divergence no rule explains is located
-        # at the break where it enters (break_probe; CL901)
-        graphs, eager = loop(spec), loop(spec, graphs=False)
+        # The traced run's replays compute what the program computes on its own
+        # (``capturelint.shadow_isolation``; docs/vllm.md, "The numbers"), so its output
+        # is compared with the eager twin's: no second graph run. The twin's eager-break
+        # calls are recorded, and where the outputs differ, an untraced graph run's too,
+        # to locate the break where the divergence enters (break_probe; CL901).
         probe = BreakProbe()
-        with probe.recording([m for m in (getattr(graphs, "model", None), getattr(eager, "model", None)) if m is not None]):
-            graph_out, graph_calls = probe.run(graphs.generate)
+        eager = loop(spec, graphs=False)
+        with probe.recording(_models(eager)):
             eager_out, eager_calls = probe.run(eager.generate)
-        agreement, error = compare(graph_out, eager_out)
-        found = divergence(graph_calls, eager_calls) if agreement < 1.0 or error > DIVERGENCE_TOLERANCE else None
-        entered = EnteredAt(found.name, found.frame, found.step, found.real, found.rows) if found else None
+        agreement, error = compare(output, eager_out)
+        entered = None
+        if agreement < 1.0 or not error <= DIVERGENCE_TOLERANCE:
+            graphs = loop(spec)
+            with probe.recording(_models(graphs)):
+                _, graph_calls = probe.run(graphs.generate)
+            found = divergence(graph_calls, eager_calls)
+            entered = EnteredAt(found.name, found.frame, found.step, found.real, found.rows) if found else None
         return TwinResult(agreement, error, entered)
 
     region = "per-runner" if families.of(arch) is not None else region_of(engine.model)
@@ -338,6 +349,12 @@ def configuration(plan: CheckPlan, runner: Any, mode: Any) -> Configuration:
                          forward_context_probe, layer_scope_group, twin, require_replays=True,
                          eager_region_option=str(plan.eager_region),
                          invariants=families.family_invariants(arch, plan.invariants), capture_only=engine.capture)
+
+
+def _models(loop: Any) -> list[Any]:
+    """The model of a step loop, for the break probe (a loop without one: none)."""
+    model = getattr(loop, "model", None)
+    return [model] if model is not None else []
 
 
 def _relabel(report: ConfigReport, runner: str) -> ConfigReport:
@@ -414,4 +431,4 @@ def suggest_slots(plan: CheckPlan) -> list[Slot]:
 
 __all__ = ["NAME", "VLLM_MODES", "check_one", "configuration", "default_invariants", "forward_context_probe", "load",
            "make_plan", "missing_op", "real_runner", "record_regions", "run_check", "step_loop", "subject",
-           "suggest_slots"]
+           "suggest_slots", "table"]
