@@ -441,9 +441,10 @@ class FindingGroup:
 def problem_findings(doc: dict[str, Any]) -> list[Finding]:
     """The findings of one problem of a JSON report (``FindingGroup.to_json``): the
     first, then each member with the first's fields where it names none; a ``count``
-    that disagrees with them is a ``ValueError``."""
+    that disagrees with them is a ``ValueError`` (an entry of one finding, as
+    ``problem_entries`` gives them, has none)."""
     entries = problem_entries(doc)
-    if doc.get("count") != len(entries):
+    if doc.get("count", 1) != len(entries):
         raise ValueError(f"problem {doc.get('group')} says count {doc.get('count')!r} and lists {len(entries)} findings")
     return [Finding.from_json(e) for e in entries]
 

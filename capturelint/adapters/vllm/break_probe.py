@@ -150,7 +150,7 @@ class BreakProbe:
         return lambda: self._record(inner, fn, args, kwargs)
 
     def _record(self, inner: Any, call: Callable[[], Any], args: tuple, kwargs: dict) -> Any:
-        if self._calls is None or self._real is None or torch.cuda.is_current_stream_capturing():
+        if self._calls is None or self._real is None or _capturing():
             return call()  # outside a workload step, or a break a (FULL) capture records: no call of the step
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.dim() > 0]
         rows = max((t.shape[0] for t in tensors), default=0)
@@ -244,6 +244,15 @@ def _same(a: tuple[torch.Tensor, ...] | None, b: tuple[torch.Tensor, ...] | None
         elif not torch.equal(x, y):
             return False
     return True
+
+
+def _capturing() -> bool:
+    """Whether a CUDA graph capture is recording (the emulated device's, under the
+    check); a CPU build of torch without the emulation has none."""
+    try:
+        return torch.cuda.is_current_stream_capturing()
+    except (RuntimeError, AssertionError):  # torch built without CUDA, not emulated
+        return False
 
 
 def _def_line(code: Any) -> int:
