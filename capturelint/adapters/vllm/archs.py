@@ -28,6 +28,8 @@ import json
 import sys
 from typing import Any
 
+from capturelint.findings import problem_entries
+
 DEFAULT = "DeepseekV4ForCausalLM"
 ALL = "all"
 
@@ -179,7 +181,8 @@ def labelled(report: dict[str, Any]) -> dict[str, Any]:
     def label(entry: dict[str, Any]) -> dict[str, Any]:
         return {**entry, "runner": entry["runner"] if ":" in entry["runner"] else f"{model}:{entry['runner']}"}
 
-    return {**report, **{key: [label(entry) for entry in report.get(key, [])]
+    expanded = {**report, "findings": [f for p in report.get("findings", []) for f in problem_entries(p)]}
+    return {**report, **{key: [label(entry) for entry in expanded.get(key, [])]
                          for key in ("configurations", "findings", "numerical")}}
 
 
@@ -195,7 +198,7 @@ def table(reports: dict[str, Any] | list[dict[str, Any]]) -> list[tuple[str, str
     for report in [reports] if isinstance(reports, dict) else reports:
         report = labelled(report)
         configurations.extend(report.get("configurations", []))
-        for f in report.get("findings", []):
+        for f in (f for p in report.get("findings", []) for f in problem_entries(p)):  # one entry a problem
             findings.setdefault((f["runner"], f["mode"]), []).append(f)
     for cfg in configurations:
         arch, runner = split_label(cfg["runner"])
