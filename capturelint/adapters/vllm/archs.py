@@ -28,6 +28,8 @@ import json
 import sys
 from typing import Any
 
+from capturelint.findings import problem_entries
+
 DEFAULT = "DeepseekV4ForCausalLM"
 ALL = "all"
 
@@ -55,8 +57,19 @@ _DSA = ("vLLM's own model runs on both runners (adapters/vllm/sparse_mla.py, ker
         "as DeepSeek V4's #51430), and FULL graphs replayed no step of the default workload yet")
 _GDN = ("gated delta-net hybrid (layers/mamba/gdn/*_gdn_linear_attn.py breaks; FLA Triton kernels in captured code "
         "need torch references): not covered yet")
-_KIMI = ("Kimi delta attention (gated delta-net, kimi_gdn_linear_attn.py) with MLA layers (models/kimi_k3): "
-         "neither family is covered yet")
+_KIMI = ("Kimi K3 (models/kimi_k3/nvidia): its delta attention is the full-rank-gate KimiK3DeltaAttention (kda.py, "
+         "not the KimiLinear layer the Kimi linear + MLA family checks), its MLP a latent MoE and its residual the "
+         "attn_res stream: their Triton / CuTe DSL kernels have no CPU references yet")
+_KIMI_MTP = ("Kimi K3's MTP draft (models/kimi_k3/nvidia/mtp.py): a speculative-decoding draft of Kimi K3, whose "
+             "target is not covered (KimiK3ForConditionalGeneration), and vLLM's own runners are not driven with "
+             "drafts for this family")
+
+_DOTS3 = ("its full-attention layers are DeepSeek V3.2 sparse MLA with the indexer (Dots3NoteFullAttention, "
+          "Dots3NotePaddedSparseBackend over FlashAttention's sparse MLA: the sparse MLA family's kernels); its "
+          "sliding-window layers are dense MLA on Dots3NoteTritonMLABackend (models/dots3_note/nvidia/attention.py), "
+          "whose decode gathers the window with its own Triton kernels (_gather_swa_kv_kernel, "
+          "_apply_swa_score_mask_kernel) and whose prefill is flash-attn varlen (vllm_flash_attn): no CPU references "
+          "for those yet (the MLA family's decode_attention_fwd and concat_and_cache_mla references cover the rest)")
 
 CHECKED = (
     Arch(DEFAULT, "deepseek-v4", "vllm/models/deepseek_v4", full_on_vllm_runners=False),
@@ -64,10 +77,15 @@ CHECKED = (
     Arch("LlamaForCausalLM", "generic attention", "vllm/model_executor/models/llama.py"),
     Arch("DeepseekV2ForCausalLM", "MLA", "vllm/model_executor/models/deepseek_v2.py"),
     Arch("DeepseekV3ForCausalLM", "MLA", "vllm/model_executor/models/deepseek_v2.py"),
+    Arch("KimiLinearForCausalLM", "Kimi linear + MLA", "vllm/models/kimi_k3"),
+    Arch("Qwen3NextForCausalLM", "gated delta-net hybrid", "vllm/model_executor/models/qwen3_next.py"),
 )
 
 NOT_YET = (
-    Arch("AliceAIForCausalLM", "gated delta-net hybrid", "vllm/model_executor/models/alice_ai.py", _GDN),
+    Arch("AliceAIForCausalLM", "Kimi delta attention hybrid", "vllm/model_executor/models/alice_ai.py",
+         "its linear-attention layers are KimiGatedDeltaNetAttention (layers/mamba/gdn/kimi_gdn_linear_attn.py, the "
+         "layer the Kimi linear + MLA family checks), beside Qwen3-Next's gated full attention and MoE "
+         "(Qwen3NextAttention, which the gated delta-net family checks): no family assembles the two yet"),
     Arch("BeamForCausalLM", "model folder", "vllm/models/beam",
          "its own attention classes (BeamAttention, DFlash2BeamAttention in models/beam/nvidia) over CUDA-only "
          "kernels: no CPU references yet"),
@@ -81,10 +99,9 @@ NOT_YET = (
     Arch("DeepseekV41ForCausalLM", "deepseek-v4.1", "vllm/models/deepseek_v41",
          "its own attention classes (models/deepseek_v41: MegaAttn, FlashInfer MLA, decoder replay layers) with 11 "
          "eager breaks: not covered yet"),
-    Arch("Dots3NoteForCausalLM", "MLA", "vllm/models/dots3_note",
-         "padded MLA and sliding-window attention (models/dots3_note): the MLA family is not covered yet"),
-    Arch("Dots3NoteMTPModel", "MLA", "vllm/models/dots3_note",
-         "the MTP draft of Dots3NoteForCausalLM: the MLA family is not covered yet"),
+    Arch("Dots3NoteForCausalLM", "sparse MLA + sliding-window MLA", "vllm/models/dots3_note", _DOTS3),
+    Arch("Dots3NoteMTPModel", "sparse MLA + sliding-window MLA", "vllm/models/dots3_note",
+         "the MTP draft of Dots3NoteForCausalLM: " + _DOTS3),
     Arch("Glm5NextForCausalLM", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
     Arch("Glm5NextForConditionalGeneration", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
     Arch("Glm5NextMTPModel", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
@@ -97,8 +114,7 @@ NOT_YET = (
     Arch("InklingForConditionalGeneration", "short convolution hybrid", "vllm/models/inkling",
          "the multimodal wrapper of InklingForCausalLM: short convolutions are not covered yet"),
     Arch("KimiK3ForConditionalGeneration", "Kimi linear + MLA", "vllm/models/kimi_k3", _KIMI),
-    Arch("KimiK3MTPModel", "Kimi linear + MLA", "vllm/models/kimi_k3", _KIMI),
-    Arch("KimiLinearForCausalLM", "Kimi linear + MLA", "vllm/models/kimi_k3", _KIMI),
+    Arch("KimiK3MTPModel", "Kimi linear + MLA", "vllm/models/kimi_k3", _KIMI_MTP),
     Arch("MiniMaxM3SparseForCausalLM", "sparse attention + MLA", "vllm/models/minimax_m3",
          "MiniMax M3's sparse attention and MLA layers (models/minimax_m3): not covered yet"),
     Arch("MiniMaxM3SparseForConditionalGeneration", "sparse attention + MLA", "vllm/models/minimax_m3",
@@ -169,7 +185,8 @@ def labelled(report: dict[str, Any]) -> dict[str, Any]:
     def label(entry: dict[str, Any]) -> dict[str, Any]:
         return {**entry, "runner": entry["runner"] if ":" in entry["runner"] else f"{model}:{entry['runner']}"}
 
-    return {**report, **{key: [label(entry) for entry in report.get(key, [])]
+    expanded = {**report, "findings": [f for p in report.get("findings", []) for f in problem_entries(p)]}
+    return {**report, **{key: [label(entry) for entry in expanded.get(key, [])]
                          for key in ("configurations", "findings", "numerical")}}
 
 
@@ -185,7 +202,7 @@ def table(reports: dict[str, Any] | list[dict[str, Any]]) -> list[tuple[str, str
     for report in [reports] if isinstance(reports, dict) else reports:
         report = labelled(report)
         configurations.extend(report.get("configurations", []))
-        for f in report.get("findings", []):
+        for f in (f for p in report.get("findings", []) for f in problem_entries(p)):  # one entry a problem
             findings.setdefault((f["runner"], f["mode"]), []).append(f)
     for cfg in configurations:
         arch, runner = split_label(cfg["runner"])
