@@ -1,7 +1,33 @@
 """The sparse MLA family: DeepSeek V3.2's attention (MLA with the lightning indexer,
-``vllm/models/deepseek_v32``), run whole through vLLM's own runners.
+DSA), the class vLLM serves ``DeepseekV32ForCausalLM`` and ``GlmMoeDsaForCausalLM``
+with on a CUDA platform (``vllm/models/deepseek_v32/nvidia/model.py``), run whole
+through vLLM's own runners.
 
-(docstring completed below once the family runs)
+**The model** is vLLM's own class, built through its ``__init__`` from a tiny
+configuration made in code with the architecture's ``transformers`` config class
+(``TINY``: hidden 128, 4 heads, ``q_lora_rank`` 64, ``kv_lora_rank`` 512 and RoPE 64
+(FlashMLA sparse's head 576), indexer 4 heads of 128, ``index_topk`` 128 (the index
+remap kernel's tile), dense MLPs (``first_k_dense_replace`` = the layers); no
+download), random weights drawn from the seed, then each ``MLAAttention``'s
+``process_weights_after_loading`` (``W_UK_T``/``W_UV`` from ``kv_b_proj``, the
+loader's last step). vLLM's ``models/deepseek_v32/__init__.py`` would give a CPU
+platform DeepSeek V3's generic class; the CUDA module is what is checked.
+
+**The attention backend** is vLLM's FlashMLA sparse (``FLASHMLA_SPARSE``,
+``v1/attention/backends/mla/flashmla_sparse.py``, bf16 cache ``auto``): its metadata
+builder, ``FlashMLASparseImpl`` and the sparse index group run as they are, and the
+indexer's builder (``v1/attention/backends/mla/indexer.py``). The eager breaks are
+vLLM's: ``_sparse_indexer_and_attn`` (``deepseek_v32/attention.py``) around
+``sparse_attn_indexer`` (``sparse_attn_indexer.py:437``) and ``forward_mqa``.
+``backend()`` stands in (see there): the fused Triton kernels of the captured code
+(``kernels.sparse_mla_fused``), the FlashMLA entry points bound to the vendored
+interface (whose ``_flashmla_C`` ops have references, ``kernels.flashmla``), the index
+group's streams and events on the emulated device. The indexer's logits and top-k are
+DeepSeek V4's references (``kernels.compressed``, bound by ``cpu_shim``).
+
+**The runners**: ``SparseMlaRunnerLoop``, vLLM's own V1 or V2 ``GPUModelRunner``
+(``runners.real``), block size 64 (FlashMLA sparse's), the serving workload, every
+request prefilled by the runner itself. What it finds: ``archs`` (the NOT_YET reason).
 """
 
 from __future__ import annotations
