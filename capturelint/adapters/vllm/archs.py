@@ -55,6 +55,7 @@ CHECKED = (
     Arch(DEFAULT, "deepseek-v4", "vllm/models/deepseek_v4", full_on_vllm_runners=False),
     Arch("Qwen3ForCausalLM", "generic attention", "vllm/model_executor/models/qwen3.py"),
     Arch("LlamaForCausalLM", "generic attention", "vllm/model_executor/models/llama.py"),
+    Arch("NemotronHForCausalLM", "Mamba2 hybrid", "vllm/model_executor/models/nemotron_h.py"),
 )
 
 NOT_YET = (
