@@ -11,7 +11,10 @@ Families (by the eager breaks their code takes, not by name):
   conditions stands in for FULL graphs (``runners.real``);
 - ``generic attention``: vLLM's own model class whose attention is vLLM's ``Attention``
   (eager break ``unified_attention_with_output``), over vLLM's Triton attention backend
-  with reference kernels (``generic``), both runners and modes on vLLM's own runners.
+  with reference kernels (``generic``), both runners and modes on vLLM's own runners;
+- ``Mamba2 hybrid``: vLLM's own model class whose layers are vLLM's ``MambaMixer2``
+  (eager break ``mamba_mixer2``) beside ``Attention`` layers, with vLLM's hybrid KV
+  cache plan (``mamba2``), both runners and modes on vLLM's own runners.
 
 ``python -m capturelint.adapters.vllm.archs REPORT.json...`` prints the Markdown table of
 ``check --engine vllm --model all --format json`` reports (merged shards too), or of

@@ -11,8 +11,7 @@
     dt' * B[g] * x`` (``g`` the head's group, ``h // (H / G)``), ``out = sum(state[s] *
     C[g]) + D * x`` (times ``silu(z)`` when ``z`` is given), in float32; the state is
     stored in its own dtype to ``dst_state_batch_indices[b]``. A row whose line is the
-    null block reads a zero state and writes no state, and its output is ``D * x``, as
-    the kernel's masked load leaves it.
+    null block starts from a zero state (the kernel's masked load) and writes no state.
 ``reference_chunk_scan`` / ``mamba_chunk_scan_combined_varlen``
     vLLM's ``mamba_chunk_scan_combined_varlen`` (``ops/ssd_combined.py``: the SSD
     chunked scan, ``ssd_chunk_state``/``ssd_state_passing``/``ssd_bmm``/
