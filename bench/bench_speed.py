@@ -9,10 +9,12 @@ and the peak resident memory of the largest of them. The unit, measured in the s
 no tracer); every workload is also printed as a ratio to it, or to the check it is
 compared with, so the table survives a noisy, shared machine better than seconds do.
 
-    python bench/bench_speed.py [--repeat 2] [--skip-61] [--skip-suggest] [--suite]
+    python bench/bench_speed.py [--repeat 2] [--skip-61] [--skip-suggest] [--skip-suite]
 
-``--suite`` also times `python -m pytest -q` (the default suite, the README's command)
-and `python -m pytest -q -m slow` (the opt-in matrices): minutes, so off by default.
+The whole table is the one command without options: last it times `python -m pytest -q`
+(the default suite, the README's command: the whole process's wall time, and the CPU
+of it and its workers) and `python -m pytest -q -m slow` (the opt-in matrices), each from the
+repository root; ``--skip-suite`` leaves those out (minutes).
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="processes per workload (default 2)")
     ap.add_argument("--skip-61", action="store_true", help="leave out the 61-layer check (minutes)")
     ap.add_argument("--skip-suggest", action="store_true", help="leave out suggest (minutes)")
-    ap.add_argument("--suite", action="store_true", help="also time the test suite, default and -m slow")
+    ap.add_argument("--skip-suite", action="store_true", help="leave out the test suite, default and -m slow (minutes)")
     a = ap.parse_args()
     if a.repeat < 1:
         raise SystemExit("--repeat must be at least 1")
@@ -129,12 +131,13 @@ def main() -> None:
     if sug is not None:
         row("`suggest --runner v1 --eager-region narrow`", [sug], med(full), med(full, "cpu"), "<= 4", "x full check")
 
-    if a.suite:
+    if not a.skip_suite:
         env_note = "two pytest workers (-n auto)" if cores == 2 else f"-n auto on {cores} cores"
         suite = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], module=False)
         slow = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "slow"], module=False)
-        print(f"\nsuite ({env_note}): `python -m pytest -q` {suite.wall:.0f} s (exit {suite.code}); "
-              f"`python -m pytest -q -m slow` {slow.wall:.0f} s (exit {slow.code}); {load()} at the end")
+        print(f"\nsuite ({env_note}): `python -m pytest -q` {suite.wall:.0f} s wall, {suite.cpu:.0f} s CPU (exit "
+              f"{suite.code}); `python -m pytest -q -m slow` {slow.wall:.0f} s wall, {slow.cpu:.0f} s CPU (exit "
+              f"{slow.code}); {load()} at the end")
     else:
         print(f"\n{load()} at the end")
 

@@ -11,14 +11,21 @@ advances once, as in an untraced run): the tracer records each one (``ShadowBrea
 its inputs, the storages it wrote and the values it left there, the random generators it
 advanced, its result), and when the replay reaches that break the runtime asks for the
 record (``protocol.run_or_reuse``) and re-applies it instead of running the break again.
-Writes to the break's arguments land in the replay's arguments (the capture-time
-tensors), writes to storages that existed before the shadow land in those storages;
-a write to a tensor the shadow made that is not an argument (reached through an object)
-has no counterpart in the replay and is not re-applied. The record is reused only when the replay feeds the break exactly what the shadow fed
-it (its arguments and the storages it read before writing them, compared value by
-value): then the call would compute the same, and the replay's tensors evolve as an
-untraced replay's. When the replay diverged before the break (a stale input, a baked
-branch) or its breaks differ from the shadow's, the replay runs the break on its own
+Writes to the break's arguments the step made land in the replay's arguments (the
+capture-time tensors). In storages that existed before the shadow only the bytes the
+call changed are re-applied, not the whole storage: one storage may hold what other
+code wrote too (all of DeepSeek V4's KV caches view one buffer, and a captured segment
+of the shadow may have written another layer's cache in it, which the replay must
+write itself or not at all). A write to a tensor the shadow made that is not an
+argument (reached through an object) has no counterpart in the replay and is not
+re-applied. The record is reused only when the replay feeds the break exactly what the
+shadow fed it, compared value by value: its arguments and the storages it read before
+writing them, and, whole, each storage from before the shadow that it wrote, as it was
+when the call first wrote it (a read after its own write of one region may read
+another region that code before the break wrote). Then the call would compute the
+same, and the replay's tensors evolve as an untraced replay's. When the replay diverged
+before the break (a stale input, a baked branch, a cache the captured code left
+unwritten) or its breaks differ from the shadow's, the replay runs the break on its own
 inputs, as the untraced program does, so the divergence still reaches the output and
 the comparison; only then does a break's host state advance a second time in the step.
 
@@ -45,8 +52,9 @@ class ShadowBreak:
 
     Recorded: the values of its tensor arguments and of the storages that existed
     before the shadow which it read before writing (its inputs, at entry or first
-    read), the storages it wrote, and, at exit, the values it left in its arguments
-    and those storages (its effects) and what it returned."""
+    read), the storages it wrote (those from before the shadow as they were at its
+    first write to them), and, at exit, the values it left in its arguments, the bytes
+    it changed in those storages (its effects) and what it returned."""
 
     def __init__(self, name: str, args: list[torch.Tensor], rng: list[tuple[Any, Any]]):
         self.name = name
@@ -57,9 +65,9 @@ class ShadowBreak:
         self.arg_storages = set(self.arg_sids)
         self.args_read: set[StorageId] = set()  # argument storages read before any write
         self.read: dict[StorageId, tuple[torch.Tensor, torch.Tensor]] = {}  # external storage -> (view read, its value then)
-        self.written: dict[StorageId, tuple[Any, bool]] = {}  # storage -> (storage, existed before the shadow)
+        self.written: dict[StorageId, tuple[Any, Any]] = {}  # storage -> (storage, its copy at the first write if it existed before the shadow)
         self.args_out: list[torch.Tensor | None] = []
-        self.external_out: list[tuple[Any, Any]] = []
+        self.changed: list[tuple[Any, torch.Tensor, torch.Tensor]] = []  # (storage, byte offsets, their values at exit)
         self.result: Any = None
 
     def uses(self, info: OpInfo, args: tuple, kwargs: dict, stream: Stream) -> None:
@@ -82,36 +90,54 @@ class ShadowBreak:
         for sid, st in written.items():
             if sid not in self.written:
                 origin = stream.origins.get(sid)
-                self.written[sid] = (st, origin is None or origin.external)
+                self.written[sid] = (st, st.clone() if origin is None or origin.external else None)
 
     def exit(self, result: Any) -> None:
         self.rng = [(gen, gen.get_state()) for gen, state in self.rng if not torch.equal(gen.get_state(), state)]
-        self.args_out = [t.detach().clone() if t.untyped_storage()._cdata in self.written else None for t in self.args]
-        self.external_out = [(st, st.clone()) for sid, (st, external) in self.written.items()
-                             if external and sid not in self.arg_storages]
+        made = {sid for sid, (st, before) in self.written.items() if before is None}  # written memory the step made
+        self.args_out = [t.detach().clone() if t.untyped_storage()._cdata in made else None for t in self.args]
+        self.changed = []
+        for st, before in self.written.values():
+            if before is not None:
+                now = storage_bytes(st)
+                at = (now != storage_bytes(before)).nonzero().flatten()
+                if at.numel():
+                    self.changed.append((st, at, now[at]))
         self.result = tree_map(lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, result)
         self.args = []  # the shadow's own tensors, released with it
 
     def input_error(self, args: list[torch.Tensor]) -> float:
         """How far the replay's inputs to this call (the arguments and storages it read
-        before writing them) are from the shadow's; NaN where both hold NaN is equal."""
-        pairs = [(t, value) for t, value, shadow in zip(args, self.args_in, self.arg_sids)
-                 if shadow in self.args_read]
+        before writing them, the storages from before the shadow that it wrote) are from
+        the shadow's; NaN where both hold NaN is equal."""
         if len(args) != len(self.args_in):
             return float("inf")
+        pairs = [(t, value) for t, value, shadow in zip(args, self.args_in, self.arg_sids)
+                 if shadow in self.args_read]
+        for t, shadow in zip(args, self.arg_sids):
+            if self.written.get(shadow, (None, None))[1] is not None and t.untyped_storage()._cdata != shadow:
+                return float("inf")  # the shadow wrote memory from before it; the replay hands the break other memory
+        for st, before in self.written.values():
+            if before is not None and not torch.equal(storage_bytes(st), storage_bytes(before)):
+                return float("inf")
         return max((input_diff(t, value) for t, value in pairs + list(self.read.values())), default=0.0)
 
     def replayed(self, args: list[torch.Tensor]) -> rt.RecordedBreak:
         def apply() -> None:
             restore_random_states(self.rng)
             with torch.no_grad():
-                for st, value in self.external_out:
-                    st.copy_(value)
+                for st, at, values in self.changed:
+                    storage_bytes(st)[at] = values
                 for dst, value in zip(args, self.args_out):
                     if value is not None:
                         dst.copy_(value)
 
         return rt.RecordedBreak(self.result, apply)
+
+
+def storage_bytes(st: Any) -> torch.Tensor:
+    """Storage ``st`` as a flat tensor of its bytes (no copy)."""
+    return torch.empty(0, dtype=torch.uint8, device=st.device).set_(st)
 
 
 def input_diff(a: torch.Tensor, b: torch.Tensor) -> float:

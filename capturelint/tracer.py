@@ -44,7 +44,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes, _get_current_dispatch_mode_stack
+from torch.utils._pytree import tree_flatten
 
 from capturelint.memory_watch import MemoryWatch, dtype_name
 from capturelint.naming import Naming
@@ -141,15 +142,22 @@ def _record(stream: Stream, info: OpInfo, args: tuple, kwargs: dict, out: Any, s
     )
 
 
-def _in_break(stream: Stream, out: Any) -> None:
-    """The storages of what an op inside an eager break returns, first seen there,
-    are in-step (``IN_BREAK``): the break re-runs live on replay."""
-    for o in out if isinstance(out, (tuple, list)) else (out,):
-        if isinstance(o, torch.Tensor):
-            st = o.untyped_storage()
-            if st._cdata not in stream.origins:
-                stream.origins[st._cdata] = IN_BREAK
-                stream._alive.append(st)
+def _in_break(stream: Stream, info: OpInfo, args: tuple, kwargs: dict, out: Any) -> None:
+    """The storages an op inside an eager break allocates, first seen there, are
+    in-step (``IN_BREAK``): the break re-runs live on replay. A view it returns is not
+    new memory: a break that views a buffer the engine keeps (DeepSeek V4's layers all
+    view one KV buffer) leaves that storage external, so the shadow's writes through
+    the view are still copied before they land and undone after the shadow."""
+    fresh = info.fresh_outputs(out)
+    if not fresh:
+        return
+    inputs = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+    for o in fresh:
+        st = o.untyped_storage()
+        sid = st._cdata
+        if sid not in stream.origins and sid not in inputs:
+            stream.origins[sid] = IN_BREAK
+            stream._alive.append(st)
 
 
 def _break_args(stream: Stream, call: rt.BreakCall) -> tuple[BreakArg, ...]:
@@ -200,6 +208,7 @@ class Tracer(rt.CaptureObserver):
         self.roots = roots or {}
         self._mode = _OpMode(self)
         self._mode_on = False
+        self._rejoined: list[bool] = []  # per break under way: whether its entry pushed the mode back (``_rejoin``)
         self.on_step = on_step
         self.on_stale = on_stale
         self.on_bare = on_bare
@@ -233,6 +242,8 @@ class Tracer(rt.CaptureObserver):
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        while self._rejoined:  # a break that raised was never announced as exited
+            self._leave_break()
         self._mode_off()
         self.stream = None
         rt.remove_observer(self)
@@ -246,6 +257,21 @@ class Tracer(rt.CaptureObserver):
     def _mode_off(self) -> None:
         if self._mode_on:
             self._mode_on = False
+            self._mode.__exit__(None, None, None)
+
+    def _rejoin(self) -> None:
+        """A break begins: where it runs inside the dispatch of an op (its implementation
+        is the break, as ``torch.ops.vllm.unified_attention_with_output``'s is), torch has
+        taken the dispatch mode off its stack until the op returns, so the break's ops
+        would pass unseen: no capture record of them, and no shadow record of what the
+        break wrote for its replay to re-apply. The mode is pushed back for the break."""
+        rejoin = self._mode_on and not any(m is self._mode for m in _get_current_dispatch_mode_stack())
+        if rejoin:
+            self._mode.__enter__()
+        self._rejoined.append(rejoin)
+
+    def _leave_break(self) -> None:
+        if self._rejoined and self._rejoined.pop():
             self._mode.__exit__(None, None, None)
 
     @property
@@ -285,12 +311,12 @@ class Tracer(rt.CaptureObserver):
             # is itself one): the segment changed inside the call, so on a GPU the op ran
             # eagerly between two captured segments, and no graph holds it. What it
             # allocated is the break's (as in-step, not external).
-            _in_break(stream, out)
+            _in_break(stream, info, args, kwargs, out)
             return out
         if isolation.active and self._segment is not None and self._segment.kind is SegmentKind.EAGER:
             # Ops inside a shadow's eager break re-run live on replay and are exempt from
             # R1-R4: only the storages they allocate matter (as in-step, not external).
-            _in_break(stream, out)
+            _in_break(stream, info, args, kwargs, out)
             return out
         _record(stream, info, args, kwargs, out, self._segment, self._naming.scope_stack, self._entry)
         return out
@@ -428,6 +454,7 @@ class Tracer(rt.CaptureObserver):
             self._close_segment(self.stream)
 
     def on_break_enter(self, call: rt.BreakCall) -> None:
+        self._rejoin()
         stream = self.stream
         if stream is None:
             return
@@ -437,21 +464,24 @@ class Tracer(rt.CaptureObserver):
                 seg = self._open_segment(stream, len(stream.segments), SegmentKind.EAGER, call.name)
                 seg.break_args = _break_args(stream, call)
                 seg.break_frame = call.frame
-                self._isolation.call = ShadowBreak(call.name, list(rt.flatten_tensors((call.args, call.kwargs))),
-                                                   random_states(self.roots))
+                with _disable_current_modes():  # the tracer's own copies are no ops of the step
+                    self._isolation.call = ShadowBreak(call.name, list(rt.flatten_tensors((call.args, call.kwargs))),
+                                                       random_states(self.roots))
         elif not call.inline and self._segment is not None:
             self._segment.break_args = _break_args(stream, call)
             self._segment.break_frame = call.frame
             self._segment.break_stack = user_stack(2, self._entry)
 
     def on_break_exit(self, call: rt.BreakCall, result: Any) -> None:
+        self._leave_break()
         stream = self.stream
         if stream is None:
             return
         returned = frozenset(t.untyped_storage()._cdata for t in rt.flatten_tensors(result))
         if stream.kind is StreamKind.SHADOW:
             if call.depth == 0 and stream.breaks_eager:
-                self._isolation.break_exit(result)
+                with _disable_current_modes():
+                    self._isolation.break_exit(result)
                 if self._segment is not None:
                     self._segment.returned = returned
                 self._close_segment(stream)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import torch
 
 from capture_engines import SIZE, DIM, Sampling, Served, Target
-from capturelint.runtime.breakable import eager_break_during_capture
+from capturelint.runtime.breakable import CUDAGraphWrapper, eager_break_during_capture
 from capturelint.runtime.forward_context import CUDAGraphMode
+from capturelint.runtime.protocol import BreakOutputs
 
 ENGINES: list["Counting"] = []  # every engine the factories made, to read back after a check
 
@@ -80,3 +81,95 @@ def counting():
 
 def rebinding():
     return _target(Rebinding)
+
+
+class Windowed(Served):
+    """A break hands back a view of a buffer the engine keeps (as DeepSeek V4's layers
+    each view one shared KV buffer), and the captured code after the break accumulates
+    into it: a storage the step did not make, reached first through a view an op inside
+    the break took. The runtime discards break outputs, as vLLM 0.33.0's does (copied
+    back, the break's value of the view would overwrite the captured write)."""
+
+    def __init__(self, mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE):
+        super().__init__(mode)
+        self.wrapper = CUDAGraphWrapper(self, break_outputs=BreakOutputs.DISCARD)
+        self.cache = torch.zeros(2 * SIZE, DIM)
+        self.outputs: list[torch.Tensor] = []
+
+    def middle(self, h: torch.Tensor, step: int) -> torch.Tensor:
+        rows = self.window()
+        rows.add_(h)
+        return h + rows
+
+    @eager_break_during_capture
+    def window(self) -> torch.Tensor:
+        return self.cache[:SIZE]
+
+    def run(self, graphs: bool) -> list[torch.Tensor]:
+        self.outputs = super().run(graphs)
+        return self.outputs
+
+
+class WindowedWrite(Windowed):
+    """The break itself writes the buffer through the view it takes (a cache insert)
+    before handing the view back: its write is re-applied on replay, once."""
+
+    @eager_break_during_capture
+    def window(self) -> torch.Tensor:
+        rows = self.cache[:SIZE]
+        rows.mul_(0.5)
+        return rows
+
+
+def windowed():
+    engine = Windowed()
+    ENGINES[:] = [engine]
+    return [Target(lambda: engine.run(True), {"model": engine}, runner="test", mode="PIECEWISE",
+                   eager=lambda: Windowed().run(False))]
+
+
+def windowed_write():
+    engine = WindowedWrite()
+    ENGINES[:] = [engine]
+    return [Target(lambda: engine.run(True), {"model": engine}, runner="test", mode="PIECEWISE",
+                   eager=lambda: WindowedWrite().run(False))]
+
+
+@eager_break_during_capture
+def _attend_in_break(h: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(h.tanh())
+
+
+@torch.library.custom_op("capturelint_shadow::attend", mutates_args=("out",))
+def _attend_op(h: torch.Tensor, out: torch.Tensor) -> None:
+    """An opaque op whose implementation is an eager break that writes its ``out``
+    argument, as vLLM's ``torch.ops.vllm.unified_attention_with_output`` is: the break
+    runs inside the op's dispatch, where torch has taken the dispatch modes off their
+    stack."""
+    _attend_in_break(h, out)
+
+
+class Opaque(Served):
+    """The captured code allocates an output, hands it to the opaque op (its break
+    fills it), and reads it after."""
+
+    def __init__(self, mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE):
+        super().__init__(mode)
+        self.wrapper = CUDAGraphWrapper(self, break_outputs=BreakOutputs.DISCARD)
+        self.outputs: list[torch.Tensor] = []
+
+    def middle(self, h: torch.Tensor, step: int) -> torch.Tensor:
+        out = torch.empty_like(h)
+        torch.ops.capturelint_shadow.attend(h, out)
+        return h + out
+
+    def run(self, graphs: bool) -> list[torch.Tensor]:
+        self.outputs = super().run(graphs)
+        return self.outputs
+
+
+def opaque():
+    engine = Opaque()
+    ENGINES[:] = [engine]
+    return [Target(lambda: engine.run(True), {"model": engine}, runner="test", mode="PIECEWISE",
+                   eager=lambda: Opaque().run(False))]

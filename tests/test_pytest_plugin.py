@@ -1,7 +1,10 @@
 """The pytest plugin (``capturelint.pytest_plugin``): a project's test fails with the
 findings to read, passes when clean, and compares with a baseline. The projects run in
 ``pytester`` with the plugin named by ``-p`` (the entry point registers it once the
-package is installed; a test reads that it is declared)."""
+package is installed; a test reads that it is declared), in this process (a session of
+their own, without the import of torch and the engine that a subprocess pays again); a
+fresh ``python -m pytest`` process loading the plugin by its entry point is
+``test_own_engine.py``'s plugin test."""
 
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ PLUGIN = [*([] if INSTALLED else ["-p", "capturelint.pytest_plugin"]), "-p", "no
 
 def run(pytester: pytest.Pytester, source: str, *args: str) -> pytest.RunResult:
     pytester.makepyfile(test_regions=source)
-    return pytester.runpytest_subprocess(*PLUGIN, *args, timeout=600)
+    return pytester.runpytest_inprocess(*PLUGIN, *args)
 
 
 def test_the_entry_point_is_declared():

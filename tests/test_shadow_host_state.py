@@ -60,3 +60,30 @@ def test_generators_a_break_draws_from_continue_as_in_an_untraced_run(capsys):
     assert len(traced) == len(expected) == 4
     assert all(torch.equal(a, b) for a, b in zip(traced, expected))
     assert not torch.equal(traced[0], traced[1])  # the noise differs per step
+
+
+def test_a_buffer_reached_through_a_view_a_break_returns_is_restored_after_the_shadow(capsys):
+    # The shadow's writes through the view (rows.add_ in the captured segment) used to
+    # survive into the replay, which then added again: the traced run computed what the
+    # program never does, and reported the replay as differing from its shadow.
+    for factory, cls in (("windowed", shadow_engines.Windowed), ("windowed_write", shadow_engines.WindowedWrite)):
+        expected = cls().run(True)
+        code, doc = check(capsys, factory)
+        assert code == 0 and doc["findings"] == [], (factory, doc["findings"])
+        (numerical,) = doc["numerical"]
+        assert numerical["max_step_error"] == 0.0 and numerical["replay_steps"] == 4, (factory, numerical)
+        traced = shadow_engines.ENGINES[0]
+        assert all(torch.equal(a, b) for a, b in zip(traced.outputs, expected)), factory
+
+
+def test_a_break_inside_an_opaque_op_that_fills_its_out_argument_replays_what_it_filled(capsys):
+    # The break runs inside the op's dispatch, where torch has taken the tracer's mode
+    # off its stack: the shadow used to see none of the break's writes, so its replay
+    # reused a call that wrote nothing and read the capture's unwritten output (CL901).
+    expected = shadow_engines.Opaque().run(True)
+    code, doc = check(capsys, "opaque")
+    assert code == 0 and doc["findings"] == [], doc["findings"]
+    (numerical,) = doc["numerical"]
+    assert numerical["max_step_error"] == 0.0 and numerical["replay_steps"] == 4, numerical
+    traced = shadow_engines.ENGINES[0]
+    assert all(torch.equal(a, b) for a, b in zip(traced.outputs, expected))

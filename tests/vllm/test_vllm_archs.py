@@ -32,7 +32,10 @@ def test_an_unknown_or_unsupported_model_is_one_line_naming_the_supported(name, 
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], lines
-    assert "DeepseekV4ForCausalLM, Qwen3ForCausalLM, LlamaForCausalLM, NemotronHForCausalLM or all" in lines[0]
+    from capturelint.adapters.vllm import archs
+
+    assert f"{', '.join(archs.SUPPORTED)} or all" in lines[0] and archs.SUPPORTED[:3] == (
+        "DeepseekV4ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM")
 
 
 def test_deepseek_v4_options_are_refused_with_another_model():
@@ -69,7 +72,8 @@ def test_model_all_labels_each_architectures_configurations():
                                                                    mode="PIECEWISE"))
     assert [f"{r}/{m}" for r, m in plan.all_configurations] == [f"{a}:v2/PIECEWISE" for a in archs.SUPPORTED]
     assert {i.id for i in plan.invariants} == {"dsv4-v1-attention-prep-eager", "dsv4-sparse-attention-eager",
-                                               "attention-eager", "mamba2-mixer-eager", "hybrid-attention-eager"}
+                                               "attention-eager", "mla-attention-eager", "mamba2-mixer-eager",
+                                               "hybrid-attention-eager"}
     default = registry.make_plan(Settings(), registry.engine_options(engine="vllm"))
     assert default.knobs.model == "DeepseekV4ForCausalLM" and default.configured is None
 

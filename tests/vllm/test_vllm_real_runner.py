@@ -225,6 +225,39 @@ def test_vllms_triton_slot_mapping_kernel_runs_in_the_interpreter():
     assert block_table.ComputeSlotMappingKernel.kernel is placeholder
 
 
+def _slot_mapping(slots: torch.Tensor) -> list[int]:
+    from vllm.v1.worker import block_table
+
+    block_table.ComputeSlotMappingKernel().__call__(
+        2, 3, 6, torch.tensor([0, 1, 3], dtype=torch.int32), torch.tensor([5, 64, 70]),
+        torch.tensor([[3, 4], [6, 7]], dtype=torch.int32), 2, slots, 64, 1, 0, 1)
+    return slots.tolist()
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_the_interpreters_overflow_checks_are_off_only_where_they_assert_nothing(debug, monkeypatch):
+    """Without ``debug`` Triton's ``device_assert`` checks nothing, so the interpreter's
+    overflow sanitising (int64 recomputation of each integer op) is dead work: off for
+    the block, the same slots computed as with it on; with ``debug`` it asserts, and stays on."""
+    require_vllm()
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    from capturelint.adapters.vllm.kernels.interpreter import interpret_modules
+
+    options = dataclasses.replace(interpreter.interpreter_builder.options, debug=debug, sanitize_overflow=True)
+    monkeypatch.setattr(interpreter.interpreter_builder, "options", options)
+    with interpret_modules(("vllm.v1.worker.block_table",)):
+        inside = interpreter.interpreter_builder.options
+        fast = _slot_mapping(torch.zeros(6, dtype=torch.int64))
+        interpreter.interpreter_builder.options = options
+        checked = _slot_mapping(torch.zeros(6, dtype=torch.int64))
+    assert inside.sanitize_overflow == debug
+    assert interpreter.interpreter_builder.options is options  # restored on exit
+    assert fast == checked == [3 * 64 + 5, 7 * 64 + 0, 7 * 64 + 6, -1, -1, -1]
+
+
 def test_vllms_two_runners_compute_the_shims_logits_with_their_own_builders():
     """Eager, the default workload (prefills, a long request's prefill across the
     compressions at 127, mixed and decode steps): Model Runner V1 and V2, each with its

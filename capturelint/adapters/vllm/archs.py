@@ -12,6 +12,9 @@ Families (by the eager breaks their code takes, not by name):
 - ``generic attention``: vLLM's own model class whose attention is vLLM's ``Attention``
   (eager break ``unified_attention_with_output``), over vLLM's Triton attention backend
   with reference kernels (``generic``), both runners and modes on vLLM's own runners;
+- ``MLA``: vLLM's own DeepSeek V2/V3 model class whose attention is vLLM's
+  ``MLAAttention`` (eager break ``unified_mla_attention_with_output``), over vLLM's Triton
+  MLA backend with reference kernels (``mla``), both runners and modes on vLLM's own runners;
 - ``Mamba2 hybrid``: vLLM's own model class whose layers are vLLM's ``MambaMixer2``
   (eager break ``mamba_mixer2``) beside ``Attention`` layers, with vLLM's hybrid KV
   cache plan (``mamba2``), both runners and modes on vLLM's own runners.
@@ -58,6 +61,8 @@ CHECKED = (
     Arch(DEFAULT, "deepseek-v4", "vllm/models/deepseek_v4", full_on_vllm_runners=False),
     Arch("Qwen3ForCausalLM", "generic attention", "vllm/model_executor/models/qwen3.py"),
     Arch("LlamaForCausalLM", "generic attention", "vllm/model_executor/models/llama.py"),
+    Arch("DeepseekV2ForCausalLM", "MLA", "vllm/model_executor/models/deepseek_v2.py"),
+    Arch("DeepseekV3ForCausalLM", "MLA", "vllm/model_executor/models/deepseek_v2.py"),
     Arch("NemotronHForCausalLM", "Mamba2 hybrid", "vllm/model_executor/models/nemotron_h.py"),
 )
 

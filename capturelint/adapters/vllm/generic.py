@@ -18,10 +18,12 @@ CUDA wheel does not ship.
 (``vllm._C`` again), so the selector is answered with the Triton backend's path, as a
 CUDA platform answers it when asked for it. ``Attention.forward`` calls the eager break
 ``unified_attention_with_output`` directly (its ``use_direct_call`` branch) rather than
-through the opaque custom op a CUDA platform registers: the same decorated function;
-through the op (a break entered inside a dispatched op), a traced run does not yet
-compute what the untraced run computes (tried: CL901, token agreement 0.00, while the
-untraced graph run equals eager). Its two kernels are references of ours
+through the opaque custom op a CUDA platform registers: the same decorated function.
+Through the op, PIECEWISE checks are clean and compute what the untraced run computes
+(the tracer follows a break entered inside an op's dispatch); FULL graphs are not yet:
+the emulated graph records the op as one call and its replay re-runs the op's Python,
+where a GPU's graph holds the kernels it launched (V2's FULL replay runs without a
+forward context, and the op's ``get_forward_context()`` fails). Its two kernels are references of ours
 (``kernels.paged_attention``: the cache write, captured, and the paged attention, in the
 eager break; both captured in FULL graphs), not Triton's interpreter (why: that module).
 
@@ -161,8 +163,8 @@ def backend() -> Iterator[None]:
         patches.set(triton_attn, "unified_attention", paged_attention.unified_attention)
         # Attention.forward calls the break directly, not through the opaque custom op
         # torch.ops.vllm.unified_attention_with_output (attention.py:545-576): the same
-        # function either way, but a traced run through the op does not compute what the
-        # program computes yet (module docstring); CUDA and CPU platforms answer True here.
+        # function either way, but the emulated FULL graph replays the op's Python
+        # (module docstring); CUDA and CPU platforms answer True here.
         patches.set(type(current_platform), "opaque_attention_op", classmethod(lambda cls: False))
         yield
     finally:

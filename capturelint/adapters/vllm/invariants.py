@@ -103,9 +103,28 @@ select = [
 '''
 
 
+MLA_TOML = '''
+[tool.capturelint.invariants.mla-attention-eager]
+require = "eager"
+modes = ["PIECEWISE"]
+why = """vLLM's MLAAttention runs the latent attention in the eager break unified_mla_attention_with_output \\
+(model_executor/layers/attention/mla_attention.py:1484): forward_impl splits the step into decode and prefill \\
+rows by the step's attention metadata (num_decode_tokens), the decode attention reads each step's block tables \\
+and sequence lengths and the prefill its query start locations, so captured they would replay the capture's; only \\
+the latent KV-cache write (unified_mla_kv_cache_update) is captured. Selected: the decode path (forward_mqa with \\
+its decode kernel, the W_UK and W_UV absorptions), the prefill path (forward_mha), and the profile run's zero \\
+fill of the output (forward_impl, what a capture without metadata runs there)"""
+select = [
+    { scope = "model.layers.*.self_attn.mla_attn.mla_attn", op = ["capturelint_vllm.mla_decode_attention*"] },
+    { scope = "model.layers.*.self_attn.mla_attn.mla_attn", function = ["forward_mqa", "forward_mha", "_v_up_proj"] },
+    { scope = "model.layers.*.self_attn.mla_attn.mla_attn", function = "forward_impl", op = ["aten.fill_*", "aten.bmm*"] },
+]
+'''
+
+
 def default_invariants() -> tuple[Invariant, ...]:
     """vLLM's invariants for DeepSeek V4 (the default architecture), with source ``default``."""
     return shipped_defaults(DEFAULTS_TOML, "capturelint/adapters/vllm/invariants.py")
 
 
-__all__ = ["DEFAULTS_TOML", "GENERIC_TOML", "MAMBA2_TOML", "default_invariants"]
+__all__ = ["DEFAULTS_TOML", "GENERIC_TOML", "MAMBA2_TOML", "MLA_TOML", "default_invariants"]

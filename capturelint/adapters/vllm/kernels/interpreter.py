@@ -22,6 +22,17 @@ reads its arguments into numpy and copies the results back, so a capture would r
 those copies (capture-time values) instead of the kernel. The runner's input
 preparation and the attention metadata builders run between graphs; the model's own
 kernels keep their CPU references (``kernels.fp8_ds_mla``).
+
+**The interpreter's dead overflow checks.** Triton's integer ``+``, ``-`` and ``*`` each
+call ``binary_op_sanitize_overflow_impl`` when the builder's ``sanitize_overflow`` option
+is on (the interpreter's default): the operands are widened to int64, the operation
+redone, and both bounds compared, all in numpy, for a ``device_assert`` that then
+returns without checking anything, since ``device_assert`` checks only under
+``debug`` and the interpreter's options have ``debug=False`` (as a compiled kernel
+without ``debug`` drops the assert too). That is a third of the interpreter's time
+in the runner's input preparation, computing values nobody reads, so for the block
+``sanitize_overflow`` is off: the same kernels compute the same numbers
+(``_overflow_checks_off``).
 """
 
 from __future__ import annotations
@@ -111,6 +122,25 @@ def _language() -> Iterator[tuple[Any, str, Any]]:
 
 
 @contextlib.contextmanager
+def _overflow_checks_off() -> Iterator[None]:
+    """The interpreter's ``sanitize_overflow`` off for the block, when its asserts are
+    dropped anyway (``debug`` off; see the module docstring); restored on exit."""
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    options = interpreter.interpreter_builder.options
+    if options.debug or not options.sanitize_overflow:
+        yield
+        return
+    interpreter.interpreter_builder.options = dataclasses.replace(options, sanitize_overflow=False)
+    try:
+        yield
+    finally:
+        interpreter.interpreter_builder.options = options
+
+
+@contextlib.contextmanager
 def interpret_modules(names: tuple[str, ...]) -> Iterator[None]:
     """Run the Triton kernels of the named vLLM modules in Triton's interpreter, for the
     block (see the module docstring); everything is rebound back on exit."""
@@ -118,17 +148,18 @@ def interpret_modules(names: tuple[str, ...]) -> Iterator[None]:
     import triton.language  # noqa: F401  (its modules, for _language)
 
     undo: list[tuple[Any, str, Any]] = []
-    try:
-        targets = list(_language())
-        for name in names:
-            targets.extend(_targets(importlib.import_module(name)))
-        for owner, attr, value in targets:
-            undo.append((owner, attr, vars(owner)[attr]))
-            setattr(owner, attr, value)
-        yield
-    finally:
-        for owner, attr, value in reversed(undo):
-            setattr(owner, attr, value)
+    with _overflow_checks_off():
+        try:
+            targets = list(_language())
+            for name in names:
+                targets.extend(_targets(importlib.import_module(name)))
+            for owner, attr, value in targets:
+                undo.append((owner, attr, vars(owner)[attr]))
+                setattr(owner, attr, value)
+            yield
+        finally:
+            for owner, attr, value in reversed(undo):
+                setattr(owner, attr, value)
 
 
 __all__ = ["interpret_modules"]
