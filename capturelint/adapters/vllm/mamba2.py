@@ -124,6 +124,16 @@ def vllm_config(arch: Mamba2Arch, layers: int, runner: Runner) -> Any:
     return vc
 
 
+class _Recording:
+    """Keeps each step's logits (``compute_logits``) for the numerical oracle, as
+    ``generic``'s model does; mixed into vLLM's model class, so its modules and scopes stay."""
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = super().compute_logits(hidden)  # type: ignore[misc]
+        self.logits_seen.append(logits.detach().float().clone())
+        return logits
+
+
 def build_model(arch: Mamba2Arch, runner: Runner, layers: int, seed: int) -> tuple[torch.nn.Module, Any]:
     """vLLM's model class for ``arch`` under ``runner``'s configuration, random weights
     from ``seed``; then vLLM's hybrid block-size alignment (it reads the built layers)."""
@@ -136,7 +146,7 @@ def build_model(arch: Mamba2Arch, runner: Runner, layers: int, seed: int) -> tup
     with runner_env(runner), set_current_vllm_config(vc), default_dtype(torch.bfloat16):
         ensure_distributed(vc)
         model = cls(vllm_config=vc, prefix="")
-    model.__class__ = type(f"{arch.name}ForCapturelint", (generic._Recording, cls), {})
+    model.__class__ = type(f"{arch.name}ForCapturelint", (_Recording, cls), {})
     use_cpu_gemm(model)
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
