@@ -54,8 +54,19 @@ _SPARSE_MLA = ("sparse MLA family (MLA attention with its eager break, mla_atten
                "indexer, sparse_attn_indexer.py:437): no CPU references for its FlashMLA / DeepGEMM kernels yet")
 _GDN = ("gated delta-net hybrid (layers/mamba/gdn/*_gdn_linear_attn.py breaks; FLA Triton kernels in captured code "
         "need torch references): not covered yet")
-_KIMI = ("Kimi delta attention (gated delta-net, kimi_gdn_linear_attn.py) with MLA layers (models/kimi_k3): "
-         "neither family is covered yet")
+_KIMI = ("Kimi K3 (models/kimi_k3/nvidia): its delta attention is the full-rank-gate KimiK3DeltaAttention (kda.py, "
+         "not the KimiLinear layer the Kimi linear + MLA family checks), its MLP a latent MoE and its residual the "
+         "attn_res stream: their Triton / CuTe DSL kernels have no CPU references yet")
+_KIMI_MTP = ("Kimi K3's MTP draft (models/kimi_k3/nvidia/mtp.py): a speculative-decoding draft of Kimi K3, whose "
+             "target is not covered (KimiK3ForConditionalGeneration), and vLLM's own runners are not driven with "
+             "drafts for this family")
+
+_DOTS3 = ("its full-attention layers are DeepSeek V3.2 sparse MLA with the indexer (Dots3NoteFullAttention, "
+          "Dots3NotePaddedSparseBackend over FlashAttention's sparse MLA: the sparse MLA family's kernels); its "
+          "sliding-window layers are dense MLA on Dots3NoteTritonMLABackend (models/dots3_note/nvidia/attention.py), "
+          "whose decode gathers the window with its own Triton kernels (_gather_swa_kv_kernel, "
+          "_apply_swa_score_mask_kernel) and whose prefill is flash-attn varlen (vllm_flash_attn): no CPU references "
+          "for those yet (the MLA family's decode_attention_fwd and concat_and_cache_mla references cover the rest)")
 
 CHECKED = (
     Arch(DEFAULT, "deepseek-v4", "vllm/models/deepseek_v4", full_on_vllm_runners=False),
@@ -63,11 +74,16 @@ CHECKED = (
     Arch("LlamaForCausalLM", "generic attention", "vllm/model_executor/models/llama.py"),
     Arch("DeepseekV2ForCausalLM", "MLA", "vllm/model_executor/models/deepseek_v2.py"),
     Arch("DeepseekV3ForCausalLM", "MLA", "vllm/model_executor/models/deepseek_v2.py"),
+    Arch("KimiLinearForCausalLM", "Kimi linear + MLA", "vllm/models/kimi_k3"),
+    Arch("Qwen3NextForCausalLM", "gated delta-net hybrid", "vllm/model_executor/models/qwen3_next.py"),
     Arch("NemotronHForCausalLM", "Mamba2 hybrid", "vllm/model_executor/models/nemotron_h.py"),
 )
 
 NOT_YET = (
-    Arch("AliceAIForCausalLM", "gated delta-net hybrid", "vllm/model_executor/models/alice_ai.py", _GDN),
+    Arch("AliceAIForCausalLM", "Kimi delta attention hybrid", "vllm/model_executor/models/alice_ai.py",
+         "its linear-attention layers are KimiGatedDeltaNetAttention (layers/mamba/gdn/kimi_gdn_linear_attn.py, the "
+         "layer the Kimi linear + MLA family checks), beside Qwen3-Next's gated full attention and MoE "
+         "(Qwen3NextAttention, which the gated delta-net family checks): no family assembles the two yet"),
     Arch("BeamForCausalLM", "model folder", "vllm/models/beam",
          "its own attention classes (BeamAttention, DFlash2BeamAttention in models/beam/nvidia) over CUDA-only "
          "kernels: no CPU references yet"),
@@ -81,10 +97,9 @@ NOT_YET = (
     Arch("DeepseekV41ForCausalLM", "deepseek-v4.1", "vllm/models/deepseek_v41",
          "its own attention classes (models/deepseek_v41: MegaAttn, FlashInfer MLA, decoder replay layers) with 11 "
          "eager breaks: not covered yet"),
-    Arch("Dots3NoteForCausalLM", "MLA", "vllm/models/dots3_note",
-         "padded MLA and sliding-window attention (models/dots3_note): the MLA family is not covered yet"),
-    Arch("Dots3NoteMTPModel", "MLA", "vllm/models/dots3_note",
-         "the MTP draft of Dots3NoteForCausalLM: the MLA family is not covered yet"),
+    Arch("Dots3NoteForCausalLM", "sparse MLA + sliding-window MLA", "vllm/models/dots3_note", _DOTS3),
+    Arch("Dots3NoteMTPModel", "sparse MLA + sliding-window MLA", "vllm/models/dots3_note",
+         "the MTP draft of Dots3NoteForCausalLM: " + _DOTS3),
     Arch("Glm5NextForCausalLM", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
     Arch("Glm5NextForConditionalGeneration", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
     Arch("Glm5NextMTPModel", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
@@ -97,8 +112,7 @@ NOT_YET = (
     Arch("InklingForConditionalGeneration", "short convolution hybrid", "vllm/models/inkling",
          "the multimodal wrapper of InklingForCausalLM: short convolutions are not covered yet"),
     Arch("KimiK3ForConditionalGeneration", "Kimi linear + MLA", "vllm/models/kimi_k3", _KIMI),
-    Arch("KimiK3MTPModel", "Kimi linear + MLA", "vllm/models/kimi_k3", _KIMI),
-    Arch("KimiLinearForCausalLM", "Kimi linear + MLA", "vllm/models/kimi_k3", _KIMI),
+    Arch("KimiK3MTPModel", "Kimi linear + MLA", "vllm/models/kimi_k3", _KIMI_MTP),
     Arch("MiniMaxM3SparseForCausalLM", "sparse attention + MLA", "vllm/models/minimax_m3",
          "MiniMax M3's sparse attention and MLA layers (models/minimax_m3): not covered yet"),
     Arch("MiniMaxM3SparseForConditionalGeneration", "sparse attention + MLA", "vllm/models/minimax_m3",
