@@ -470,7 +470,8 @@ class Tracer(rt.CaptureObserver):
                 seg.break_frame = call.frame
                 with _disable_current_modes():  # the tracer's own copies are no ops of the step
                     self._isolation.call = ShadowBreak(call.name, list(rt.flatten_tensors((call.args, call.kwargs))),
-                                                       random_states(self.roots))
+                                                       random_states(self.roots), list(break_leaves(call.named_arguments())),
+                                                       stream.origins)
         elif not call.inline and self._segment is not None:
             self._segment.break_args = _break_args(stream, call)
             self._segment.break_frame = call.frame
