@@ -1,11 +1,15 @@
-"""The Kimi linear + MLA family (``KimiLinearForCausalLM``): the KDA kernel references
+"""The Kimi linear + MLA family (``KimiLinearForCausalLM``, ``adapters/vllm/kimi.py``):
+vLLM's own model on vLLM's own runners checks clean (in process: V2 PIECEWISE; slow: the
+CLI, both runners, both modes); a planted region hazard is flagged exactly where the
+untraced graph run differs from its eager twin (slow); the KDA kernel references
 (``kernels/kda.py``) against vLLM's own KDA kernels run in Triton's interpreter
-(``tests/vllm/kda_interpreted.py``: live in the slow test, stored outputs in the fast
-ones) and against the kernels' documented semantics where the interpreter cannot run
-them."""
+(``tests/vllm/kda_interpreted.py``: live in a slow test, stored outputs in the fast
+ones) and the Kimi MLA epilogues (``kernels/kimi_mla.py``) against their documented
+semantics."""
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -17,6 +21,7 @@ import torch
 from vllm_required import require_vllm  # tests/vllm/vllm_required.py
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 STORED = HERE / "data" / "kda_interpreted.pt"
 H, K = 2, 16
 BOUNDS = [(None, "softplus"), (-2.0, "bounded")]
@@ -139,3 +144,128 @@ def test_kda_references_match_vllms_kernels_run_now_in_the_interpreter(tmp_path)
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     _check_against(torch.load(out))
+
+
+def test_kimi_mla_epilogues_concat_and_write_the_latent_at_each_slot():
+    """Against the wrappers' documented semantics (the CUDA source is not shipped):
+    k_out = [k_nope | k_pe per head], mqa_q = [ql_nope | q_pe], the latent row
+    [kv_c_normed | k_pe] at slot_mapping (slot < 0 written nowhere)."""
+    from capturelint.adapters.vllm.kernels import kimi_mla
+    from capturelint.errors import CapturelintError
+
+    gen = torch.Generator().manual_seed(3)
+    tokens, heads, nope, rope, latent, block = 3, 2, 4, 2, 5, 4
+    k_nope = torch.randn(tokens, heads, nope, generator=gen)
+    k_pe = torch.randn(tokens, 1, rope, generator=gen)
+    kv_c = torch.randn(tokens, latent, generator=gen)
+    cache = torch.zeros(3, block, latent + rope)
+    slots = torch.tensor([5, -1, 8])
+    k_out = torch.empty(tokens, heads, nope + rope)
+    q = torch.randn(tokens, heads, nope + rope, generator=gen)
+    before = q.clone()
+    kimi_mla.reference_key_concat_insert(q, k_nope, k_pe, kv_c, k_out, cache, slots, block, None, None)
+    assert torch.equal(k_out[..., :nope], k_nope) and torch.equal(k_out[:, 1, nope:], k_pe[:, 0])
+    assert torch.equal(q, before)  # NoPE: the query is not rotated
+    flat = cache.view(-1, latent + rope)
+    assert torch.equal(flat[5], torch.cat([kv_c[0], k_pe[0, 0]])) and torch.equal(flat[8], torch.cat([kv_c[2], k_pe[2, 0]]))
+    assert torch.count_nonzero(flat.abs().sum(-1)) == 2  # the padded row wrote nothing
+    ql = torch.randn(tokens, heads, latent, generator=gen)
+    q_pe = torch.randn(tokens, heads, rope, generator=gen)
+    mqa = torch.empty(tokens, heads, latent + rope)
+    kimi_mla.reference_decode_q_concat_insert(ql, q_pe, kv_c, k_pe, mqa, cache, torch.tensor([1, 2, -1]), block,
+                                              None, None)
+    assert torch.equal(mqa, torch.cat([ql, q_pe], -1)) and torch.equal(flat[2], torch.cat([kv_c[1], k_pe[1, 0]]))
+    with pytest.raises(CapturelintError, match="NoPE"):
+        kimi_mla.reference_decode_q_concat_insert(ql, q_pe, kv_c, k_pe, mqa, cache, slots, block, slots, q_pe)
+
+
+def test_kimi_linear_checks_clean_in_process():
+    """The family's small configuration in the default suite: vLLM's own Kimi-Linear (a
+    KDA layer and an MLA layer) on vLLM's own V2 runner, PIECEWISE, three steps."""
+    require_vllm()
+    from capturelint import api
+
+    report = api.check(engine="vllm", model="KimiLinearForCausalLM", runner="v2", mode="PIECEWISE", layers=2,
+                       steps=3, jobs=1)
+    assert report.findings == []
+    (cfg,) = report.configs
+    assert (cfg.runner, cfg.mode) == ("v2", "PIECEWISE")
+    assert cfg.numerical.token_agreement == 1.0 and cfg.numerical.max_logit_error == 0.0
+    assert cfg.checked.shadowed_steps == 3 and cfg.checked.eager_twin
+    selected = report.invariant_selection()
+    assert set(selected) == {"kda-eager", "kimi-mla-attention-eager"}
+    assert all(count > 0 for count in selected.values()), selected  # both breaks' kernels, eager
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "capturelint", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=1800)
+
+
+@pytest.mark.slow
+def test_kimi_linear_checks_clean_on_both_runners_and_modes():
+    require_vllm()
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "report.json"
+        done = _cli("check", "--engine", "vllm", "--model", "KimiLinearForCausalLM", "--steps", "4", "--jobs", "1",
+                    "--format", "json", "-o", str(out))
+        assert done.returncode == 0, done.stderr[-3000:]
+        report = json.loads(out.read_text())
+    assert report["findings"] == []
+    numbers = {(n["runner"], n["mode"]): n for n in report["numerical"]}
+    assert set(numbers) == {("v1", "PIECEWISE"), ("v1", "FULL"), ("v2", "PIECEWISE"), ("v2", "FULL")}
+    for n in numbers.values():  # compared, and equal
+        assert n["token_agreement"] == 1.0 and n["max_logit_error"] == 0.0 and n["replay_steps"] > 0, n
+    assert {(i["id"], i["selected_ops"] > 0) for i in report["invariants"]} == {("kda-eager", True),
+                                                                               ("kimi-mla-attention-eager", True)}
+
+
+DRIVER = """
+import json, sys
+from capturelint.cli import main
+status = main(["check", "--engine", "vllm", "--model", "KimiLinearForCausalLM", "--mode", "PIECEWISE",
+               "--steps", "4", "--jobs", "1", "--format", "json", "-o", sys.argv[1]])
+from capturelint.adapters.vllm import generic, kimi
+from capturelint.adapters.vllm.install import cpu_shim
+from capturelint.adapters.vllm.runners.real import runner_context
+from capturelint.adapters.vllm.workload import RunSpec
+from capturelint.options import CUDAGraphMode, Runner
+out = {}
+with cpu_shim(), kimi.backend():
+    loop = kimi.loop_for("KimiLinearForCausalLM")
+    for runner in Runner:
+        spec = RunSpec(runner=runner, mode=CUDAGraphMode.PIECEWISE, layers=2, steps=4)
+        with runner_context(runner):
+            graphs = loop(spec).generate()
+        with runner_context(runner):
+            eager = loop(spec, graphs=False).generate()
+        out[f"{runner}/PIECEWISE"] = generic.compare(graphs, eager)
+json.dump({"status": status, "untraced": out}, sys.stdout)
+"""
+
+
+@pytest.mark.slow
+def test_a_gate_zeroed_in_dummy_runs_is_flagged_where_the_untraced_run_differs(tmp_path):
+    """The planted hazard (``data/kda_dummy_run_zero_gate.patch``, in a scratch copy of
+    vLLM): V1 captures PIECEWISE graphs in a dummy run without metadata, so the zeroed
+    gate is baked into its graphs; V2 builds metadata for its captures."""
+    require_vllm()
+    from scratch_vllm import planted, run_driver  # tests/vllm/scratch_vllm.py
+
+    target = "model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py"
+    copy, lines = planted(tmp_path, target, (HERE / "data" / "kda_dummy_run_zero_gate.patch").read_text())
+    branch = lines.index("        if get_forward_context().attn_metadata is None:") + 1
+    report_path = tmp_path / "report.json"
+    done = run_driver(copy, tmp_path, DRIVER, str(report_path), timeout=1800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["status"] == 1, done.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    flagged = {f"{f['runner']}/{f['mode']}" for f in report["findings"]}
+    diverged = {config for config, (agreement, error) in result["untraced"].items() if error > 1e-3}
+    assert flagged == diverged == {"v1/PIECEWISE"}, (report["findings"], result["untraced"])
+    frames = [f["capture_frame"] for f in report["findings"] if f["capture_frame"]]
+    assert any(fr["file"].endswith("vllm/" + target) and fr["function"] == "forward" and fr["line"] >= branch
+               for fr in frames), frames

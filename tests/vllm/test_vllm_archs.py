@@ -25,7 +25,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("name, says", [
     ("Gpt2ForCausalLM", "unknown architecture 'Gpt2ForCausalLM'"),
-    ("KimiLinearForCausalLM", "architecture KimiLinearForCausalLM is not supported yet (Kimi delta attention"),
+    ("KimiK3ForConditionalGeneration", "architecture KimiK3ForConditionalGeneration is not supported yet (Kimi K3"),
 ])
 def test_an_unknown_or_unsupported_model_is_one_line_naming_the_supported(name, says):
     done = _cli("check", "--engine", "vllm", "--model", name)
@@ -72,7 +72,8 @@ def test_model_all_labels_each_architectures_configurations():
                                                                    mode="PIECEWISE"))
     assert [f"{r}/{m}" for r, m in plan.all_configurations] == [f"{a}:v2/PIECEWISE" for a in archs.SUPPORTED]
     assert {i.id for i in plan.invariants} == {"dsv4-v1-attention-prep-eager", "dsv4-sparse-attention-eager",
-                                               "attention-eager", "mla-attention-eager"}
+                                               "attention-eager", "mla-attention-eager", "kda-eager",
+                                               "kimi-mla-attention-eager"}
     default = registry.make_plan(Settings(), registry.engine_options(engine="vllm"))
     assert default.knobs.model == "DeepseekV4ForCausalLM" and default.configured is None
 

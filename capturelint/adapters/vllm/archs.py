@@ -51,8 +51,12 @@ _SPARSE_MLA = ("sparse MLA family (MLA attention with its eager break, mla_atten
                "indexer, sparse_attn_indexer.py:437): no CPU references for its FlashMLA / DeepGEMM kernels yet")
 _GDN = ("gated delta-net hybrid (layers/mamba/gdn/*_gdn_linear_attn.py breaks; FLA Triton kernels in captured code "
         "need torch references): not covered yet")
-_KIMI = ("Kimi delta attention (gated delta-net, kimi_gdn_linear_attn.py) with MLA layers (models/kimi_k3): "
-         "neither family is covered yet")
+_KIMI = ("Kimi K3 (models/kimi_k3/nvidia): its delta attention is the full-rank-gate KimiK3DeltaAttention (kda.py, "
+         "not the KimiLinear layer the Kimi linear + MLA family checks), its MLP a latent MoE and its residual the "
+         "attn_res stream: their Triton / CuTe DSL kernels have no CPU references yet")
+_KIMI_MTP = ("Kimi K3's MTP draft (models/kimi_k3/nvidia/mtp.py): a speculative-decoding draft of Kimi K3, whose "
+             "target is not covered (KimiK3ForConditionalGeneration), and vLLM's own runners are not driven with "
+             "drafts for this family")
 
 CHECKED = (
     Arch(DEFAULT, "deepseek-v4", "vllm/models/deepseek_v4", full_on_vllm_runners=False),
@@ -60,6 +64,7 @@ CHECKED = (
     Arch("LlamaForCausalLM", "generic attention", "vllm/model_executor/models/llama.py"),
     Arch("DeepseekV2ForCausalLM", "MLA", "vllm/model_executor/models/deepseek_v2.py"),
     Arch("DeepseekV3ForCausalLM", "MLA", "vllm/model_executor/models/deepseek_v2.py"),
+    Arch("KimiLinearForCausalLM", "Kimi linear + MLA", "vllm/models/kimi_k3"),
 )
 
 NOT_YET = (
@@ -93,8 +98,7 @@ NOT_YET = (
     Arch("InklingForConditionalGeneration", "short convolution hybrid", "vllm/models/inkling",
          "the multimodal wrapper of InklingForCausalLM: short convolutions are not covered yet"),
     Arch("KimiK3ForConditionalGeneration", "Kimi linear + MLA", "vllm/models/kimi_k3", _KIMI),
-    Arch("KimiK3MTPModel", "Kimi linear + MLA", "vllm/models/kimi_k3", _KIMI),
-    Arch("KimiLinearForCausalLM", "Kimi linear + MLA", "vllm/models/kimi_k3", _KIMI),
+    Arch("KimiK3MTPModel", "Kimi linear + MLA", "vllm/models/kimi_k3", _KIMI_MTP),
     Arch("MiniMaxM3SparseForCausalLM", "sparse attention + MLA", "vllm/models/minimax_m3",
          "MiniMax M3's sparse attention and MLA layers (models/minimax_m3): not covered yet"),
     Arch("MiniMaxM3SparseForConditionalGeneration", "sparse attention + MLA", "vllm/models/minimax_m3",

@@ -95,9 +95,38 @@ select = [
 '''
 
 
+# Kimi-Linear (adapters/vllm/kimi.py): both kinds of layer keep their kernels in an eager break.
+KIMI_TOML = '''
+[tool.capturelint.invariants.kda-eager]
+require = "eager"
+modes = ["PIECEWISE"]
+why = """vLLM's Kimi delta attention runs its short convolution and delta rule in the eager break \\
+KimiGatedDeltaNetAttention._forward (model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py): they read each \\
+step's GDN metadata (prefill/decode split, state indices, query start locations) and update the conv and \\
+recurrent states of the step's requests, so captured they would replay the capture's; the projections and the \\
+output projection are captured. Selected: the convolutions, the chunked prefill, the packed decode, the \\
+initial-state gather"""
+select = [
+    { scope = "model.layers.*.self_attn", op = ["capturelint_vllm.chunk_kda*", "capturelint_vllm.kda_packed_decode*", "capturelint_vllm.gather_initial_states*", "capturelint_vllm.causal_conv1d*"] },
+]
+
+[tool.capturelint.invariants.kimi-mla-attention-eager]
+require = "eager"
+modes = ["PIECEWISE"]
+why = """vLLM's Kimi MLA layer (models/kimi_k3/nvidia/mla.py) runs its latent attention in the eager break \\
+MultiHeadLatentAttention._attention: it splits the step into decode and prefill rows by the step's attention \\
+metadata, writes the latent cache at the step's slots and reads its block tables and sequence lengths, so \\
+captured it would replay the capture's. Selected: the fused epilogues (key concat / decode query concat with the \\
+cache insert), the decode attention and the W_UV up-projection"""
+select = [
+    { scope = "model.layers.*.self_attn", op = ["_C.fused_kimi_k3_mla_*", "capturelint_vllm.mla_decode_attention*"] },
+    { scope = "model.layers.*.self_attn", function = ["_v_up_proj", "forward_mqa"] },
+]
+'''
+
 def default_invariants() -> tuple[Invariant, ...]:
     """vLLM's invariants for DeepSeek V4 (the default architecture), with source ``default``."""
     return shipped_defaults(DEFAULTS_TOML, "capturelint/adapters/vllm/invariants.py")
 
 
-__all__ = ["DEFAULTS_TOML", "GENERIC_TOML", "MLA_TOML", "default_invariants"]
+__all__ = ["DEFAULTS_TOML", "GENERIC_TOML", "KIMI_TOML", "MLA_TOML", "default_invariants"]
