@@ -203,3 +203,190 @@ def test_what_the_references_do_not_implement_is_refused_in_one_line():
                                                        is_kda=True)
     with pytest.raises(CapturelintError, match="2 initial states for 1 sequences"):
         gdn_fla.chunk_gated_delta_rule(q, k, v, a, b, initial_state=torch.zeros(2, HV, V, K), cu_seqlens=cu_t)
+
+
+def test_packed_decode_is_the_sigmoid_gated_update_on_packed_rows():
+    """``fused_recurrent_gated_delta_rule_packed_decode`` (the decode path vLLM takes by
+    default, ``VLLM_ENABLE_FLA_PACKED_RECURRENT_DECODE``): one token per sequence, q, k
+    and v packed in one row; against the interpreted sigmoid-gated kernel on the same
+    rows (its own kernel reads ``exp`` from FLA's ``op``, which the interpreter cannot
+    run as vLLM binds it). A sequence on the null block gets zero rows, its state none."""
+    import importlib
+
+    q, k, v, a, b, A_log, dt_bias, state, cu_t = _recurrent_case([0, 1, 2, 3], torch.tensor([1]), seed=11)
+    indices = torch.tensor([4, 0, 2], dtype=torch.int32)
+    packed = torch.cat([q[0].reshape(3, -1), k[0].reshape(3, -1), v[0].reshape(3, -1)], dim=-1)
+    out = torch.full((3, 1, HV, V), 7.0)
+    mine_state, theirs_state = state.clone(), state.clone()
+    gdn_fla.fused_recurrent_gated_delta_rule_packed_decode(packed, a[0], b[0], A_log, dt_bias, K ** -0.5, mine_state,
+                                                           out, indices, use_qk_l2norm_in_kernel=True)
+    with _interpreted("fused_sigmoid_gating", heuristics=("fused_sigmoid_gating",
+                                                         "fused_sigmoid_gating_delta_rule_update_kernel")):
+        theirs, _ = importlib.import_module(f"{FLA}.fused_sigmoid_gating").fused_sigmoid_gating_delta_rule_update(
+            A_log, a, b, dt_bias, q, k, v, initial_state=theirs_state, cu_seqlens=cu_t, ssm_state_indices=indices,
+            use_qk_l2norm_in_kernel=True)
+    torch.testing.assert_close(out[[0, 2], 0], theirs[0, [0, 2]], rtol=1e-4, atol=1e-4)
+    assert torch.equal(out[1], torch.zeros(1, HV, V))
+    torch.testing.assert_close(mine_state, theirs_state, rtol=1e-4, atol=1e-4)
+    with pytest.raises(CapturelintError, match="do not fit states"):
+        gdn_fla.fused_recurrent_gated_delta_rule_packed_decode(packed, a[0], b[0], A_log, dt_bias, 1.0, mine_state,
+                                                               torch.zeros(3, HV, V), indices)
+
+
+def test_the_moe_reference_is_the_routed_experts_sum():
+    """``kernels.moe``: each token's top-k experts, SiLU-and-mul, weighted; written
+    per token and expert in float64 here. An expert no token picked contributes
+    nothing; a routing weight of zero neither."""
+    from capturelint.adapters.vllm.kernels import moe
+
+    gen = torch.Generator().manual_seed(12)
+    T, D, E, I = 5, 8, 4, 6
+    hidden = torch.randn(T, D, generator=gen)
+    w13, w2 = torch.randn(E, 2 * I, D, generator=gen), torch.randn(E, D, I, generator=gen)
+    ids = torch.tensor([[0, 1], [1, 2], [2, 0], [1, 0], [0, 2]])  # expert 3 unused
+    weights = torch.rand(T, 2, generator=gen)
+    weights[4, 1] = 0.0
+    out = moe.ReferenceMoEKernel().apply(hidden, w13, w2, weights, ids)
+    want = torch.zeros(T, D, dtype=torch.float64)
+    for t in range(T):
+        for j in range(2):
+            e = int(ids[t, j])
+            gate_up = w13[e].double() @ hidden[t].double()
+            want[t] += weights[t, j].double() * (w2[e].double() @ (torch.nn.functional.silu(gate_up[:I]) * gate_up[I:]))
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(CapturelintError, match="an expert map"):
+        moe.ReferenceMoEKernel().apply(hidden, w13, w2, weights, ids, expert_map=torch.arange(E))
+
+
+def test_a_gated_delta_net_hybrid_checks_clean_in_process():
+    """The family's small configuration in the default suite: vLLM's own Qwen3-Next, a
+    linear-attention layer and a full-attention layer, on vLLM's own V2 runner,
+    PIECEWISE, three steps (prefill, mixed, padded), with vLLM's hybrid KV cache plan
+    (the GDN layer's conv and recurrent states beside the attention's paged KV)."""
+    from capturelint import api
+
+    report = api.check(engine="vllm", model="Qwen3NextForCausalLM", runner="v2", mode="PIECEWISE", layers=2, steps=3,
+                       jobs=1)
+    assert report.findings == []
+    (cfg,) = report.configs
+    assert (cfg.runner, cfg.mode) == ("v2", "PIECEWISE")
+    assert cfg.numerical.token_agreement == 1.0 and cfg.numerical.max_logit_error == 0.0
+    assert cfg.numerical.max_step_error == 0.0
+    assert cfg.checked.shadowed_steps == 3 and cfg.checked.eager_twin
+    selected = report.invariant_selection()
+    assert set(selected) == {"attention-eager", "gdn-core-eager"}
+    assert selected["attention-eager"] > 0 and selected["gdn-core-eager"] > 0  # each kind of layer's break
+
+
+def test_the_hybrid_kv_cache_plan_is_vllms_with_a_state_group_beside_the_attention():
+    """The runner's KV cache configuration (vLLM's planner, ``runners.real``): one group
+    of the full-attention layer's paged KV, one of the GDN layer's Mamba states (conv
+    and recurrent, one block per request), the pages unified."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    from capturelint.adapters.vllm import gdn
+    from capturelint.adapters.vllm.install import cpu_shim
+    from capturelint.adapters.vllm.runners.real import runner_context
+    from capturelint.adapters.vllm.workload import RunSpec
+    from capturelint.options import CUDAGraphMode, Runner
+
+    with cpu_shim(), gdn.backend(), runner_context(Runner.V2):
+        loop = gdn.loop_for("Qwen3NextForCausalLM")(RunSpec(runner=Runner.V2, mode=CUDAGraphMode.PIECEWISE, layers=2,
+                                                             steps=2))
+        groups = {type(g.kv_cache_spec): g for g in loop.runner.kv_cache_config.kv_cache_groups}
+        assert set(groups) == {FullAttentionSpec, MambaSpec}
+        assert groups[FullAttentionSpec].layer_names == ["model.layers.1.self_attn.attn"]
+        assert groups[MambaSpec].layer_names == ["model.layers.0.linear_attn"]
+        pages = {spec: group.kv_cache_spec.page_size_bytes for spec, group in groups.items()}
+        assert pages[MambaSpec] == pages[FullAttentionSpec]
+        names = dict(loop.roots()["caches"])
+        conv, ssm = names["conv_state.model.layers.0.linear_attn"], names["ssm_state.model.layers.0.linear_attn"]
+        assert ssm.shape[1:] == (4, 32, 32)  # value heads, value dim, key dim
+        assert conv.shape[1:] == (2 * 2 * 32 + 4 * 32, 3) or conv.shape[1:] == (3, 2 * 2 * 32 + 4 * 32)
+
+
+def _cli(*args: str):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    return subprocess.run([sys.executable, "-m", "capturelint", *args], cwd=root, capture_output=True, text=True,
+                          timeout=900)
+
+
+@pytest.mark.slow
+def test_a_gated_delta_net_hybrid_checks_clean_on_vllms_own_runners(tmp_path):
+    """Both runners, PIECEWISE and FULL (which vLLM resolves to FULL_DECODE_ONLY for the
+    GDN backend, ``UNIFORM_BATCH``: the decode steps replay), five steps."""
+    import json
+
+    out = tmp_path / "report.json"
+    done = _cli("check", "--engine", "vllm", "--model", "Qwen3NextForCausalLM", "--steps", "5", "--jobs", "1",
+                "--format", "json", "-o", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["findings"] == []
+    numbers = {(n["runner"], n["mode"]): n for n in report["numerical"]}
+    assert set(numbers) == {(r, m) for r in ("v1", "v2") for m in ("PIECEWISE", "FULL")}
+    for n in numbers.values():  # compared, and equal
+        assert n["token_agreement"] == 1.0 and n["max_logit_error"] == 0.0 and n["replay_steps"] >= 2, n
+    assert {i["id"]: i["selected_ops"] > 0 for i in report["invariants"]} == {"attention-eager": True,
+                                                                              "gdn-core-eager": True}
+
+
+DRIVER = """
+import json, sys
+from capturelint.cli import main
+status = main(["check", "--engine", "vllm", "--model", "Qwen3NextForCausalLM", "--steps", "5", "--jobs", "1",
+               "--format", "json", "-o", sys.argv[1]])
+from capturelint.adapters.vllm import gdn
+from capturelint.adapters.vllm.install import cpu_shim
+from capturelint.adapters.vllm.model import compare
+from capturelint.adapters.vllm.runners.real import runner_context
+from capturelint.adapters.vllm.workload import RunSpec
+from capturelint.options import CUDAGraphMode, Runner
+out = {}
+with cpu_shim(), gdn.backend():
+    loop = gdn.loop_for("Qwen3NextForCausalLM")
+    for runner in Runner:
+        for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
+            spec = RunSpec(runner=runner, mode=mode, layers=2, steps=5)
+            with runner_context(runner):
+                graphs = loop(spec).generate()
+            with runner_context(runner):
+                eager = loop(spec, graphs=False).generate()
+            out[f"{runner}/{mode.value}"] = compare(graphs, eager)
+json.dump({"status": status, "untraced": out}, sys.stdout)
+"""
+
+
+@pytest.mark.slow
+def test_a_gate_zeroed_in_dummy_runs_is_flagged_where_the_untraced_run_differs(tmp_path):
+    """The planted hazard (``data/gdn_dummy_run_drops_gate.patch``, in a scratch copy of
+    vLLM): the GDN layer's output gate, captured code, zeroed without attention metadata.
+    V1 captures PIECEWISE graphs in a dummy run without metadata, so the zeroing is
+    baked; V2 builds metadata for its captures, and FULL captures have it under both."""
+    import json
+    from pathlib import Path
+
+    from scratch_vllm import planted, run_driver  # tests/vllm/scratch_vllm.py
+
+    target = "model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py"
+    patch = (Path(__file__).resolve().parent / "data" / "gdn_dummy_run_drops_gate.patch").read_text()
+    copy, lines = planted(tmp_path, target, patch)
+    branch = lines.index("        if get_forward_context().attn_metadata is None:") + 1
+
+    report_path = tmp_path / "report.json"
+    done = run_driver(copy, tmp_path, DRIVER, str(report_path), timeout=1500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["status"] == 1, done.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    flagged = {f"{f['runner']}/{f['mode']}" for f in report["findings"]}
+    diverged = {config for config, (agreement, error) in result["untraced"].items() if error > 1e-3}
+    assert flagged == diverged == {"v1/PIECEWISE"}, (report["findings"], result["untraced"])
+    frames = [f["capture_frame"] for f in report["findings"] if f.get("capture_frame")]
+    assert frames, report["findings"]
+    assert all(f["file"].endswith("vllm/" + target) and f["function"] == "forward_cuda" for f in frames), frames
+    assert any(f["line"] >= branch for f in frames), (frames, branch)

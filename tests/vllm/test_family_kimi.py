@@ -269,3 +269,30 @@ def test_a_gate_zeroed_in_dummy_runs_is_flagged_where_the_untraced_run_differs(t
     frames = [f["capture_frame"] for f in report["findings"] if f["capture_frame"]]
     assert any(fr["file"].endswith("vllm/" + target) and fr["function"] == "forward" and fr["line"] >= branch
                for fr in frames), frames
+
+
+MUTATION_DRIVER = """
+import sys
+from capturelint.cli import main
+sys.exit(main(["check", "--engine", "vllm", "--model", "KimiLinearForCausalLM", "--runner", "v2", "--mode",
+               "PIECEWISE", "--steps", "4", "--jobs", "1", "--format", "json", "-o", sys.argv[1]]))
+"""
+
+
+@pytest.mark.slow
+def test_the_kda_break_removed_is_flagged_by_its_default_invariant(tmp_path):
+    """Negative for ``kda-eager``: with the KDA layer's break removed
+    (``data/kda_break_removed.patch``) its kernels are captured, and the invariant says
+    so (CL201) at vLLM's calls in the layer's file; the MLA invariant stays quiet."""
+    require_vllm()
+    from scratch_vllm import planted, run_driver  # tests/vllm/scratch_vllm.py
+
+    target = "model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py"
+    copy, _ = planted(tmp_path, target, (HERE / "data" / "kda_break_removed.patch").read_text())
+    report_path = tmp_path / "report.json"
+    done = run_driver(copy, tmp_path, MUTATION_DRIVER, str(report_path), timeout=1800)
+    assert done.returncode == 1, done.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    cl201 = [f for f in report["findings"] if f["code"] == "CL201"]
+    assert cl201 and {f["invariant"] for f in cl201} == {"kda-eager"}, report["findings"]
+    assert all(f["location"]["file"].endswith("vllm/" + target) for f in cl201), [f["location"] for f in cl201]

@@ -73,7 +73,7 @@ def test_model_all_labels_each_architectures_configurations():
     assert [f"{r}/{m}" for r, m in plan.all_configurations] == [f"{a}:v2/PIECEWISE" for a in archs.SUPPORTED]
     assert {i.id for i in plan.invariants} == {"dsv4-v1-attention-prep-eager", "dsv4-sparse-attention-eager",
                                                "attention-eager", "mla-attention-eager", "kda-eager",
-                                               "kimi-mla-attention-eager"}
+                                               "kimi-mla-attention-eager", "gdn-core-eager"}
     default = registry.make_plan(Settings(), registry.engine_options(engine="vllm"))
     assert default.knobs.model == "DeepseekV4ForCausalLM" and default.configured is None
 

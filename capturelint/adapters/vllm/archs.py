@@ -58,6 +58,13 @@ _KIMI_MTP = ("Kimi K3's MTP draft (models/kimi_k3/nvidia/mtp.py): a speculative-
              "target is not covered (KimiK3ForConditionalGeneration), and vLLM's own runners are not driven with "
              "drafts for this family")
 
+_DOTS3 = ("its full-attention layers are DeepSeek V3.2 sparse MLA with the indexer (Dots3NoteFullAttention, "
+          "Dots3NotePaddedSparseBackend over FlashAttention's sparse MLA: the sparse MLA family's kernels); its "
+          "sliding-window layers are dense MLA on Dots3NoteTritonMLABackend (models/dots3_note/nvidia/attention.py), "
+          "whose decode gathers the window with its own Triton kernels (_gather_swa_kv_kernel, "
+          "_apply_swa_score_mask_kernel) and whose prefill is flash-attn varlen (vllm_flash_attn): no CPU references "
+          "for those yet (the MLA family's decode_attention_fwd and concat_and_cache_mla references cover the rest)")
+
 CHECKED = (
     Arch(DEFAULT, "deepseek-v4", "vllm/models/deepseek_v4", full_on_vllm_runners=False),
     Arch("Qwen3ForCausalLM", "generic attention", "vllm/model_executor/models/qwen3.py"),
@@ -65,10 +72,14 @@ CHECKED = (
     Arch("DeepseekV2ForCausalLM", "MLA", "vllm/model_executor/models/deepseek_v2.py"),
     Arch("DeepseekV3ForCausalLM", "MLA", "vllm/model_executor/models/deepseek_v2.py"),
     Arch("KimiLinearForCausalLM", "Kimi linear + MLA", "vllm/models/kimi_k3"),
+    Arch("Qwen3NextForCausalLM", "gated delta-net hybrid", "vllm/model_executor/models/qwen3_next.py"),
 )
 
 NOT_YET = (
-    Arch("AliceAIForCausalLM", "gated delta-net hybrid", "vllm/model_executor/models/alice_ai.py", _GDN),
+    Arch("AliceAIForCausalLM", "Kimi delta attention hybrid", "vllm/model_executor/models/alice_ai.py",
+         "its linear-attention layers are KimiGatedDeltaNetAttention (layers/mamba/gdn/kimi_gdn_linear_attn.py, the "
+         "layer the Kimi linear + MLA family checks), beside Qwen3-Next's gated full attention and MoE "
+         "(Qwen3NextAttention, which the gated delta-net family checks): no family assembles the two yet"),
     Arch("BeamForCausalLM", "model folder", "vllm/models/beam",
          "its own attention classes (BeamAttention, DFlash2BeamAttention in models/beam/nvidia) over CUDA-only "
          "kernels: no CPU references yet"),
@@ -82,10 +93,9 @@ NOT_YET = (
     Arch("DeepseekV41ForCausalLM", "deepseek-v4.1", "vllm/models/deepseek_v41",
          "its own attention classes (models/deepseek_v41: MegaAttn, FlashInfer MLA, decoder replay layers) with 11 "
          "eager breaks: not covered yet"),
-    Arch("Dots3NoteForCausalLM", "MLA", "vllm/models/dots3_note",
-         "padded MLA and sliding-window attention (models/dots3_note): the MLA family is not covered yet"),
-    Arch("Dots3NoteMTPModel", "MLA", "vllm/models/dots3_note",
-         "the MTP draft of Dots3NoteForCausalLM: the MLA family is not covered yet"),
+    Arch("Dots3NoteForCausalLM", "sparse MLA + sliding-window MLA", "vllm/models/dots3_note", _DOTS3),
+    Arch("Dots3NoteMTPModel", "sparse MLA + sliding-window MLA", "vllm/models/dots3_note",
+         "the MTP draft of Dots3NoteForCausalLM: " + _DOTS3),
     Arch("Glm5NextForCausalLM", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
     Arch("Glm5NextForConditionalGeneration", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
     Arch("Glm5NextMTPModel", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),

@@ -118,7 +118,7 @@ def vllm_config(arch: GenericArch, layers: int, runner: Runner) -> Any:
     return vc
 
 
-class _Recording:
+class Recording:
     """Keeps each step's logits (``compute_logits``) for the numerical oracle; mixed into
     vLLM's model class, so its modules and scopes stay as they are."""
 
@@ -138,7 +138,7 @@ def build_model(arch: GenericArch, runner: Runner, layers: int, seed: int) -> tu
     with runner_env(runner), set_current_vllm_config(vc), default_dtype(torch.bfloat16):
         ensure_distributed(vc)
         model = cls(vllm_config=vc, prefix="")
-    model.__class__ = type(f"{arch.name}ForCapturelint", (_Recording, cls), {})
+    model.__class__ = type(f"{arch.name}ForCapturelint", (Recording, cls), {})
     use_cpu_gemm(model)
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
@@ -215,5 +215,5 @@ def region_of(model: Any) -> str:
     return "per-runner"
 
 
-__all__ = ["ARCHS", "BLOCK_SIZE", "DEFAULT_LAYERS", "GenericArch", "GenericRunnerLoop", "MODEL_FIELDS", "TINY",
-           "backend", "build_model", "compare", "hf_config", "loop_for", "region_of", "vllm_config"]
+__all__ = ["ARCHS", "BLOCK_SIZE", "DEFAULT_LAYERS", "GenericArch", "GenericRunnerLoop", "MODEL_FIELDS", "Recording",
+           "TINY", "backend", "build_model", "compare", "hf_config", "loop_for", "region_of", "vllm_config"]

@@ -76,6 +76,26 @@ select = [
 '''
 
 
+# The gated delta-net hybrid: its full-attention layers are vLLM's Attention (the
+# generic family's attention-eager, the same scopes), its linear-attention
+# layers keep the convolution and the delta rule in the break qwen_gdn_attention_core.
+GDN_TOML = GENERIC_TOML + '''
+[tool.capturelint.invariants.gdn-core-eager]
+require = "eager"
+runners = ["v2"]
+modes = ["PIECEWISE"]
+why = """vLLM's gated delta-net layer runs its convolution and delta rule in the eager break \\
+qwen_gdn_attention_core (model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:2243): they read each \\
+step's GDN metadata (prefill/decode split, state indices, query start locations) and update the conv and \\
+recurrent states of the step's requests, so captured they would replay the capture's; the input and output \\
+projections and the gated norm are captured. Model Runner V2 only: V1 captures its PIECEWISE graphs in a \\
+dummy run without GDN metadata, where the break returns before any of them, so there is nothing to select"""
+select = [
+    { scope = "model.layers.*.linear_attn", op = ["capturelint_vllm.gdn_*", "capturelint_vllm.causal_conv1d*"] },
+]
+'''
+
+
 MLA_TOML = '''
 [tool.capturelint.invariants.mla-attention-eager]
 require = "eager"
@@ -129,4 +149,4 @@ def default_invariants() -> tuple[Invariant, ...]:
     return shipped_defaults(DEFAULTS_TOML, "capturelint/adapters/vllm/invariants.py")
 
 
-__all__ = ["DEFAULTS_TOML", "GENERIC_TOML", "KIMI_TOML", "MLA_TOML", "default_invariants"]
+__all__ = ["DEFAULTS_TOML", "GDN_TOML", "GENERIC_TOML", "KIMI_TOML", "MLA_TOML", "default_invariants"]

@@ -33,6 +33,10 @@ signature vLLM calls:
     stride(0) + j]`` when that is ``> 0``. Output ``[B, T, HV, V]`` in q's dtype.
 ``fused_recurrent_gated_delta_rule`` (``fused_recurrent.py``)
     The same with ``g``/``beta`` given.
+``fused_recurrent_gated_delta_rule_packed_decode`` (``fused_recurrent.py``)
+    One token per sequence, q, k and v packed in one row (``[q | k | v]``), the gating
+    of the sigmoid-gated update, states in place; a skipped sequence's rows are zero
+    (this kernel stores zeros there).
 ``chunk_gated_delta_rule`` (``chunk.py``)
     The same rule computed chunk-wise (a WY representation of 64-token chunks: the
     same recurrence, different rounding); ``initial_state [N, HV, V, K]`` per sequence,
@@ -293,6 +297,34 @@ def fused_recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.
                       num_accepted_tokens, use_qk_l2norm_in_kernel, "fused_recurrent_gated_delta_rule")
 
 
+def fused_recurrent_gated_delta_rule_packed_decode(mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                                                   A_log: torch.Tensor, dt_bias: torch.Tensor, scale: float,
+                                                   initial_state: torch.Tensor, out: torch.Tensor,
+                                                   ssm_state_indices: torch.Tensor,
+                                                   use_qk_l2norm_in_kernel: bool = False) -> tuple[torch.Tensor, ...]:
+    """``fused_recurrent.fused_recurrent_gated_delta_rule_packed_decode``: one token per
+    sequence, q, k, v packed in ``mixed_qkv [B, 2*H*K + HV*V]``, the sigmoid gating,
+    states in place at ``ssm_state_indices [B]``; ``out [B, 1, HV, V]`` (a row whose
+    index is ``<= 0`` is zero, as the kernel stores it)."""
+    batch = mixed_qkv.shape[0]
+    value_heads, value_dim, key_dim = initial_state.shape[-3:]
+    heads = (mixed_qkv.shape[1] - value_heads * value_dim) // (2 * key_dim)
+    if ssm_state_indices.dim() != 1 or tuple(out.shape) != (batch, 1, value_heads, value_dim) \
+            or 2 * heads * key_dim + value_heads * value_dim != mixed_qkv.shape[1]:
+        raise CapturelintError(f"fused_recurrent_gated_delta_rule_packed_decode: mixed_qkv {tuple(mixed_qkv.shape)}, "
+                               f"out {tuple(out.shape)} and indices {tuple(ssm_state_indices.shape)} do not fit states "
+                               f"{tuple(initial_state.shape)}")
+    hk = heads * key_dim
+    q = mixed_qkv[:, :hk].reshape(1, batch, heads, key_dim)
+    k = mixed_qkv[:, hk:2 * hk].reshape(1, batch, heads, key_dim)
+    v = mixed_qkv[:, 2 * hk:].reshape(1, batch, value_heads, value_dim)
+    gate, strength = gating(A_log, a, dt_bias, b)
+    bounds = torch.arange(batch + 1, device=mixed_qkv.device, dtype=torch.int64)
+    own_op(RECURRENT, IMPLS)(q, k, v, gate[None], strength[None], out.view(1, batch, value_heads, value_dim),
+                             initial_state, bounds, ssm_state_indices, float(scale), bool(use_qk_l2norm_in_kernel))
+    return out, initial_state
+
+
 def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                            scale: float | None = None, initial_state: torch.Tensor | None = None,
                            output_final_state: bool = False, cu_seqlens: torch.Tensor | None = None,
@@ -342,5 +374,6 @@ IMPLS: Impls = {
 
 
 __all__ = ["CHUNK", "IMPLS", "POST_CONV_PREP", "RECURRENT", "chunk_gated_delta_rule", "fused_post_conv_prep",
-           "fused_recurrent_gated_delta_rule", "fused_sigmoid_gating_delta_rule_update", "gating", "l2norm",
-           "l2norm_fwd", "reference_chunk", "reference_post_conv_prep", "reference_recurrent"]
+           "fused_recurrent_gated_delta_rule", "fused_recurrent_gated_delta_rule_packed_decode",
+           "fused_sigmoid_gating_delta_rule_update", "gating", "l2norm", "l2norm_fwd", "reference_chunk",
+           "reference_post_conv_prep", "reference_recurrent"]
