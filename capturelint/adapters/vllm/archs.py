@@ -31,6 +31,8 @@ import json
 import sys
 from typing import Any
 
+from capturelint.findings import problem_entries
+
 DEFAULT = "DeepseekV4ForCausalLM"
 ALL = "all"
 
@@ -52,6 +54,10 @@ class Arch:
 
 _SPARSE_MLA = ("sparse MLA family (MLA attention with its eager break, mla_attention.py:1484, and the sparse-attention "
                "indexer, sparse_attn_indexer.py:437): no CPU references for its FlashMLA / DeepGEMM kernels yet")
+_DSA = ("vLLM's own model runs on both runners (adapters/vllm/sparse_mla.py, kernels/sparse_mla_fused.py: V2 PIECEWISE "
+        "graph run = eager), but V1 PIECEWISE captures without attention metadata (gpu_model_runner.py:5637), so "
+        "fused_norm_rope's MLA/indexer cache writes are not in its graphs (CL101, token agreement 0.33: vLLM's hazard, "
+        "as DeepSeek V4's #51430), and FULL graphs replayed no step of the default workload yet")
 _GDN = ("gated delta-net hybrid (layers/mamba/gdn/*_gdn_linear_attn.py breaks; FLA Triton kernels in captured code "
         "need torch references): not covered yet")
 _KIMI = ("Kimi K3 (models/kimi_k3/nvidia): its delta attention is the full-rank-gate KimiK3DeltaAttention (kda.py, "
@@ -87,7 +93,7 @@ NOT_YET = (
     Arch("BeamForCausalLM", "model folder", "vllm/models/beam",
          "its own attention classes (BeamAttention, DFlash2BeamAttention in models/beam/nvidia) over CUDA-only "
          "kernels: no CPU references yet"),
-    Arch("DeepseekV32ForCausalLM", "sparse MLA", "vllm/models/deepseek_v32", _SPARSE_MLA),
+    Arch("DeepseekV32ForCausalLM", "sparse MLA", "vllm/models/deepseek_v32", _DSA),
     Arch("DeepseekV32MTPModel", "sparse MLA", "vllm/models/deepseek_v32", _SPARSE_MLA),
     Arch("DeepseekV4ForConditionalGeneration", "deepseek-v4", "vllm/models/deepseek_v4",
          "the multimodal wrapper of DeepseekV4ForCausalLM: its attention is checked as DeepseekV4ForCausalLM; the "
@@ -103,7 +109,7 @@ NOT_YET = (
     Arch("Glm5NextForCausalLM", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
     Arch("Glm5NextForConditionalGeneration", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
     Arch("Glm5NextMTPModel", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
-    Arch("GlmMoeDsaForCausalLM", "sparse MLA", "vllm/models/deepseek_v32", _SPARSE_MLA),
+    Arch("GlmMoeDsaForCausalLM", "sparse MLA", "vllm/models/deepseek_v32", _DSA),
     Arch("HYV4ForCausalLM", "sparse MLA", "vllm/models/hy_v4", _SPARSE_MLA),
     Arch("HYV4MTPModel", "sparse MLA", "vllm/models/hy_v4", _SPARSE_MLA),
     Arch("InklingForCausalLM", "short convolution hybrid", "vllm/models/inkling",
@@ -183,7 +189,8 @@ def labelled(report: dict[str, Any]) -> dict[str, Any]:
     def label(entry: dict[str, Any]) -> dict[str, Any]:
         return {**entry, "runner": entry["runner"] if ":" in entry["runner"] else f"{model}:{entry['runner']}"}
 
-    return {**report, **{key: [label(entry) for entry in report.get(key, [])]
+    expanded = {**report, "findings": [f for p in report.get("findings", []) for f in problem_entries(p)]}
+    return {**report, **{key: [label(entry) for entry in expanded.get(key, [])]
                          for key in ("configurations", "findings", "numerical")}}
 
 
@@ -199,7 +206,7 @@ def table(reports: dict[str, Any] | list[dict[str, Any]]) -> list[tuple[str, str
     for report in [reports] if isinstance(reports, dict) else reports:
         report = labelled(report)
         configurations.extend(report.get("configurations", []))
-        for f in report.get("findings", []):
+        for f in (f for p in report.get("findings", []) for f in problem_entries(p)):  # one entry a problem
             findings.setdefault((f["runner"], f["mode"]), []).append(f)
     for cfg in configurations:
         arch, runner = split_label(cfg["runner"])

@@ -171,9 +171,28 @@ select = [
 ]
 '''
 
+
+SPARSE_MLA_TOML = '''
+[tool.capturelint.invariants.sparse-mla-indexer-attention-eager]
+require = "eager"
+modes = ["PIECEWISE"]
+why = """DeepSeek V3.2's attention (models/deepseek_v32/attention.py) runs the indexer's top-k and the sparse MLA \\
+in the eager break _sparse_indexer_and_attn: sparse_attn_indexer (model_executor/layers/sparse_attn_indexer.py:437, \\
+itself an eager break) reads each step's indexer metadata (decode/prefill split, sequence lengths, block tables) and \\
+picks its prefill chunks and decode path on the host, and FlashMLA sparse's forward_mqa converts the step's top-k \\
+indices to cache slots through its block table; captured, they would replay the capture's. Only the projections, \\
+norms, RoPE and the cache writes (fused_norm_rope, fused_q) are captured"""
+select = [
+    { scope = "model.layers.*.self_attn", function = ["_sparse_indexer_and_attn", "sparse_attn_indexer", "forward_mqa",
+                                                       "_forward_bf16_kv", "_bf16_flash_mla_kernel", "flash_mla_*"] },
+]
+'''
+
+
 def default_invariants() -> tuple[Invariant, ...]:
     """vLLM's invariants for DeepSeek V4 (the default architecture), with source ``default``."""
     return shipped_defaults(DEFAULTS_TOML, "capturelint/adapters/vllm/invariants.py")
 
 
-__all__ = ["DEFAULTS_TOML", "GDN_TOML", "GENERIC_TOML", "KIMI_TOML", "MAMBA2_TOML", "MLA_TOML", "default_invariants"]
+__all__ = ["DEFAULTS_TOML", "GDN_TOML", "GENERIC_TOML", "KIMI_TOML", "MAMBA2_TOML", "MLA_TOML", "SPARSE_MLA_TOML",
+           "default_invariants"]
