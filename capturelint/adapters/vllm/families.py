@@ -53,6 +53,7 @@ FAMILIES = {f.name: f for f in (
     Family("MLA", "capturelint.adapters.vllm.mla", 1, invariants.MLA_TOML),
     Family("Kimi linear + MLA", "capturelint.adapters.vllm.kimi", 2, invariants.KIMI_TOML),
     Family("gated delta-net hybrid", "capturelint.adapters.vllm.gdn", 2, invariants.GDN_TOML),
+    Family("Mamba2 hybrid", "capturelint.adapters.vllm.mamba2", 2, invariants.MAMBA2_TOML),
 )}
 
 

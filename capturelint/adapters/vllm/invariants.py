@@ -76,6 +76,33 @@ select = [
 '''
 
 
+MAMBA2_TOML = '''
+[tool.capturelint.invariants.mamba2-mixer-eager]
+require = "eager"
+modes = ["PIECEWISE"]
+why = """vLLM's MambaMixer2 runs its convolution and state-space scan in the eager break mamba_mixer2 \\
+(model_executor/layers/mamba/mamba_mixer2.py:1229): they read each step's Mamba2 metadata (prefill and decode \\
+split, query start locations, state indices, initial-state flags) and write the request's conv and SSM state \\
+lines, so captured they would replay the capture's split and lines; the projections and the gated norm around \\
+it are captured. Selected: the break's op and its kernels"""
+select = [
+    { scope = "model.layers.*.mixer", op = ["vllm.mamba_mixer2*", "capturelint_vllm.causal_conv1d*",
+                                            "capturelint_vllm.selective_state_update*",
+                                            "capturelint_vllm.mamba_chunk_scan*"] },
+]
+
+[tool.capturelint.invariants.hybrid-attention-eager]
+require = "eager"
+modes = ["PIECEWISE"]
+why = """the hybrid's attention layers are vLLM's Attention, whose attention kernel runs in the eager break \\
+unified_attention_with_output (model_executor/layers/attention/attention.py:770), as in the generic family's \\
+attention-eager; only the KV-cache write is captured"""
+select = [
+    { scope = "model.layers.*.mixer.attn", op = ["capturelint_vllm.unified_attention*", "vllm.unified_attention_with_output*"] },
+]
+'''
+
+
 # The gated delta-net hybrid: its full-attention layers are vLLM's Attention (the
 # generic family's attention-eager, the same scopes), its linear-attention
 # layers keep the convolution and the delta rule in the break qwen_gdn_attention_core.
@@ -167,4 +194,5 @@ def default_invariants() -> tuple[Invariant, ...]:
     return shipped_defaults(DEFAULTS_TOML, "capturelint/adapters/vllm/invariants.py")
 
 
-__all__ = ["DEFAULTS_TOML", "GDN_TOML", "GENERIC_TOML", "KIMI_TOML", "MLA_TOML", "SPARSE_MLA_TOML", "default_invariants"]
+__all__ = ["DEFAULTS_TOML", "GDN_TOML", "GENERIC_TOML", "KIMI_TOML", "MAMBA2_TOML", "MLA_TOML", "SPARSE_MLA_TOML",
+           "default_invariants"]
