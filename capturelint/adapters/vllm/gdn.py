@@ -23,8 +23,10 @@ references of ours (``backend``): the FLA kernels (``kernels.gdn_fla``), the cau
 convolution (``kernels.causal_conv1d``), the routed experts (``kernels.moe``); they run
 captured in FULL graphs, where interpreted Triton cannot. V2's state bookkeeping kernels
 (``v1/worker/gpu/model_states/mamba_hybrid.py``) run between graphs, as they are, in
-Triton's interpreter (``INTERPRETED``). ``forward_cuda`` enters its break as vLLM does,
-through the custom op ``torch.ops.vllm.qwen_gdn_attention_core``.
+Triton's interpreter (``INTERPRETED``). ``forward_cuda`` enters its break through the
+custom op ``torch.ops.vllm.qwen_gdn_attention_core``; the check calls the same decorated
+function directly, as the generic family calls ``unified_attention_with_output`` (why:
+``generic``).
 
 **The runners**: ``GdnRunnerLoop``, vLLM's own V1 or V2 ``GPUModelRunner``
 (``runners.real``) over this model, with vLLM's hybrid KV cache plan
@@ -164,6 +166,11 @@ def backend() -> Iterator[None]:
                                 ("fla_chunk_gated_delta_rule", gdn_fla.chunk_gated_delta_rule),
                                 ("l2norm_fwd", gdn_fla.l2norm_fwd)):
             patches.set(gdn_layer, name, reference)
+        # forward_cuda calls the break through the custom op torch.ops.vllm.qwen_gdn_attention_core
+        # (qwen_gdn_linear_attn.py:1198): called here directly, the same decorated function the
+        # op dispatches to, as the generic family calls unified_attention_with_output (why: there)
+        torch.ops.vllm.qwen_gdn_attention_core  # noqa: B018 - resolve the op once, so undo restores it
+        patches.set(torch.ops.vllm, "qwen_gdn_attention_core", gdn_layer.qwen_gdn_attention_core)
         with generic.backend(), interpret_modules(INTERPRETED):
             yield
     finally:
