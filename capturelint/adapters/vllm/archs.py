@@ -198,16 +198,19 @@ def table(reports: dict[str, Any] | list[dict[str, Any]]) -> list[tuple[str, str
     """The rows of ``--model all`` JSON reports, or of ``--model ARCH`` reports one per
     architecture: (architecture, family, runner, mode, verdict), one per checked
     configuration (``safe``: no finding, and the replays and the eager twin compared
-    equal; ``corrupting``: its first finding), then one per name of vLLM's list not
-    checked (``not supported yet``: the reason)."""
+    equal; ``corrupting``: its first finding, the outputs differing from eager;
+    ``hazard``: its first finding where the outputs still agreed in this workload), then
+    one per name of vLLM's list not checked (``not supported yet``: the reason)."""
     rows = []
     findings: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    numbers: dict[tuple[str, str], dict[str, Any]] = {}
     configurations: list[dict[str, Any]] = []
     for report in [reports] if isinstance(reports, dict) else reports:
         report = labelled(report)
         configurations.extend(report.get("configurations", []))
         for f in (f for p in report.get("findings", []) for f in problem_entries(p)):  # one entry a problem
             findings.setdefault((f["runner"], f["mode"]), []).append(f)
+        numbers.update({(n["runner"], n["mode"]): n for n in report.get("numerical", [])})
     for cfg in configurations:
         arch, runner = split_label(cfg["runner"])
         found = findings.get((cfg["runner"], cfg["mode"]), [])
@@ -215,7 +218,12 @@ def table(reports: dict[str, Any] | list[dict[str, Any]]) -> list[tuple[str, str
             first = found[0]
             where = first.get("location") or first.get("capture_frame") or first.get("step_frame") or {}
             at = f" at {where.get('file', '?')}:{where.get('line', '?')}" if where else ""
-            verdict = f"corrupting: {first['code']}{at} ({len(found)} finding{'s' if len(found) > 1 else ''})"
+            n = numbers.get((cfg["runner"], cfg["mode"]))
+            # a finding whose replays and eager twin still agreed in this workload is a
+            # hazard the workload did not trip, not a corruption shown
+            agreed = n is not None and n.get("token_agreement") == 1.0 and n.get("max_logit_error") == 0.0
+            kind = "hazard (outputs agreed with eager in this workload)" if agreed else "corrupting"
+            verdict = f"{kind}: {first['code']}{at} ({len(found)} finding{'s' if len(found) > 1 else ''})"
         else:
             verdict = "safe"
         rows.append((arch, ARCHS[arch].family if arch in ARCHS else "?", runner, cfg["mode"], verdict))
