@@ -47,7 +47,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from capturelint.finding_keys import occurrence_key
 from capturelint.findings import DIVERGENCE_TOLERANCE, Condition, Finding, Site
-from capturelint.runtime.protocol import BreakOutputs, HeldInputEvent, HostSyncEvent, SegmentKind, StaleInputEvent
+from capturelint.runtime.protocol import BreakOutputs, Frame, HeldInputEvent, HostSyncEvent, SegmentKind, StaleInputEvent
 from capturelint.records import GraphMemoryRead, OpRecord, ReadKind, Segment, Stream, TensorUse
 
 
@@ -403,6 +403,21 @@ class FindingSet:
 
 
 @dataclasses.dataclass(frozen=True)
+class EnteredAt:
+    """Where a run's divergence from its eager twin enters, where an adapter found it
+    (``capturelint.adapters.vllm.break_probe``): the eager break (``name``, ``frame``:
+    where it is defined) that, handed what the twin's call was handed, computed
+    something else, in workload ``step``, with ``real`` real rows of the ``rows`` its
+    tensors had (more rows: a padded batch)."""
+
+    name: str
+    frame: Frame
+    step: int
+    real: int
+    rows: int
+
+
+@dataclasses.dataclass(frozen=True)
 class RunOutcome:
     """What a whole traced run of one configuration ended with, for the rules that
     judge a run rather than a step: the host sync that stopped its capture, if any,
@@ -416,6 +431,7 @@ class RunOutcome:
     max_step_error: float
     token_agreement: float | None = None
     twin_error: float | None = None
+    entered: EnteredAt | None = None  # where the divergence from the twin enters, if an adapter found it
 
 
 class Analyzer:
@@ -556,6 +572,7 @@ __all__ = [
     "BareView",
     "Condition",
     "Divergence",
+    "EnteredAt",
     "FindingSet",
     "HazardView",
     "LocationProblem",

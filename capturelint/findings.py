@@ -21,10 +21,11 @@ by it). This module re-exports ``cause_key``, ``group_id`` and ``fingerprint``.
 **Groups.** One cause usually shows in many findings: the same captured branch in every
 layer, under every mode that captures it. ``group_findings`` (a pure function, the one
 grouping every format uses) gathers the findings that share their rule, their source
-line and their cause into a ``FindingGroup``, whose ``id`` (``group_id``) every member
-carries in the JSON and SARIF reports; the terminal report, the GitHub annotations and
-``Report.assert_clean`` print one entry per group (``FindingGroup.line``, ``why``,
-``fix``).
+line and their cause into a ``FindingGroup``, whose ``id`` (``group_id``) names it in
+the JSON and SARIF reports. Every format has one entry per group: the terminal report,
+the GitHub annotations and ``Report.assert_clean`` (``FindingGroup.line``, ``why``,
+``fix``), the JSON report (``FindingGroup.to_json``: the first finding, a ``count`` and
+the other members) and the SARIF log (one result with ``properties.count``).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class LineRole(enum.Enum):
     BRANCH = "branch"  # the condition whose choice differed between capture and step
     VIEW = "view"  # the line that took a view of graph memory a later replay rewrote
     COMMENT = "comment"  # an inline suppression comment (CL902, CL903)
+    BREAK = "break"  # the eager break where a divergence from the eager twin enters (CL901)
 
     def __str__(self) -> str:
         return self.value
@@ -382,18 +384,46 @@ class FindingGroup:
     def graphs(self) -> str:
         """``mixed/32 in v1/PIECEWISE, v1/FULL_AND_PIECEWISE``: the graphs of the
         members, per set of configurations (runner/mode) they were found in."""
-        by_config: dict[str, list[str]] = {}
+        return graphs_text({label: m["graphs"] for label, m in self.members().items()})
+
+    def members(self) -> dict[str, dict[str, Any]]:
+        """Per configuration (``runner/mode``, in the members' order) how many members
+        it holds and their distinct graphs and scopes: all a report needs to say where
+        the cause was seen (``same_cause``), and what ``capturelint merge`` adds up when
+        one problem's findings come from several shards (each configuration is one
+        shard's). A suppression comment's finding is of no configuration: left out."""
+        out: dict[str, dict[str, Any]] = {}
         for f in self.findings:
-            if not f.runner and not f.mode:  # a suppression comment's finding: of no configuration
+            if not f.runner and not f.mode:
                 continue
-            graphs = by_config.setdefault(f"{f.runner}/{f.mode}", [])
-            if f.graph and f.graph not in graphs:
-                graphs.append(f.graph)
-        by_graphs: dict[str, list[str]] = {}
-        for label, graphs in by_config.items():
-            by_graphs.setdefault(compact_graphs(graphs), []).append(label)
-        return "; ".join(f"{graphs} in {', '.join(labels)}" if graphs else ", ".join(labels)
-                         for graphs, labels in by_graphs.items())
+            m = out.setdefault(f"{f.runner}/{f.mode}", {"findings": 0, "graphs": [], "scopes": []})
+            m["findings"] += 1
+            if f.graph and f.graph not in m["graphs"]:
+                m["graphs"].append(f.graph)
+            if f.scope not in m["scopes"]:
+                m["scopes"].append(f.scope)
+        return out
+
+    def same_cause(self) -> str:
+        """``Same cause in 8 findings: model.layers.{0..3}.attn; mixed/32 in v1/PIECEWISE``
+        (empty for a group of one): what the GitHub annotation and the SARIF result of a
+        group add to their first finding's message."""
+        if len(self.findings) == 1:
+            return ""
+        return same_cause_text(len(self.findings), [f.scope for f in self.findings], self.graphs())
+
+    def to_json(self) -> dict[str, Any]:
+        """The problem as the JSON report lists it: its first finding's fields, its
+        ``count`` of findings and, for a group of several, ``members``: each other
+        finding as the fields in which it differs from the first, so that a tool that
+        wants every finding (``capturelint merge``) has each, and a reader has one
+        entry per problem (``problem_findings`` reads it back)."""
+        first = self.first.to_json()
+        doc: dict[str, Any] = {**first, "count": len(self.findings)}
+        if len(self.findings) > 1:
+            doc["members"] = [{k: v for k, v in f.to_json().items() if k not in first or v != first[k]}
+                              for f in self.findings[1:]]
+        return doc
 
     def line(self) -> str:
         """The group as ruff and flake8 print a finding: ``path:line: CODE what
@@ -406,6 +436,41 @@ class FindingGroup:
         what = self.parts.what.rstrip(".")
         about = f"{f'{n} findings: ' if n > 1 else ''}{seen}"
         return f"{self.where}: {self.code} {what}" + (f" [{about}]" if about else "")
+
+
+def problem_findings(doc: dict[str, Any]) -> list[Finding]:
+    """The findings of one problem of a JSON report (``FindingGroup.to_json``): the
+    first, then each member with the first's fields where it names none; a ``count``
+    that disagrees with them is a ``ValueError`` (an entry of one finding, as
+    ``problem_entries`` gives them, has none)."""
+    entries = problem_entries(doc)
+    if doc.get("count", 1) != len(entries):
+        raise ValueError(f"problem {doc.get('group')} says count {doc.get('count')!r} and lists {len(entries)} findings")
+    return [Finding.from_json(e) for e in entries]
+
+
+def problem_entries(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The JSON of each finding of one problem of a JSON report: the first (the entry
+    without ``count`` and ``members``), then each member with the first's fields where it
+    names none. An entry of a report of version 1 (one entry a finding) is its own."""
+    base = {k: v for k, v in doc.items() if k not in ("count", "members")}
+    return [base] + [{**base, **m} for m in doc.get("members", ())]
+
+
+def graphs_text(by_config: dict[str, list[str]]) -> str:
+    """``mixed/32 in v1/PIECEWISE, v1/FULL_AND_PIECEWISE``: graphs per configuration
+    (``runner/mode``, in order), the configurations with the same graphs named together."""
+    by_graphs: dict[str, list[str]] = {}
+    for label, graphs in by_config.items():
+        by_graphs.setdefault(compact_graphs(graphs), []).append(label)
+    return "; ".join(f"{graphs} in {', '.join(labels)}" if graphs else ", ".join(labels)
+                     for graphs, labels in by_graphs.items())
+
+
+def same_cause_text(count: int, scopes: Iterable[str], graphs: str) -> str:
+    """``Same cause in COUNT findings: SCOPES; GRAPHS`` (``FindingGroup.same_cause``)."""
+    scoped = compact_names(scopes)
+    return f"Same cause in {count} findings: " + "; ".join(p for p in (scoped, graphs) if p and p != "<top>")
 
 
 def group_findings(findings: Iterable[Finding]) -> list[FindingGroup]:

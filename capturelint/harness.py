@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from capturelint.analyzer import Analyzer, RunLabel, RunOutcome
+from capturelint.analyzer import Analyzer, EnteredAt, RunLabel, RunOutcome
 from capturelint.errors import CapturelintError
 from capturelint.hosting import called, exit_call, hosted
 from capturelint.findings import Finding
@@ -39,6 +39,7 @@ class TwinResult:
 
     token_agreement: float | None
     max_error: float | None
+    entered: EnteredAt | None = None  # the break where a divergence from the twin enters (CL901's location)
 
 
 @dataclasses.dataclass
@@ -167,6 +168,7 @@ def trace_run(
     outcome = RunOutcome(
         label, tuple(analyzer.findings.sorted()), host_sync, steps, analyzer.max_step_error,
         verdict.token_agreement if verdict else None, verdict.max_error if verdict else None,
+        verdict.entered if verdict else None,
     )
     findings = analyzer.finish(outcome)
     checked, unchecked = analyzer.rules_checked(("check_stale", "check_bare", "check_hazard") if tracer.bare_replays else ())

@@ -22,7 +22,9 @@ the check sorts them; the invariants' selected-op totals are added.
 results in the check's order. The check sorts results by ``Finding.sort_key``, whose
 first keys are runner and mode, and one configuration's results all come from one
 report, so a stable sort of the inputs' results by runner and mode gives the unsharded
-order. The shard object leaves the run's properties; the configurations' ``checked``
+order. A problem found in configurations of several shards is one result of each; they
+are joined into the first (counts added, ``members`` joined, the message's "Same cause
+in N findings" said again), as the unsharded check writes one result a problem. The shard object leaves the run's properties; the configurations' ``checked``
 records are joined in the merged configuration order, as the unsharded check lists them.
 
 **Suppressions.** Each report carries the suppression comments its check read, with the
@@ -38,6 +40,7 @@ Every problem with an input is one line naming the file (exit 2).
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, Callable, Sequence
 
 from capturelint import __version__
@@ -46,7 +49,7 @@ from capturelint.errors import CapturelintError
 from capturelint.inputs import InputProblem, parse_json, read_text
 from capturelint.lists import cut
 from capturelint.limits import MAX_REPORT_BYTES
-from capturelint.findings import Condition, Finding
+from capturelint.findings import Condition, Finding, graphs_text, same_cause_text
 from capturelint.report import JSON_VERSION, Checked, ConfigReport, Report, not_compared_clause
 from capturelint.shard import ShardInfo
 from capturelint.waivers import Waivers
@@ -313,6 +316,7 @@ def merge_sarif(inputs: Sequence[Input], render_result: Callable[[Finding, int],
                     raise ValueError(f"result of rule {f.code} has no rule in the log")
             results = [render_result(f, index[f.code]) for f in judged.suppression_findings] + results
         results.sort(key=lambda r: (r["properties"]["runner"], r["properties"]["mode"]))
+        results = _joined_problems(results)
     except (KeyError, TypeError, AttributeError, IndexError) as e:
         raise CapturelintError(f"merge: a SARIF input is not a well-formed capturelint log ({_one_line(e)}); write "
                                "it again with capturelint check --format sarif") from None
@@ -337,6 +341,44 @@ def merge_sarif(inputs: Sequence[Input], render_result: Callable[[Finding, int],
         run.pop("properties", None)
     log["runs"] = [run]
     return log
+
+
+def _joined_problems(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One result per problem, as the unsharded check writes it: the results of one
+    group (``properties.group``, waived alike) that several shards wrote, joined into
+    the first (its configuration is the first in the check's order, so its finding is the
+    group's first): ``count`` added up, ``members`` (per configuration; each is one
+    shard's) joined, and the message's "Same cause in N findings" said again."""
+    by_key: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in results:
+        by_key.setdefault((r["properties"]["group"], json.dumps(r.get("suppressions"), sort_keys=True)), []).append(r)
+    out = []
+    for r in results:
+        same = by_key[(r["properties"]["group"], json.dumps(r.get("suppressions"), sort_keys=True))]
+        if len(same) == 1:
+            out.append(r)
+        elif r is same[0]:
+            members: dict[str, dict[str, Any]] = {}
+            for other in same:
+                members.update(_members(other["properties"]))
+            labels = sorted(members, key=lambda label: label.rpartition("/")[::2])
+            count = sum(o["properties"].get("count", 1) for o in same)
+            message = r["message"]["text"].partition("\n\nSame cause in ")[0]
+            said = same_cause_text(count, [s for label in labels for s in members[label]["scopes"]],
+                                   graphs_text({label: members[label]["graphs"] for label in labels}))
+            out.append({**r, "message": {**r["message"], "text": f"{message}\n\n{said}"},
+                        "properties": {**r["properties"], "count": count,
+                                       "members": {label: members[label] for label in labels}}})
+    return out
+
+
+def _members(p: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A result's ``members`` (``FindingGroup.members``): written for a group of several,
+    said by its own properties for a group of one."""
+    if "members" in p:
+        return p["members"]
+    return {f"{p['runner']}/{p['mode']}": {"findings": 1, "graphs": [p["graph"]] if p["graph"] else [],
+                                            "scopes": [p["scope"]]}}
 
 
 def _checked_records(checked: list[dict[str, Any]]) -> list[tuple[str, Checked]]:

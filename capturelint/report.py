@@ -1,8 +1,13 @@
 """The check report: the records every output format renders, and their JSON form.
 
 JSON is byte-deterministic for a given command: sorted keys, no addresses, no
-timestamps, floats rounded; each finding carries its ``group``, the id of the problem
-it belongs to (``capturelint.findings.group_findings``; ``Report.groups``). The other
+timestamps, floats rounded. ``findings`` lists one entry per *problem*
+(``capturelint.findings.group_findings``; ``Report.groups``; format version 2): its
+first finding's fields, its ``group`` id, its ``count`` of findings and, for several,
+``members``, each other finding as the fields in which it differs from the first (a
+break handed one stale metadata object is one entry with a count, not one per tensor
+inside it); ``summary`` counts findings and ``problems``; ``Report.from_json`` reads
+each finding back. ``suppressed`` lists the waived findings one by one. The other
 formats are reporters (``capturelint.reporters``): the Rich form
 (``capturelint.render.check``) prints the ``verdict_line``, one entry per group and
 the one-line summary, and with ``--verbose`` every finding's evidence grouped by runner
@@ -34,7 +39,7 @@ from typing import Any, Callable
 from typing import TYPE_CHECKING
 
 from capturelint import __version__
-from capturelint.findings import Finding, FindingGroup, Numerical, group_findings
+from capturelint.findings import Finding, FindingGroup, Numerical, group_findings, problem_findings
 from capturelint.lists import cut
 from capturelint.regions import GraphMap
 from capturelint.shard import ShardInfo
@@ -44,7 +49,7 @@ if TYPE_CHECKING:
     from capturelint.records import Stream
     from capturelint.runtime.protocol import Frame
 
-JSON_VERSION = 1
+JSON_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -312,7 +317,7 @@ class Report:
             "tool": "capturelint",
             "version": JSON_VERSION,
             "capturelint_version": __version__,
-            "findings": [f.to_json() for f in self.findings],
+            "findings": [g.to_json() for g in self.groups],
             "suppressed": [w.to_json() for w in self.waived],
             "numerical": [c.numerical.to_json() for c in self.configs if c.numerical is not None],
             "configurations": [c.to_json() for c in self.configs],
@@ -357,7 +362,7 @@ class Report:
                                         [GraphMap.from_json(g) for g in c["graphs"]], note=c["note"], static=static,
                                         checked=Checked.from_json(c["checked"]), target=c.get("target")))
         # findings: sorted over the whole report; each configuration says how many are its own
-        findings = [Finding.from_json(f) for f in doc["findings"]]
+        findings = sorted((f for p in doc["findings"] for f in problem_findings(p)), key=Finding.sort_key)
         # a suppression comment's findings (CL902, CL903) are of no configuration
         suppression_findings = [f for f in findings if not f.runner and not f.mode]
         _give_back(configs, [f for f in findings if f.runner or f.mode], lambda f: f,
@@ -392,6 +397,7 @@ class Report:
         inline, accepted = self.waived_counts()
         return {
             "findings": len(self.findings),
+            "problems": len(self.groups),
             "by_code": dict(sorted(by_code.items())),
             "suppressed": inline,
             "accepted": accepted,
@@ -589,6 +595,15 @@ def render_json(report: Report) -> str:
     return dumps_json(report.to_json())
 
 
+
+
+def finding_entries(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every finding of a JSON report (``Report.to_json``: one entry a problem, its
+    members inside it), one entry each, as ``Finding.to_json`` writes a finding, in
+    ``Finding.sort_key`` order: for a tool that wants each finding rather than each
+    problem."""
+    findings = sorted((f for p in doc["findings"] for f in problem_findings(p)), key=Finding.sort_key)
+    return [f.to_json() for f in findings]
 
 
 def graph_order(g: GraphMap) -> tuple:

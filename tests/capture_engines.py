@@ -179,3 +179,48 @@ class SameValues(Served):
 
 def same_values():
     return _targets(SameValues)
+
+
+# ---------------------------- one stale object with many per-step tensors inside
+
+
+@dataclasses.dataclass
+class WideMeta:
+    """Attention metadata in small: several per-step tensors in one object."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    c: torch.Tensor
+    d: torch.Tensor
+    e: torch.Tensor
+    f: torch.Tensor
+
+
+class WideArgument(Served):
+    """Hands its break a metadata object built anew every step: every tensor inside is
+    a stale break argument (CL107), and all of them are one problem, the argument."""
+
+    def __init__(self, mode: CUDAGraphMode):
+        super().__init__(mode)
+        self.meta = self.made(0)
+
+    @staticmethod
+    def made(step: int) -> WideMeta:
+        return WideMeta(*(torch.full((SIZE, 1), 1.0 + max(step, 0) + i / 8) for i in range(len(dataclasses.fields(WideMeta)))))
+
+    def prepare(self, step: int) -> None:
+        self.meta = self.made(step)  # a new object of new tensors every step
+
+    def middle(self, h: torch.Tensor, step: int) -> torch.Tensor:
+        return self.scaled(h, meta=self.meta)
+
+    @eager_break_during_capture
+    def scaled(self, h: torch.Tensor, meta: WideMeta) -> torch.Tensor:
+        for field in dataclasses.fields(meta):
+            h = h * getattr(meta, field.name)
+        return h
+
+
+def wide_argument():
+    engine = WideArgument(CUDAGraphMode.PIECEWISE)
+    return [Target(lambda: engine.run(True), {"model": engine}, runner="test", mode="PIECEWISE")]

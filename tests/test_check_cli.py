@@ -9,6 +9,7 @@ import json
 import pytest
 
 from capturelint.cli import main
+from capturelint.report import finding_entries
 
 
 @pytest.fixture(autouse=True)
@@ -39,7 +40,7 @@ def test_v1_narrow_region_is_caught_as_baked_control_flow(capsys):
     for key in ("segment", "op", "scope", "capture_frame", "shadow_frame", "message"):
         assert f[key]
     # every finding is R1 in a PIECEWISE graph; FULL graphs of the same run are clean
-    assert {x["mode"] for x in doc["findings"]} == {"PIECEWISE", "FULL_AND_PIECEWISE"}
+    assert {x["mode"] for x in finding_entries(doc)} == {"PIECEWISE", "FULL_AND_PIECEWISE"}
     numerical = {n["mode"]: n for n in doc["numerical"]}
     assert numerical["PIECEWISE"]["token_agreement"] < 0.5 and numerical["PIECEWISE"]["max_step_error"] > 1.0
     assert numerical["FULL"]["token_agreement"] == 1.0

@@ -147,6 +147,7 @@ def test_sarif_rules_and_result_fields():
         "steps": [1, 2, 3],
         "occurrences": 7,
         "group": group_id(make_finding()),
+        "count": 1,
     }
 
 

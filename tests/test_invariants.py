@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from capturelint.report import finding_entries
 from capturelint.cli import main
 from capturelint.errors import CapturelintError
 from capturelint.invariants import Requirement, in_force, read_invariants_file
@@ -96,7 +97,7 @@ def static(capsys, *args):
 def test_static_v1_narrow_names_the_attention_preparation_of_every_layer(_memo, capsys):
     code, doc, err = static(capsys, "--runner", "v1", "--eager-region", "narrow")
     assert code == 1 and doc["static"] is True
-    assert {(f["code"], f["invariant"], f["scope"]) for f in doc["findings"]} == {
+    assert {(f["code"], f["invariant"], f["scope"]) for f in finding_entries(doc)} == {
         ("CL201", "dsv4-v1-attention-prep-eager", "model.layers.0.attn"),
         ("CL201", "dsv4-v1-attention-prep-eager", "model.layers.1.attn")}
     assert all(f["capture_frame"]["file"].endswith("dsv4/attention.py") for f in doc["findings"])
@@ -127,7 +128,7 @@ def test_moe_captured_under_v2_passes_and_fails_when_the_moe_is_an_eager_break(_
     target = f"{ROOT / 'tests' / 'moe_eager_engine.py'}:targets"
     assert main(["check", "--static", "--target", target, "--config", str(MOE), "--format", "json"]) == 1
     doc = json.loads(capsys.readouterr().out)
-    assert {(f["code"], f["invariant"], f["scope"]) for f in doc["findings"]} == {
+    assert {(f["code"], f["invariant"], f["scope"]) for f in finding_entries(doc)} == {
         ("CL202", "moe-captured", "model.layers.0.ffn"), ("CL202", "moe-captured", "model.layers.1.ffn")}
     f = doc["findings"][0]
     assert f["op"].startswith("aten.") and f["capture_frame"]["file"].endswith("dsv4/moe.py")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from capturelint.report import finding_entries
 from capturelint.adapters import registry
 from capturelint.errors import CapturelintError
 
@@ -49,7 +50,7 @@ def test_an_installed_plugin_engine_is_checked_with_its_own_options(tmp_path):
     doc = json.loads(done.stdout)
     assert [(c["runner"], c["mode"]) for c in doc["configurations"]] == [
         ("v1", "PIECEWISE"), ("v1", "FULL"), ("v2", "PIECEWISE"), ("v2", "FULL")]
-    assert sorted((f["code"], f["runner"], f["mode"]) for f in doc["findings"]) == [
+    assert sorted((f["code"], f["runner"], f["mode"]) for f in finding_entries(doc)) == [
         ("CL104", "v1", "FULL"), ("CL104", "v1", "PIECEWISE")]
     fixed = capturelint("check", "--engine", "toy", "--toy-fixed", "--runner", "v1", "--mode", "PIECEWISE")
     assert fixed.returncode == 0, fixed.stderr

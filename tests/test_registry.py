@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from capturelint.report import finding_entries
 from capturelint.adapters import registry
 from capturelint.cli import main
 from capturelint.errors import CapturelintError
@@ -48,7 +49,7 @@ def test_a_toy_engine_is_one_package_and_one_entry(capsys, toy):
     assert [(c["runner"], c["mode"]) for c in doc["configurations"]] == [
         ("v1", "PIECEWISE"), ("v1", "FULL"), ("v2", "PIECEWISE"), ("v2", "FULL")]
     # v1 re-allocates its metadata every step: the graphs keep reading the first tensor
-    assert sorted((f["code"], f["runner"], f["mode"], f["tensor"]) for f in doc["findings"]) == [
+    assert sorted((f["code"], f["runner"], f["mode"], f["tensor"]) for f in finding_entries(doc)) == [
         ("CL104", "v1", "FULL", "attn_metadata['bias']"), ("CL104", "v1", "PIECEWISE", "attn_metadata['bias']")]
     code, out, err = run(capsys, "check", "--engine", "toy", "--runner", "v2", "--steps", "3")
     assert code == 0, err

@@ -330,7 +330,7 @@ def test_files_that_are_not_reports_are_refused_naming_the_file(failing, capsys,
         assert str(path) in line and says in line, line
     assert "is a directory" in one_line_error(capsys, cli("merge", tmp_path))
     doc = json.loads(s1.read_text())
-    for field, value, says in (("capturelint_version", "0.0.1", "by capturelint '0.0.1'"), ("version", 2, "format version 2")):
+    for field, value, says in (("capturelint_version", "0.0.1", "by capturelint '0.0.1'"), ("version", 1, "format version 1")):
         path = tmp_path / f"{field}.json"
         path.write_text(json.dumps(dict(doc, **{field: value})))
         line = one_line_error(capsys, cli("merge", path))

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from capturelint.report import finding_entries
 from capturelint.cli import main
 
 
@@ -17,7 +18,7 @@ def test_a_users_engine_with_a_stale_metadata_tensor_fails(capsys):
     code, out, _ = check(capsys, "--target", "tests/toy_engine.py:stale_targets", "--format", "json")
     doc = json.loads(out)
     assert code == 1
-    assert [(f["code"], f["mode"], f["tensor"]) for f in doc["findings"]] == [
+    assert [(f["code"], f["mode"], f["tensor"]) for f in finding_entries(doc)] == [
         ("CL104", "FULL", "attn_metadata['bias']"),
         ("CL104", "PIECEWISE", "attn_metadata['bias']"),
     ]

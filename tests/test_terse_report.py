@@ -18,6 +18,7 @@ import string
 import pytest
 
 from capturelint.cli import main
+from capturelint.report import finding_entries
 from capturelint.findings import (
     Condition, Finding, Frame, MessageParts, Numerical, compact_names, group_findings, group_id,
 )
@@ -67,9 +68,11 @@ def test_the_seed_case_reads_at_a_glance(seed):
                          for c in doc["configurations"]]
     assert all("tokens (replayed " in text for _, text in exercised)
     # one line per problem: every (rule, source line) of the JSON findings once, nothing else
-    findings = doc["findings"]
+    findings = finding_entries(doc)
     expected = {(where(f), f["code"]) for f in findings}
     assert {f["code"] for f in findings} == {"CL101", "CL201"} and len(findings) > len(expected)
+    # the JSON too: one entry per problem, with its count of findings
+    assert len(doc["findings"]) == len(expected) and sum(p["count"] for p in doc["findings"]) == len(findings)
     shown = [FINDING_LINE.match(line) for line in lines]
     assert sorted((m[1], m[2]) for m in shown if m) == sorted(expected)
     assert len({f["group"] for f in findings}) == len(expected)
@@ -153,8 +156,8 @@ def test_a_merged_report_prints_the_same(seed, tmp_path, capsys):
 def test_group_ids_are_stable_across_runs(capsys, real_configurations):
     args = ("check", "--runner", "v1", "--eager-region", "narrow", "--mode", "PIECEWISE", "--layers", "2", "--steps",
             "4", "--format", "json")
-    first = json.loads(run(capsys, *args)[1])["findings"]
-    second = json.loads(run(capsys, *args)[1])["findings"]
+    first = finding_entries(json.loads(run(capsys, *args)[1]))
+    second = finding_entries(json.loads(run(capsys, *args)[1]))
     assert [f["group"] for f in first] == [f["group"] for f in second]
     assert {f["scope"] for f in first} == {"model.layers.0.attn", "model.layers.1.attn"}
     assert len({f["group"] for f in first}) == len({(where(f), f["code"]) for f in first}) < len(first)

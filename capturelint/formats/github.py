@@ -47,9 +47,7 @@ def group_annotation(group: FindingGroup) -> str:
     the cause was seen when the group has several findings."""
     if len(group.findings) == 1:
         return annotation(group.first)
-    also = f"Same cause in {len(group.findings)} findings: " + "; ".join(
-        p for p in (group.scopes(), group.graphs()) if p and p != "<top>")
-    return annotation(group.first, f"{group.first.message}\n\n{also}")
+    return annotation(group.first, f"{group.first.message}\n\n{group.same_cause()}")
 
 
 def annotation(finding: Finding, message: str | None = None) -> str:

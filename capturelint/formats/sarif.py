@@ -36,11 +36,19 @@ accepted-findings file (``capturelint.waivers``) is a result too, with the stand
 comment>, "justification": <the text after it>}]``, or ``[{"kind": "external", ...,
 "justification": "accepted in FILE"}]``; code scanning shows it as dismissed.
 
-**Group.** ``properties.group`` is the finding's group id
-(``capturelint.findings.group_id``): the results of one cause (the same rule, source
-line and cause in several layers, graphs or configurations) share it, so a viewer can
-show them as one problem. It names the line, so unlike the fingerprint it changes when
-code moves.
+**One result a problem.** The findings of one cause (the same rule, source line and
+cause in several layers, graphs or configurations: ``capturelint.findings.group_findings``;
+a break handed one stale metadata object, whichever tensors inside it differ) are one
+result: its first finding's, with ``properties.count`` (the findings) and, for several,
+``properties.members`` (per configuration, ``runner/mode``: its findings, graphs and
+module scopes) and the message's last paragraph saying where else the cause was seen,
+as the GitHub annotation says it (``Same cause in 8 findings: model.layers.{0..3}.attn;
+decode/4 in v1/PIECEWISE``). Their lines are one line by construction (the group key
+holds them), so there are no other locations to relate. Findings waived alike (one
+comment, or the accepted file) are grouped the same way, each waiver its own result.
+``properties.group`` is the group id (``capturelint.findings.group_id``); it names the
+line, so unlike the fingerprint it changes when code moves; the fingerprint is the
+first finding's.
 
 **Determinism.** Results follow ``Finding.sort_key``; the log has no timestamps, no
 absolute paths of its own and no environment details: the same findings give the same
@@ -56,7 +64,7 @@ from typing import Any, Sequence
 from urllib.parse import quote
 
 from capturelint.errors import CapturelintError
-from capturelint.findings import Finding, Frame, RuleInfo, fingerprint, group_id
+from capturelint.findings import Finding, FindingGroup, Frame, RuleInfo, fingerprint, group_findings, group_id
 from capturelint.waivers import Waived, WaiverKind
 
 SARIF_VERSION = "2.1.0"
@@ -87,8 +95,14 @@ def to_sarif(
     (``capturelint.waivers``): results too, each with its ``suppressions``."""
     descriptors, index = _rules(rules)
     results = []
-    entries = [(f, None) for f in findings] + [(w.finding, w) for w in waived]
-    for finding, waiver in sorted(entries, key=lambda e: e[0].sort_key()):
+    entries: list[tuple[FindingGroup, Waived | None]] = [(g, None) for g in group_findings(findings)]
+    by_waiver: dict[tuple[WaiverKind, str, str], tuple[Waived, list[Finding]]] = {}  # waived alike: one result
+    for w in waived:
+        by_waiver.setdefault((w.kind, w.where, w.reason), (w, []))[1].append(w.finding)
+    for w, members in by_waiver.values():
+        entries += [(g, w) for g in group_findings(members)]
+    for group, waiver in sorted(entries, key=lambda e: e[0].first.sort_key()):
+        finding = group.first
         if finding.code not in index:
             known = ", ".join(sorted(index)) or "none"
             raise CapturelintError(
@@ -96,6 +110,10 @@ def to_sarif(
                 f"(rules given: {known}); pass every registered rule to to_sarif"
             )
         result = _result(finding, index[finding.code], fallback_uri)
+        if len(group.findings) > 1:
+            result["message"]["text"] = f"{finding.message}\n\n{group.same_cause()}"
+            result["properties"]["members"] = group.members()
+            result["properties"]["count"] = len(group.findings)
         if waiver is not None:
             result["suppressions"] = [_suppression(waiver)]
         results.append(result)
@@ -182,6 +200,7 @@ def _result(finding: Finding, rule_index: int, fallback_uri: str | None) -> dict
         "steps": list(finding.steps),
         "occurrences": finding.occurrences,
         "group": group_id(finding),
+        "count": 1,  # findings of its problem: to_sarif writes one result a problem
     }
     if finding.invariant is not None:
         result["properties"]["invariant"] = finding.invariant

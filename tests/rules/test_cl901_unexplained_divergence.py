@@ -34,3 +34,27 @@ def test_divergence_explained_by_a_structural_finding_is_not_a_gap():
 def test_float_noise_is_not_a_gap():
     assert gap(token_agreement=1.0, max_step_error=5e-5) == []
     assert gap(twin_error=5e-5) == []
+
+
+def test_a_divergence_entering_at_a_break_is_located_there():
+    """An adapter that found the break where the divergence from the twin enters
+    (``RunOutcome.entered``, vLLM's break probe) locates CL901 at it."""
+    from capturelint.analyzer import EnteredAt
+    from capturelint.findings import LineRole, MessageParts
+    from capturelint.runtime.protocol import Frame
+
+    at = Frame("vllm/models/deepseek_v4/attention.py", 738, "_sparse_indexer_and_attn")
+    entered = EnteredAt("DeepseekV4Attention._sparse_indexer_and_attn", at, 3, 3, 4)
+    outcome = RunOutcome(LABEL, (), None, 4, 0.0, 0.78, 1.18, entered)
+    (f,) = UnexplainedDivergence().check_run(outcome)
+    assert f.location == at and f.location_role is LineRole.BREAK
+    assert f.op == "break DeepseekV4Attention._sparse_indexer_and_attn"
+    assert "first at step 3, 3 real rows padded to 4" in f.message and "padded alike" in f.message
+    assert MessageParts.of(f.message).fix.startswith("Make the break compute the real rows alike")
+    # the same break in an unpadded step: no word of padding
+    (g,) = UnexplainedDivergence().check_run(RunOutcome(LABEL, (), None, 4, 0.0, 0.5, 1.0,
+                                                        EnteredAt(entered.name, at, 1, 4, 4)))
+    assert "(first at step 1, 4 rows)" in g.message and "padded alike" not in g.message
+    # without one, no source line, as before
+    (h,) = gap(token_agreement=0.78, twin_error=1.18)
+    assert h.location is None and "coverage gap" in h.message

@@ -311,7 +311,10 @@ def configuration(plan: CheckPlan, runner: Any, mode: Any) -> Configuration:
     own runner inside ``runners.real.runner_context``). Under ``--model all`` the
     configuration is checked as its plain runner (``v1``: the invariants of a runner
     apply) and labelled ``ARCH:runner`` after (``check_one``)."""
+    from capturelint.adapters.vllm.break_probe import BreakProbe, divergence
     from capturelint.adapters.vllm.model import compare, region_of
+    from capturelint.analyzer import EnteredAt
+    from capturelint.findings import DIVERGENCE_TOLERANCE
     from capturelint.harness import TwinResult
     from capturelint.pipeline import Configuration
 
@@ -324,15 +327,34 @@ def configuration(plan: CheckPlan, runner: Any, mode: Any) -> Configuration:
     def twin(output: Any) -> TwinResult:
         # The traced run's replays compute what the program computes on its own
         # (``capturelint.shadow_isolation``; docs/vllm.md, "The numbers"), so its output
-        # is compared with the eager twin's: no second graph run.
-        agreement, error = compare(output, loop(spec, graphs=False).generate())
-        return TwinResult(agreement, error)
+        # is compared with the eager twin's: no second graph run. The twin's eager-break
+        # calls are recorded, and where the outputs differ, an untraced graph run's too,
+        # to locate the break where the divergence enters (break_probe; CL901).
+        probe = BreakProbe()
+        eager = loop(spec, graphs=False)
+        with probe.recording(_models(eager)):
+            eager_out, eager_calls = probe.run(eager.generate)
+        agreement, error = compare(output, eager_out)
+        entered = None
+        if agreement < 1.0 or not error <= DIVERGENCE_TOLERANCE:
+            graphs = loop(spec)
+            with probe.recording(_models(graphs)):
+                _, graph_calls = probe.run(graphs.generate)
+            found = divergence(graph_calls, eager_calls)
+            entered = EnteredAt(found.name, found.frame, found.step, found.real, found.rows) if found else None
+        return TwinResult(agreement, error, entered)
 
     region = "per-runner" if families.of(arch) is not None else region_of(engine.model)
     return Configuration(RunLabel(str(plain), str(mode)), engine.generate, engine.roots(), region,
                          forward_context_probe, layer_scope_group, twin, require_replays=True,
                          eager_region_option=str(plan.eager_region),
                          invariants=families.family_invariants(arch, plan.invariants), capture_only=engine.capture)
+
+
+def _models(loop: Any) -> list[Any]:
+    """The model of a step loop, for the break probe (a loop without one: none)."""
+    model = getattr(loop, "model", None)
+    return [model] if model is not None else []
 
 
 def _relabel(report: ConfigReport, runner: str) -> ConfigReport:
