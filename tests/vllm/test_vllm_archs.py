@@ -74,7 +74,8 @@ def test_model_all_labels_each_architectures_configurations():
     assert {i.id for i in plan.invariants} == {"dsv4-v1-attention-prep-eager", "dsv4-sparse-attention-eager",
                                                "attention-eager", "mla-attention-eager", "kda-eager",
                                                "kimi-mla-attention-eager", "gdn-core-eager",
-                                               "mamba2-mixer-eager", "hybrid-attention-eager"}
+                                               "mamba2-mixer-eager", "hybrid-attention-eager",
+                                               "sparse-mla-indexer-attention-eager"}
     default = registry.make_plan(Settings(), registry.engine_options(engine="vllm"))
     assert default.knobs.model == "DeepseekV4ForCausalLM" and default.configured is None
 

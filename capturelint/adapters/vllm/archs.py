@@ -54,11 +54,6 @@ class Arch:
 
 _SPARSE_MLA = ("sparse MLA family (MLA attention with its eager break, mla_attention.py:1484, and the sparse-attention "
                "indexer, sparse_attn_indexer.py:437): no CPU references for its FlashMLA / DeepGEMM kernels yet")
-_DSA = ("vLLM's own model runs on both runners (adapters/vllm/sparse_mla.py, kernels/sparse_mla_fused.py: V2 PIECEWISE "
-        "graph run = eager), but V1 PIECEWISE captures without attention metadata (gpu_model_runner.py:5637), so "
-        "fused_norm_rope's MLA/indexer cache writes are not in its graphs (CL101, token agreement 0.33: vLLM's hazard, "
-        "as DeepSeek V4's #51430); V2 FULL equals eager but reports CL112 at the index group's side stream "
-        "(index_group.py:147, not yet told apart from the emulation of vLLM's CPU placeholder stream); V1 FULL unchecked")
 _GDN = ("gated delta-net hybrid (layers/mamba/gdn/*_gdn_linear_attn.py breaks; FLA Triton kernels in captured code "
         "need torch references): not covered yet")
 _KIMI = ("Kimi K3 (models/kimi_k3/nvidia): its delta attention is the full-rank-gate KimiK3DeltaAttention (kda.py, "
@@ -81,6 +76,8 @@ CHECKED = (
     Arch("LlamaForCausalLM", "generic attention", "vllm/model_executor/models/llama.py"),
     Arch("DeepseekV2ForCausalLM", "MLA", "vllm/model_executor/models/deepseek_v2.py"),
     Arch("DeepseekV3ForCausalLM", "MLA", "vllm/model_executor/models/deepseek_v2.py"),
+    Arch("DeepseekV32ForCausalLM", "sparse MLA", "vllm/models/deepseek_v32"),
+    Arch("GlmMoeDsaForCausalLM", "sparse MLA", "vllm/models/deepseek_v32"),
     Arch("KimiLinearForCausalLM", "Kimi linear + MLA", "vllm/models/kimi_k3"),
     Arch("Qwen3NextForCausalLM", "gated delta-net hybrid", "vllm/model_executor/models/qwen3_next.py"),
     Arch("NemotronHForCausalLM", "Mamba2 hybrid", "vllm/model_executor/models/nemotron_h.py"),
@@ -94,7 +91,6 @@ NOT_YET = (
     Arch("BeamForCausalLM", "model folder", "vllm/models/beam",
          "its own attention classes (BeamAttention, DFlash2BeamAttention in models/beam/nvidia) over CUDA-only "
          "kernels: no CPU references yet"),
-    Arch("DeepseekV32ForCausalLM", "sparse MLA", "vllm/models/deepseek_v32", _DSA),
     Arch("DeepseekV32MTPModel", "sparse MLA", "vllm/models/deepseek_v32", _SPARSE_MLA),
     Arch("DeepseekV4ForConditionalGeneration", "deepseek-v4", "vllm/models/deepseek_v4",
          "the multimodal wrapper of DeepseekV4ForCausalLM: its attention is checked as DeepseekV4ForCausalLM; the "
@@ -110,7 +106,6 @@ NOT_YET = (
     Arch("Glm5NextForCausalLM", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
     Arch("Glm5NextForConditionalGeneration", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
     Arch("Glm5NextMTPModel", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
-    Arch("GlmMoeDsaForCausalLM", "sparse MLA", "vllm/models/deepseek_v32", _DSA),
     Arch("HYV4ForCausalLM", "sparse MLA", "vllm/models/hy_v4", _SPARSE_MLA),
     Arch("HYV4MTPModel", "sparse MLA", "vllm/models/hy_v4", _SPARSE_MLA),
     Arch("InklingForCausalLM", "short convolution hybrid", "vllm/models/inkling",
