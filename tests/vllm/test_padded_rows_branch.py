@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from capturelint.report import finding_entries
+
 from scratch_vllm import planted, run_driver  # tests/vllm/scratch_vllm.py
 from test_decode_count_branch import DRIVER  # the check, then the untraced runs of every configuration
 from vllm_required import require_vllm  # tests/vllm/vllm_required.py
@@ -42,11 +44,11 @@ def test_a_branch_on_the_real_count_in_a_break_is_located_at_the_break(tmp_path)
     assert result["status"] == 1, done.stderr[-3000:]
     report = json.loads(report_path.read_text())
 
-    flagged = {f"{f['runner']}/{f['mode']}" for f in report["findings"]}
+    flagged = {f"{f['runner']}/{f['mode']}" for f in finding_entries(report)}
     diverged = {config for config, (agreement, error) in result["untraced"].items() if error > 1e-3}
-    assert "v1/PIECEWISE" in diverged and flagged == diverged, (report["findings"], result["untraced"])
+    assert "v1/PIECEWISE" in diverged and flagged == diverged, (finding_entries(report), result["untraced"])
 
-    v1 = [f for f in report["findings"] if (f["runner"], f["mode"]) == ("v1", "PIECEWISE")]
+    v1 = [f for f in finding_entries(report) if (f["runner"], f["mode"]) == ("v1", "PIECEWISE")]
     assert [f["code"] for f in v1] == ["CL901"], v1
     (f,) = v1
     # the break where the divergence enters, with its definition line in the copy of vLLM

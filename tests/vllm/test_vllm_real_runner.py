@@ -20,6 +20,7 @@ import torch
 
 from capturelint.cli import main
 from vllm_required import require_vllm
+from capturelint.report import finding_entries
 
 ATTENTION = "vllm/models/deepseek_v4/attention.py"
 # the default workload (capture sizes 2 and 4, batch sizes 1, 2, 3, 3, 2, ...), five of its steps
@@ -112,7 +113,7 @@ def check(tmp_path, monkeypatch, impl: str, *args: str) -> tuple[int, dict]:
 def test_v1_narrow_region_fails_where_vllms_runner_captured_without_metadata(tmp_path, monkeypatch, calls, builds):
     code, report = check(tmp_path, monkeypatch, "real", *V1, "--eager-region", "narrow")
     assert code == 1
-    cl101 = [f for f in report["findings"] if f["code"] == "CL101"]
+    cl101 = [f for f in finding_entries(report) if f["code"] == "CL101"]
     # every layer kind: the capture recorded the profile branch (q padded, nothing written)
     assert [f["scope"] for f in cl101] == ["model.layers.0.attn", "model.layers.1.attn", "model.layers.2.attn"]
     for f in cl101:
