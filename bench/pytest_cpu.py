@@ -8,31 +8,17 @@ At the end of the session it prints one line per test, the costliest first: CPU 
 (user + system, of the test's process and of the subprocesses and workers it waited
 for), wall seconds, the test; then the totals, and the totals per file. Run it with
 ``-n 0``: under xdist each worker would print its own share.
-
-``--cpu-write`` also stores each file's CPU seconds in ``tests/data/file_cpu.json``
-(merged: the files not run keep their figures), which ``tests/conftest.py`` reads to
-hand the costliest files to the two xdist workers first::
-
-    PYTHONPATH=bench python -m pytest -p pytest_cpu -n 0 -q --cpu-write tests/vllm
 """
 
 from __future__ import annotations
 
-import json
 import resource
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 
 _rows: list[tuple[float, float, str]] = []
-FILE_CPU = Path(__file__).resolve().parent.parent / "tests" / "data" / "file_cpu.json"
-
-
-def pytest_addoption(parser) -> None:
-    parser.addoption("--cpu-write", action="store_true", default=False,
-                     help=f"store each file's CPU seconds in {FILE_CPU.relative_to(FILE_CPU.parents[2])} (merged)")
 
 
 def _cpu() -> float:
@@ -62,8 +48,3 @@ def pytest_terminal_summary(terminalreporter) -> None:
     write(f"total: {sum(r[0] for r in _rows):.1f} s CPU, {sum(r[1] for r in _rows):.1f} s wall, {len(_rows)} tests")
     for path, (cpu, wall) in sorted(per_file.items(), key=lambda kv: -kv[1][0]):
         write(f"{cpu:8.2f} {wall:8.2f}  {path}")
-    if terminalreporter.config.getoption("cpu_write"):
-        known = json.loads(FILE_CPU.read_text()) if FILE_CPU.exists() else {}
-        known.update({path: round(cpu, 1) for path, (cpu, _) in per_file.items()})
-        FILE_CPU.write_text(json.dumps(dict(sorted(known.items())), indent=1) + "\n")
-        write(f"wrote {FILE_CPU} ({len(per_file)} files of {len(known)})")

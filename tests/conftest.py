@@ -11,20 +11,9 @@ pass it explicitly.
 Progress is off (``CAPTURELINT_QUIET=1``, inherited by the commands tests start as
 subprocesses): the suite's own output stays quiet and the tests that read stderr read
 what the command says, not its progress. The tests of progress unset it.
-
-The costliest files run first (``pytest_collection_modifyitems``). pytest-xdist hands
-whole files to the two workers in collection order (``--dist loadfile``; its own
-reordering, by number of tests, is off in pyproject.toml's addopts), so a file of
-tens of seconds handed out last keeps one worker busy while the other has nothing
-left: longest first, the many small files even out the ends. The figures are CPU
-seconds per file (``tests/data/file_cpu.json``, written by ``bench/pytest_cpu.py
---cpu-write``); only their order matters, and a file without one counts as
-``UNMEASURED`` (vLLM's files as ``UNMEASURED_VLLM``: each runs vLLM's engine).
 """
 
-import json
 import os
-from pathlib import Path
 
 os.environ["CAPTURELINT_QUIET"] = "1"
 
@@ -33,22 +22,6 @@ import torch
 torch.set_num_threads(1)
 
 import pytest
-
-FILE_CPU = Path(__file__).parent / "data" / "file_cpu.json"
-UNMEASURED, UNMEASURED_VLLM = 1.0, 10.0
-
-
-def pytest_collection_modifyitems(config, items):
-    """The costliest files first (longest-processing-time first; see the docstring). The
-    sort is stable: a file's tests stay together and in their order."""
-    cpu = json.loads(FILE_CPU.read_text()) if FILE_CPU.exists() else {}
-    root = config.rootpath
-
-    def cost(item) -> float:
-        path = Path(str(item.path)).relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
-        return cpu.get(path, UNMEASURED_VLLM if path.startswith("tests/vllm/") else UNMEASURED)
-
-    items.sort(key=lambda item: -cost(item))
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -55,7 +55,7 @@ frames.register_runtime_file(__file__)
 ARCH = "KimiLinearForCausalLM"
 DEFAULT_LAYERS = 2
 MAX_MODEL_LEN = generic.MAX_MODEL_LEN
-BLOCK_SIZE = 16  # the Triton MLA backend's kernel block size
+BLOCK_SIZE = 16  # the Triton MLA backend's kernel block size; _build aligns it for the hybrid (128)
 KDA = dict(num_heads=2, head_dim=32, short_conv_kernel_size=4)
 TINY = dict(vocab_size=96, hidden_size=128, intermediate_size=256, num_attention_heads=4, q_lora_rank=None,
             kv_lora_rank=256, qk_nope_head_dim=32, qk_rope_head_dim=64, v_head_dim=32, mla_use_nope=True,

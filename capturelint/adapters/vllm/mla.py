@@ -41,15 +41,26 @@ and ``unified_mla_attention_with_output`` (``opaque_attention_op`` is True on CU
 CPU); its ``use_direct_call`` branch would call ``forward_impl`` without the eager break.
 So the ops stay, but ``torch.ops.vllm.<op>`` answers vLLM's own Python functions for the
 block (the same decorated functions the ops dispatch to), as ``generic`` calls
-``unified_attention_with_output`` directly: through the dispatcher, a traced run does not
-yet see the ops' writes (``generic``'s docstring).
+``unified_attention_with_output`` directly: through the dispatcher, the emulated FULL
+graph records each op as one call and its replay re-runs the op's Python, where a GPU's
+graph holds the kernels it launched (``generic``'s docstring).
 
 **The runners**: ``MlaRunnerLoop``, vLLM's own V1 or V2 ``GPUModelRunner``
 (``runners.real``) over this model, with vLLM's KV cache plan (one MLA group, block size
 16, the Triton MLA backend's kernel block size), the serving workload
-(``workload.schedule``), PIECEWISE and FULL graphs (FULL: the backend supports uniform
-decode batches only, ``AttentionCGSupport.UNIFORM_BATCH``, and vLLM's runner resolves the
-mode as it does on a GPU).
+(``workload.schedule``), PIECEWISE and FULL graphs (FULL: the backend captures uniform
+decode batches only, ``AttentionCGSupport.UNIFORM_BATCH``, so vLLM's
+``resolve_cudagraph_mode_and_sizes``, ``config/compilation.py:1376``, turns FULL into
+FULL_DECODE_ONLY, as on a GPU: the decode steps replay bare FULL graphs, the prefill and
+mixed steps run eager).
+
+**Its one finding is vLLM's**: under V1 PIECEWISE, CL103 at ``_custom_ops.py:2927``
+(``concat_and_cache_mla``). The MLA backends keep ``forward_includes_kv_cache_update =
+True`` (``v1/attention/backend.py:70``) although ``MLAAttention`` writes the latent cache
+in captured code, so V1 hands that write the unpadded slot mapping
+(``gpu_model_runner.py:4036-4041``, whose comment says it must then be padded) and a
+replay runs it over the capture's extent; harmless today only because V1's slot-mapping
+kernel fills the persistent buffer's tail with ``PAD_SLOT_ID`` (``block_table.py:336``).
 """
 
 from __future__ import annotations
