@@ -19,6 +19,11 @@ same configuration against its eager twin.
   buffer with the other layers' caches, and the next break's reused call re-applied
   that whole buffer. Its CL101 sits in a kernel capturelint stands in for: the finding
   names vLLM's line that calls the kernel, not the reference's.
+- ``break_given_capture_metadata.patch``: V2 PIECEWISE, ``_prepare_and_attn`` hands the
+  eager break the attention metadata its captured code read; on replay the break gets
+  the capture's metadata objects, whose host values are the capture batch's, in every
+  layer kind. The traced run used to reuse its shadow's break calls (handed the step's
+  metadata) and print agreement 1.00, error 0, where the program agrees 0.17.
 - ``--eager-region narrow`` under V1 (no patch): every layer kind's input preparation
   (ratio 1: the SWA cache insert; ratio 4: compressor and indexer; ratio 128: the
   compressor) captured without metadata; the traced run's numbers are the program's on
@@ -143,3 +148,16 @@ def test_every_layer_kind_captured_without_metadata_prints_the_programs_numbers(
     # the baked profile-run branch, found in each of the three layer kinds
     cl101 = [f for f in finding_entries(report) if f["code"] == "CL101"]
     assert {f["scope"].split(".")[2] for f in cl101} == {"0", "1", "2"}, [f["scope"] for f in cl101]
+
+
+@pytest.mark.slow
+def test_a_break_handed_the_captures_metadata_prints_the_programs_numbers(tmp_path):
+    require_vllm()
+    report, result = check_mutation(tmp_path, "break_given_capture_metadata.patch", "v2", "PIECEWISE", 3, 6)
+    assert result["status"] == 1
+    agreement, error = result["untraced"]
+    assert agreement < 0.5 and error > 1.0  # the capture batch's counts on every step
+    assert_program_numbers(report, result["untraced"])
+    # the stale break argument, found in each of the three layer kinds
+    assert {(f["code"], f["scope"]) for f in report["findings"]} == {
+        ("CL107", f"model.layers.{i}.attn") for i in range(3)}, report["findings"]
