@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from capturelint.objects import max_abs_diff, random_states, restore_random_states
+from capturelint.objects import break_leaves, max_abs_diff, random_states, restore_random_states
 from capturelint.records import StorageId, Stream
 from capturelint.runtime import protocol as rt
 from capturelint.runtime.schema import OpInfo
@@ -56,8 +56,13 @@ class ShadowBreak:
     first write to them), and, at exit, the values it left in its arguments, the bytes
     it changed in those storages (its effects) and what it returned."""
 
-    def __init__(self, name: str, args: list[torch.Tensor], rng: list[tuple[Any, Any]]):
+    def __init__(self, name: str, args: list[torch.Tensor], rng: list[tuple[Any, Any]],
+                 leaves: list[tuple[str, Any]] = (), origins: dict[StorageId, Any] | None = None):
         self.name = name
+        # what it was handed, objects walked (``objects.break_leaves``: a metadata object's
+        # host values, and which memory from before the shadow its tensors are), for the
+        # replay's call, which is handed what the capture handed it
+        self.leaves = [(path, _leaf(v, origins or {})) for path, v in leaves]
         self.rng = rng  # the generators' states at entry; at exit, those the call advanced
         self.args = args
         self.args_in = [t.detach().clone() for t in args]
@@ -106,12 +111,22 @@ class ShadowBreak:
         self.result = tree_map(lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, result)
         self.args = []  # the shadow's own tensors, released with it
 
-    def input_error(self, args: list[torch.Tensor]) -> float:
+    def input_error(self, args: list[torch.Tensor], leaves: list[tuple[str, Any]]) -> float:
         """How far the replay's inputs to this call (the arguments and storages it read
-        before writing them, the storages from before the shadow that it wrote) are from
-        the shadow's; NaN where both hold NaN is equal."""
-        if len(args) != len(self.args_in):
+        before writing them, the storages from before the shadow that it wrote, the host
+        values and tensors inside the objects it was handed) are from the shadow's; NaN
+        where both hold NaN is equal."""
+        if len(args) != len(self.args_in) or [p for p, _ in leaves] != [p for p, _ in self.leaves]:
             return float("inf")
+        for (_, mine), (_, theirs) in zip(self.leaves, leaves):
+            if isinstance(mine, _Memory):  # memory from before the shadow: the replay must hand the break the same
+                if not isinstance(theirs, torch.Tensor) or theirs.untyped_storage()._cdata != mine.sid:
+                    return float("inf")
+            elif mine is _MADE:  # memory the step made: the replay hands the capture's
+                if not isinstance(theirs, torch.Tensor):
+                    return float("inf")
+            elif isinstance(theirs, torch.Tensor) or not (mine == theirs or mine != mine and theirs != theirs):
+                return float("inf")  # a host value baked at capture (NaN equals NaN)
         pairs = [(t, value) for t, value, shadow in zip(args, self.args_in, self.arg_sids)
                  if shadow in self.args_read]
         for t, shadow in zip(args, self.arg_sids):
@@ -138,6 +153,26 @@ class ShadowBreak:
 def storage_bytes(st: Any) -> torch.Tensor:
     """Storage ``st`` as a flat tensor of its bytes (no copy)."""
     return torch.empty(0, dtype=torch.uint8, device=st.device).set_(st)
+
+
+class _Memory:
+    """A tensor handed to a break whose storage existed before the shadow."""
+
+    __slots__ = ("sid",)
+
+    def __init__(self, sid: StorageId):
+        self.sid = sid
+
+
+_MADE = object()  # a tensor handed to a break whose storage the step made
+
+
+def _leaf(value: Any, origins: dict[StorageId, Any]) -> Any:
+    if not isinstance(value, torch.Tensor):
+        return value
+    sid = value.untyped_storage()._cdata
+    origin = origins.get(sid)
+    return _Memory(sid) if origin is None or origin.external else _MADE
 
 
 def input_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -210,6 +245,8 @@ class ShadowIsolation:
             self.calls.clear()
             return None
         args = list(rt.flatten_tensors((call.args, call.kwargs)))
-        if record.input_error(args) != 0.0:  # the replay diverged before the break: it runs on its own inputs
+        if record.input_error(args, list(break_leaves(call.named_arguments()))) != 0.0:
+            # the replay diverged before the break, or hands it the capture's host values:
+            # it runs on its own inputs
             return None
         return record.replayed(args)

@@ -57,7 +57,7 @@ from capturelint.records import (
 from capturelint.runtime import protocol as rt
 from capturelint.runtime.frames import register_runtime_file, running_frames, user_frame, user_stack
 from capturelint.runtime.protocol import Frame, SegmentKind
-from capturelint.runtime.schema import OpInfo, ReplayKind, op_info
+from capturelint.runtime.schema import OpInfo, ReplayKind, call_through, op_info
 from capturelint.shadow_isolation import ShadowBreak, ShadowIsolation
 
 register_runtime_file(__file__)
@@ -299,6 +299,10 @@ class Tracer(rt.CaptureObserver):
             # detach is a no-op alias for replay purposes, and stacked dispatch modes add
             # it to factory ops at capture only: recording it would fake a divergence.
             return func(*args, **kwargs)
+        if info.wraps is not None and info.records_through(stream.breaks_eager):
+            # the capture records the ops the op's implementation runs (runtime.cudagraph):
+            # the streams record them too, capture and shadow alike
+            return call_through(mode, func, args, kwargs)
         isolation = self._isolation
         if isolation.call is not None:
             isolation.call.uses(info, args, kwargs, stream)
@@ -466,7 +470,8 @@ class Tracer(rt.CaptureObserver):
                 seg.break_frame = call.frame
                 with _disable_current_modes():  # the tracer's own copies are no ops of the step
                     self._isolation.call = ShadowBreak(call.name, list(rt.flatten_tensors((call.args, call.kwargs))),
-                                                       random_states(self.roots))
+                                                       random_states(self.roots), list(break_leaves(call.named_arguments())),
+                                                       stream.origins)
         elif not call.inline and self._segment is not None:
             self._segment.break_args = _break_args(stream, call)
             self._segment.break_frame = call.frame

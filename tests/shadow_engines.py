@@ -4,6 +4,8 @@ per-step scheduling object inside the break."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from capture_engines import SIZE, DIM, Sampling, Served, Target
@@ -173,3 +175,44 @@ def opaque():
     ENGINES[:] = [engine]
     return [Target(lambda: engine.run(True), {"model": engine}, runner="test", mode="PIECEWISE",
                    eager=lambda: Opaque().run(False))]
+
+
+@dataclasses.dataclass
+class StepInfo:
+    """A metadata object the runner makes per step, with a host value in it."""
+
+    rows: int
+
+
+class Stamped(Served):
+    """The captured code hands a break the step's metadata object: replay hands it the
+    capture's, whose host value is the capture's (a baked break argument)."""
+
+    def __init__(self, mode: CUDAGraphMode = CUDAGraphMode.PIECEWISE):
+        super().__init__(mode)
+        self.wrapper = CUDAGraphWrapper(self, break_outputs=BreakOutputs.DISCARD)
+        self.info = StepInfo(0)
+        self.outputs: list[torch.Tensor] = []
+
+    def prepare(self, step: int) -> None:
+        self.info = StepInfo(step + 2)
+
+    def middle(self, h: torch.Tensor, step: int) -> torch.Tensor:
+        out = torch.empty_like(h)
+        self.scale(h, out, self.info)
+        return h + out
+
+    @eager_break_during_capture
+    def scale(self, h: torch.Tensor, out: torch.Tensor, info: StepInfo) -> None:
+        out.copy_(h * info.rows)
+
+    def run(self, graphs: bool) -> list[torch.Tensor]:
+        self.outputs = super().run(graphs)
+        return self.outputs
+
+
+def stamped():
+    engine = Stamped()
+    ENGINES[:] = [engine]
+    return [Target(lambda: engine.run(True), {"model": engine}, runner="test", mode="PIECEWISE",
+                   eager=lambda: Stamped().run(False))]

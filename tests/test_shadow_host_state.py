@@ -87,3 +87,18 @@ def test_a_break_inside_an_opaque_op_that_fills_its_out_argument_replays_what_it
     assert numerical["max_step_error"] == 0.0 and numerical["replay_steps"] == 4, numerical
     traced = shadow_engines.ENGINES[0]
     assert all(torch.equal(a, b) for a, b in zip(traced.outputs, expected))
+
+
+def test_a_break_handed_the_captures_host_value_replays_with_it(capsys):
+    # The replay hands the break the capture's metadata object (rows=1), the shadow the
+    # step's: reusing the shadow's call gave the replay the step's result, so the traced
+    # run computed what the program does not (its replays equal to their shadows).
+    expected = shadow_engines.Stamped().run(True)
+    eager = shadow_engines.Stamped().run(False)
+    assert not all(torch.equal(a, b) for a, b in zip(expected, eager))  # the bug is real
+    code, doc = check(capsys, "stamped")
+    assert code == 1 and {f["code"] for f in doc["findings"]} == {"CL107"}, doc["findings"]  # the baked argument
+    (numerical,) = doc["numerical"]
+    assert numerical["max_step_error"] > 0.1, numerical
+    traced = shadow_engines.ENGINES[0]
+    assert all(torch.equal(a, b) for a, b in zip(traced.outputs, expected))

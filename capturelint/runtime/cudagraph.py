@@ -34,7 +34,7 @@ from capturelint.runtime.lifetimes import (
 )
 from capturelint.runtime.pool import PoolAllocation, PoolHandle, PrivatePool, graph_pool_handle, private_pool
 from capturelint.runtime.protocol import HostSyncEvent, HostSyncInCaptureError
-from capturelint.runtime.schema import ReplayKind, op_info
+from capturelint.runtime.schema import ReplayKind, call_through, op_info
 from capturelint.runtime.streams import EmulatedStream, stream_stack, ticks
 
 
@@ -88,6 +88,8 @@ class _RecordingMode(TorchDispatchMode):
         g = self.graph
         if g is None:
             return func(*args, **kwargs)
+        if info.wraps is not None and info.records_through(g.info.breaks_eager):
+            return call_through(self, func, args, kwargs)  # a GPU records the kernels the op launches
         for t in info.written(args, kwargs):
             g._before_write(t)
         for value in itertools.chain(args, kwargs.values()):

@@ -575,6 +575,27 @@ def is_transparent_op(name: str) -> bool:
     return name in _transparent_ops
 
 
+_wrapper_ops: dict[str, bool] = {}
+
+
+def register_wrapper_op(name: str, holds_break: bool = False) -> None:
+    """Treat op ``name`` (``namespace::op``) as Python around other ops (vLLM's
+    ``torch.ops.vllm.unified_kv_cache_update``): a capture records the ops its
+    implementation runs, as a GPU's capture records the kernels it launches, not the op,
+    whose replay would run its Python again (reading the forward context of the step,
+    where a GPU graph replays what the capture launched). ``holds_break``: its
+    implementation is an eager break (``unified_attention_with_output``); in a graph
+    whose breaks are eager the break ends the captured segment inside the op, which is
+    then in no graph (``runtime.cudagraph``), so only graphs whose breaks are captured
+    (FULL) record through it. Registered at import, before any op runs."""
+    _wrapper_ops[name] = holds_break
+
+
+def wrapper_op(name: str) -> bool | None:
+    """None for an op not registered with ``register_wrapper_op``, else whether it holds a break."""
+    return _wrapper_ops.get(name)
+
+
 # --------------------------------------------------------------- host sync table
 
 HOST_SYNC_OPS = frozenset({

@@ -70,7 +70,7 @@ class OpInfo:
     """
 
     __slots__ = ("name", "args", "list_args", "writes", "fresh", "allocates", "replay", "transparent", "aliases",
-                 "reads_values", "decomposes")
+                 "reads_values", "decomposes", "wraps")
 
     def __init__(self, func: Any):
         schema = func._schema
@@ -95,6 +95,12 @@ class OpInfo:
         self.aliases = self.transparent or (not self.writes and bool(schema.returns) and not any(self.fresh))
         self.reads_values = not self.aliases and schema.name not in _METADATA_OPS
         self.decomposes = torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+        self.wraps = protocol.wrapper_op(func.name())  # None, or whether it holds a break (protocol.register_wrapper_op)
+
+    def records_through(self, breaks_eager: bool) -> bool:
+        """Whether a capture records the ops this op's implementation runs rather than
+        the op (``protocol.register_wrapper_op``), in a graph whose breaks are eager or not."""
+        return self.wraps is not None and not (self.wraps and breaks_eager)
 
     def written(self, args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
         """The tensors the call ``func(*args, **kwargs)`` writes."""
@@ -129,3 +135,14 @@ def op_info(func: Any) -> OpInfo:
     if info is None:
         info = _infos[func] = OpInfo(func)
     return info
+
+
+def call_through(mode: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    """Run op ``func``'s backend kernel (its Python implementation) with dispatch mode
+    ``mode`` back on its stack, so that the mode sees the ops the kernel runs instead
+    of the op (``OpInfo.wraps``)."""
+    first = next(t for t in protocol.flatten_tensors((args, kwargs)))
+    keys = torch._C._after_ADInplaceOrView_keyset & torch._C._dispatch_keys(first)
+    keys = keys.remove(torch._C.DispatchKey.Python).remove(torch._C.DispatchKey.PythonTLSSnapshot)
+    with mode:
+        return func.redispatch(keys, *args, **kwargs)

@@ -929,3 +929,35 @@ def test_dropping_a_break_argument_poisons_it_for_the_replayed_break():
     assert torch.isnan(out).all()
     (event,) = recorder.stale
     assert (event.storage, event.segment, event.graph.id) == (old_storage, 1, graph.info.id)
+
+
+_HOST = {"scale": 2.0}  # a host value the op's Python reads, as vLLM's ops read the forward context
+
+
+@torch.library.custom_op("capturelint_test::scale_by_host", mutates_args=("out",))
+def _scale_by_host(x: torch.Tensor, out: torch.Tensor) -> None:
+    """Python around kernels, as ``torch.ops.vllm.unified_kv_cache_update`` is."""
+    out.copy_(x * _HOST["scale"])
+
+
+protocol.register_wrapper_op("capturelint_test::scale_by_host")
+
+
+@pytest.mark.parametrize("mode", [FULL, PIECEWISE])
+def test_a_capture_records_the_ops_a_wrapper_op_runs_not_the_op(mode):
+    # On a GPU the capture records the kernels the op's Python launched, with the host
+    # value of the capture baked in; re-running the op's Python on replay would read the
+    # host value of the replay instead (and, without a forward context, fail).
+    x, out = torch.ones(3), torch.zeros(3)
+
+    def step(t):
+        torch.ops.capturelint_test.scale_by_host(t, out)
+
+    graph = BreakableGraph(mode, DECODE2)
+    _HOST["scale"] = 2.0
+    graph.capture(step, x)
+    assert [c.func.__name__ for s in graph.segments for c in s.graph._calls] == ["mul.Tensor", "copy_.default"]
+    _HOST["scale"] = 5.0
+    x.fill_(3.0)
+    graph.replay()
+    assert torch.equal(out, torch.full((3,), 6.0))  # the capture's scale, the replay's input

@@ -10,71 +10,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_required import require_vllm  # tests/vllm/vllm_required.py
 
 DIM, LINES = 8, 6
 MODULE = "vllm.model_executor.layers.mamba.ops.causal_conv1d"
 
 
-def _triton_module():
-    """vLLM's module as a GPU platform loads it: on a CPU platform its last lines rebind
-    ``causal_conv1d_fn``/``causal_conv1d_update`` to the CPU versions (``ops/cpu``), so
-    a fresh copy is executed with ``is_cpu`` answering False, under its own name."""
-    import importlib.util
-    import sys
-
-    require_vllm()
-    from vllm.platforms import current_platform
-
-    name = "capturelint_tests_triton_causal_conv1d"
-    if name not in sys.modules:
-        spec = importlib.util.find_spec(MODULE)
-        module = importlib.util.module_from_spec(spec)
-        is_cpu = current_platform.is_cpu
-        current_platform.is_cpu = lambda: False
-        try:
-            spec.loader.exec_module(module)
-        finally:
-            current_platform.is_cpu = is_cpu
-        sys.modules[name] = module
-    return name, sys.modules[name]
-
-
 def _theirs(name, *args, **kwargs):
-    """vLLM's launcher ``name`` over its kernel in Triton's interpreter. The update
-    kernel's masks (``(line < num_cache_lines) & ...``) come out int64 in the
-    interpreter (compiled, a mask is i1), which its numpy load and store refuse: masks
-    are read as truth values here, as the compiled kernel reads them. And the prefill
-    launcher's grid function stores its bookkeeping tensors into the grid's argument
-    dict (compiled, a scratch copy; in the interpreter, the kernel's own arguments): it
-    is handed a copy, as compiled."""
-    import triton.runtime.interpreter as interpreter
+    """vLLM's launcher ``name`` over its kernel in Triton's interpreter (``triton_twin``)."""
+    from triton_twin import run  # tests/vllm/triton_twin.py
 
-    from capturelint.adapters.vllm.kernels.interpreter import interpret_modules
-
-    module_name, module = _triton_module()
-    load, store = interpreter._interpreter.load, interpreter._interpreter.store
-
-    def truthy_load(ptrs, mask, other, dtype):
-        return load(ptrs, mask.astype(bool), other, dtype)
-
-    def truthy_store(ptrs, value, mask):
-        return store(ptrs, value, mask.astype(bool))
-
-    init = interpreter.GridExecutor.__init__
-
-    def copying_init(self, fn, arg_names, grid, *rest):
-        sees_copy = (lambda meta: grid(dict(meta))) if callable(grid) else grid
-        init(self, fn, arg_names, sees_copy, *rest)
-
-    interpreter._interpreter.load, interpreter._interpreter.store = truthy_load, truthy_store
-    interpreter.GridExecutor.__init__ = copying_init
-    try:
-        with interpret_modules((module_name,)):
-            return getattr(module, name)(*args, **kwargs)
-    finally:
-        interpreter._interpreter.load, interpreter._interpreter.store = load, store
-        interpreter.GridExecutor.__init__ = init
+    return run(MODULE, name, *args, **kwargs)
 
 
 def _weights(width, seed):

@@ -73,7 +73,8 @@ def test_model_all_labels_each_architectures_configurations():
     assert [f"{r}/{m}" for r, m in plan.all_configurations] == [f"{a}:v2/PIECEWISE" for a in archs.SUPPORTED]
     assert {i.id for i in plan.invariants} == {"dsv4-v1-attention-prep-eager", "dsv4-sparse-attention-eager",
                                                "attention-eager", "mla-attention-eager", "kda-eager",
-                                               "kimi-mla-attention-eager", "gdn-core-eager"}
+                                               "kimi-mla-attention-eager", "gdn-core-eager",
+                                               "mamba2-mixer-eager", "hybrid-attention-eager"}
     default = registry.make_plan(Settings(), registry.engine_options(engine="vllm"))
     assert default.knobs.model == "DeepseekV4ForCausalLM" and default.configured is None
 
@@ -135,12 +136,20 @@ def test_a_model_all_report_and_the_per_architecture_reports_make_the_same_table
     reports = stored_reports()
     joined = {"subject": {"engine": "vllm", "model": "all"},
               "configurations": [c for r in reports for c in archs.labelled(r)["configurations"]],
-              "findings": [f for r in reports for f in archs.labelled(r)["findings"]]}
+              "findings": [f for r in reports for f in archs.labelled(r)["findings"]],
+              "numerical": [n for r in reports for n in archs.labelled(r)["numerical"]]}
     assert archs.table(joined) == archs.table(reports)
     planted = {**joined, "findings": [{"runner": f"{archs.SUPPORTED[-1]}:v1", "mode": "FULL", "code": "CL104",
-                                       "location": {"file": "vllm/x.py", "line": 7}}]}
+                                       "location": {"file": "vllm/x.py", "line": 7}}],
+               "numerical": [{"runner": f"{archs.SUPPORTED[-1]}:v1", "mode": "FULL", "token_agreement": 0.5,
+                              "max_logit_error": 2.0}]}
     rows = {(r[0], r[2], r[3]): r[4] for r in archs.table(planted)}
     assert rows[(archs.SUPPORTED[-1], "v1", "FULL")] == "corrupting: CL104 at vllm/x.py:7 (1 finding)"
+    agreed = {**planted, "numerical": [{"runner": f"{archs.SUPPORTED[-1]}:v1", "mode": "FULL", "token_agreement": 1.0,
+                                        "max_logit_error": 0.0}]}
+    rows = {(r[0], r[2], r[3]): r[4] for r in archs.table(agreed)}
+    assert rows[(archs.SUPPORTED[-1], "v1", "FULL")] == \
+        "hazard (outputs agreed with eager in this workload): CL104 at vllm/x.py:7 (1 finding)"
     assert rows[(archs.SUPPORTED[-1], "v2", "FULL")] == "safe"
 
 

@@ -14,7 +14,10 @@ Families (by the eager breaks their code takes, not by name):
   with reference kernels (``generic``), both runners and modes on vLLM's own runners;
 - ``MLA``: vLLM's own DeepSeek V2/V3 model class whose attention is vLLM's
   ``MLAAttention`` (eager break ``unified_mla_attention_with_output``), over vLLM's Triton
-  MLA backend with reference kernels (``mla``), both runners and modes on vLLM's own runners.
+  MLA backend with reference kernels (``mla``), both runners and modes on vLLM's own runners;
+- ``Mamba2 hybrid``: vLLM's own model class whose layers are vLLM's ``MambaMixer2``
+  (eager break ``mamba_mixer2``) beside ``Attention`` layers, with vLLM's hybrid KV
+  cache plan (``mamba2``), both runners and modes on vLLM's own runners.
 
 ``python -m capturelint.adapters.vllm.archs REPORT.json...`` prints the Markdown table of
 ``check --engine vllm --model all --format json`` reports (merged shards too), or of
@@ -51,6 +54,10 @@ class Arch:
 
 _SPARSE_MLA = ("sparse MLA family (MLA attention with its eager break, mla_attention.py:1484, and the sparse-attention "
                "indexer, sparse_attn_indexer.py:437): no CPU references for its FlashMLA / DeepGEMM kernels yet")
+_DSA = ("vLLM's own model runs on both runners (adapters/vllm/sparse_mla.py, kernels/sparse_mla_fused.py: V2 PIECEWISE "
+        "graph run = eager), but V1 PIECEWISE captures without attention metadata (gpu_model_runner.py:5637), so "
+        "fused_norm_rope's MLA/indexer cache writes are not in its graphs (CL101, token agreement 0.33: vLLM's hazard, "
+        "as DeepSeek V4's #51430), and FULL graphs replayed no step of the default workload yet")
 _GDN = ("gated delta-net hybrid (layers/mamba/gdn/*_gdn_linear_attn.py breaks; FLA Triton kernels in captured code "
         "need torch references): not covered yet")
 _KIMI = ("Kimi K3 (models/kimi_k3/nvidia): its delta attention is the full-rank-gate KimiK3DeltaAttention (kda.py, "
@@ -75,6 +82,7 @@ CHECKED = (
     Arch("DeepseekV3ForCausalLM", "MLA", "vllm/model_executor/models/deepseek_v2.py"),
     Arch("KimiLinearForCausalLM", "Kimi linear + MLA", "vllm/models/kimi_k3"),
     Arch("Qwen3NextForCausalLM", "gated delta-net hybrid", "vllm/model_executor/models/qwen3_next.py"),
+    Arch("NemotronHForCausalLM", "Mamba2 hybrid", "vllm/model_executor/models/nemotron_h.py"),
 )
 
 NOT_YET = (
@@ -85,7 +93,7 @@ NOT_YET = (
     Arch("BeamForCausalLM", "model folder", "vllm/models/beam",
          "its own attention classes (BeamAttention, DFlash2BeamAttention in models/beam/nvidia) over CUDA-only "
          "kernels: no CPU references yet"),
-    Arch("DeepseekV32ForCausalLM", "sparse MLA", "vllm/models/deepseek_v32", _SPARSE_MLA),
+    Arch("DeepseekV32ForCausalLM", "sparse MLA", "vllm/models/deepseek_v32", _DSA),
     Arch("DeepseekV32MTPModel", "sparse MLA", "vllm/models/deepseek_v32", _SPARSE_MLA),
     Arch("DeepseekV4ForConditionalGeneration", "deepseek-v4", "vllm/models/deepseek_v4",
          "the multimodal wrapper of DeepseekV4ForCausalLM: its attention is checked as DeepseekV4ForCausalLM; the "
@@ -101,7 +109,7 @@ NOT_YET = (
     Arch("Glm5NextForCausalLM", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
     Arch("Glm5NextForConditionalGeneration", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
     Arch("Glm5NextMTPModel", "sparse MLA + gated delta-net", "vllm/models/glm5next", _SPARSE_MLA),
-    Arch("GlmMoeDsaForCausalLM", "sparse MLA", "vllm/models/deepseek_v32", _SPARSE_MLA),
+    Arch("GlmMoeDsaForCausalLM", "sparse MLA", "vllm/models/deepseek_v32", _DSA),
     Arch("HYV4ForCausalLM", "sparse MLA", "vllm/models/hy_v4", _SPARSE_MLA),
     Arch("HYV4MTPModel", "sparse MLA", "vllm/models/hy_v4", _SPARSE_MLA),
     Arch("InklingForCausalLM", "short convolution hybrid", "vllm/models/inkling",
@@ -190,16 +198,19 @@ def table(reports: dict[str, Any] | list[dict[str, Any]]) -> list[tuple[str, str
     """The rows of ``--model all`` JSON reports, or of ``--model ARCH`` reports one per
     architecture: (architecture, family, runner, mode, verdict), one per checked
     configuration (``safe``: no finding, and the replays and the eager twin compared
-    equal; ``corrupting``: its first finding), then one per name of vLLM's list not
-    checked (``not supported yet``: the reason)."""
+    equal; ``corrupting``: its first finding, the outputs differing from eager;
+    ``hazard``: its first finding where the outputs still agreed in this workload), then
+    one per name of vLLM's list not checked (``not supported yet``: the reason)."""
     rows = []
     findings: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    numbers: dict[tuple[str, str], dict[str, Any]] = {}
     configurations: list[dict[str, Any]] = []
     for report in [reports] if isinstance(reports, dict) else reports:
         report = labelled(report)
         configurations.extend(report.get("configurations", []))
         for f in (f for p in report.get("findings", []) for f in problem_entries(p)):  # one entry a problem
             findings.setdefault((f["runner"], f["mode"]), []).append(f)
+        numbers.update({(n["runner"], n["mode"]): n for n in report.get("numerical", [])})
     for cfg in configurations:
         arch, runner = split_label(cfg["runner"])
         found = findings.get((cfg["runner"], cfg["mode"]), [])
@@ -207,7 +218,12 @@ def table(reports: dict[str, Any] | list[dict[str, Any]]) -> list[tuple[str, str
             first = found[0]
             where = first.get("location") or first.get("capture_frame") or first.get("step_frame") or {}
             at = f" at {where.get('file', '?')}:{where.get('line', '?')}" if where else ""
-            verdict = f"corrupting: {first['code']}{at} ({len(found)} finding{'s' if len(found) > 1 else ''})"
+            n = numbers.get((cfg["runner"], cfg["mode"]))
+            # a finding whose replays and eager twin still agreed in this workload is a
+            # hazard the workload did not trip, not a corruption shown
+            agreed = n is not None and n.get("token_agreement") == 1.0 and n.get("max_logit_error") == 0.0
+            kind = "hazard (outputs agreed with eager in this workload)" if agreed else "corrupting"
+            verdict = f"{kind}: {first['code']}{at} ({len(found)} finding{'s' if len(found) > 1 else ''})"
         else:
             verdict = "safe"
         rows.append((arch, ARCHS[arch].family if arch in ARCHS else "?", runner, cfg["mode"], verdict))

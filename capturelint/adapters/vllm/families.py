@@ -49,9 +49,11 @@ class Family:
 
 FAMILIES = {f.name: f for f in (
     Family("generic attention", "capturelint.adapters.vllm.generic", 2, invariants.GENERIC_TOML),
+    Family("sparse MLA", "capturelint.adapters.vllm.sparse_mla", 2, invariants.SPARSE_MLA_TOML),
     Family("MLA", "capturelint.adapters.vllm.mla", 1, invariants.MLA_TOML),
     Family("Kimi linear + MLA", "capturelint.adapters.vllm.kimi", 2, invariants.KIMI_TOML),
     Family("gated delta-net hybrid", "capturelint.adapters.vllm.gdn", 2, invariants.GDN_TOML),
+    Family("Mamba2 hybrid", "capturelint.adapters.vllm.mamba2", 2, invariants.MAMBA2_TOML),
 )}
 
 

@@ -16,14 +16,14 @@ CUDA wheel does not ship.
 ``v1/attention/backends/triton_attn.py``): its metadata builder and
 ``TritonAttentionImpl`` run as they are; the CPU platform would pick ``CPU_ATTN``
 (``vllm._C`` again), so the selector is answered with the Triton backend's path, as a
-CUDA platform answers it when asked for it. ``Attention.forward`` calls the eager break
-``unified_attention_with_output`` directly (its ``use_direct_call`` branch) rather than
-through the opaque custom op a CUDA platform registers: the same decorated function.
-Through the op, PIECEWISE checks are clean and compute what the untraced run computes
-(the tracer follows a break entered inside an op's dispatch); FULL graphs are not yet:
-the emulated graph records the op as one call and its replay re-runs the op's Python,
-where a GPU's graph holds the kernels it launched (V2's FULL replay runs without a
-forward context, and the op's ``get_forward_context()`` fails). Its two kernels are references of ours
+CUDA platform answers it when asked for it. ``Attention.forward`` goes through the
+opaque custom ops a CUDA platform registers (``opaque_attention_op`` answers True, as
+CUDA's and CPU's do): ``torch.ops.vllm.unified_kv_cache_update``, captured, then
+``torch.ops.vllm.unified_attention_with_output``, whose implementation is the eager
+break, entered inside the op's dispatch. Both are Python around kernels: a GPU's capture
+records the kernels they launch, so the emulated capture records the ops they run
+(``WRAPPER_OPS``, ``protocol.register_wrapper_op``), and the tracer follows the break into
+the op's dispatch. Its two kernels are references of ours
 (``kernels.paged_attention``: the cache write, captured, and the paged attention, in the
 eager break; both captured in FULL graphs), not Triton's interpreter (why: that module).
 
@@ -49,9 +49,16 @@ from capturelint.adapters.vllm.model import compare, default_dtype, ensure_distr
 from capturelint.adapters.vllm.runners import real
 from capturelint.adapters.vllm.workload import RunSpec, schedule
 from capturelint.options import CUDAGraphMode, Runner
-from capturelint.runtime import frames
+from capturelint.runtime import frames, protocol
 
 frames.register_runtime_file(__file__)
+
+# vLLM's attention ops are Python around kernels: a GPU's capture records the kernels
+# they launch, so the emulated one records the ops they run (protocol.register_wrapper_op);
+# the second's implementation is the eager break.
+WRAPPER_OPS = {"vllm::unified_kv_cache_update": False, "vllm::unified_attention_with_output": True}
+for _name, _holds_break in WRAPPER_OPS.items():
+    protocol.register_wrapper_op(_name, _holds_break)
 
 DEFAULT_LAYERS = 2
 BLOCK_SIZE = 16  # the Triton backend's kernel block size (get_supported_kernel_block_sizes: MultipleOf(16))
@@ -161,11 +168,11 @@ def backend() -> Iterator[None]:
         patches.set(type(current_platform), "get_attn_backend_cls", classmethod(lambda cls, *a, **k: path))
         patches.set(triton_attn, "triton_reshape_and_cache_flash", paged_attention.reshape_and_cache_flash)
         patches.set(triton_attn, "unified_attention", paged_attention.unified_attention)
-        # Attention.forward calls the break directly, not through the opaque custom op
-        # torch.ops.vllm.unified_attention_with_output (attention.py:545-576): the same
-        # function either way, but the emulated FULL graph replays the op's Python
-        # (module docstring); CUDA and CPU platforms answer True here.
-        patches.set(type(current_platform), "opaque_attention_op", classmethod(lambda cls: False))
+        # Attention.forward goes through the opaque custom ops, as on CUDA (CUDA and CPU
+        # platforms answer True): torch.ops.vllm.unified_kv_cache_update, then
+        # torch.ops.vllm.unified_attention_with_output, whose implementation is the eager
+        # break (attention.py:564-583). Captures record the ops they run (WRAPPER_OPS).
+        patches.set(type(current_platform), "opaque_attention_op", classmethod(lambda cls: True))
         yield
     finally:
         patches.undo()

@@ -76,6 +76,33 @@ select = [
 '''
 
 
+MAMBA2_TOML = '''
+[tool.capturelint.invariants.mamba2-mixer-eager]
+require = "eager"
+modes = ["PIECEWISE"]
+why = """vLLM's MambaMixer2 runs its convolution and state-space scan in the eager break mamba_mixer2 \\
+(model_executor/layers/mamba/mamba_mixer2.py:1229): they read each step's Mamba2 metadata (prefill and decode \\
+split, query start locations, state indices, initial-state flags) and write the request's conv and SSM state \\
+lines, so captured they would replay the capture's split and lines; the projections and the gated norm around \\
+it are captured. Selected: the break's op and its kernels"""
+select = [
+    { scope = "model.layers.*.mixer", op = ["vllm.mamba_mixer2*", "capturelint_vllm.causal_conv1d*",
+                                            "capturelint_vllm.selective_state_update*",
+                                            "capturelint_vllm.mamba_chunk_scan*"] },
+]
+
+[tool.capturelint.invariants.hybrid-attention-eager]
+require = "eager"
+modes = ["PIECEWISE"]
+why = """the hybrid's attention layers are vLLM's Attention, whose attention kernel runs in the eager break \\
+unified_attention_with_output (model_executor/layers/attention/attention.py:770), as in the generic family's \\
+attention-eager; only the KV-cache write is captured"""
+select = [
+    { scope = "model.layers.*.mixer.attn", op = ["capturelint_vllm.unified_attention*", "vllm.unified_attention_with_output*"] },
+]
+'''
+
+
 # The gated delta-net hybrid: its full-attention layers are vLLM's Attention (the
 # generic family's attention-eager, the same scopes), its linear-attention
 # layers keep the convolution and the delta rule in the break qwen_gdn_attention_core.
@@ -144,9 +171,28 @@ select = [
 ]
 '''
 
+
+SPARSE_MLA_TOML = '''
+[tool.capturelint.invariants.sparse-mla-indexer-attention-eager]
+require = "eager"
+modes = ["PIECEWISE"]
+why = """DeepSeek V3.2's attention (models/deepseek_v32/attention.py) runs the indexer's top-k and the sparse MLA \\
+in the eager break _sparse_indexer_and_attn: sparse_attn_indexer (model_executor/layers/sparse_attn_indexer.py:437, \\
+itself an eager break) reads each step's indexer metadata (decode/prefill split, sequence lengths, block tables) and \\
+picks its prefill chunks and decode path on the host, and FlashMLA sparse's forward_mqa converts the step's top-k \\
+indices to cache slots through its block table; captured, they would replay the capture's. Only the projections, \\
+norms, RoPE and the cache writes (fused_norm_rope, fused_q) are captured"""
+select = [
+    { scope = "model.layers.*.self_attn", function = ["_sparse_indexer_and_attn", "sparse_attn_indexer", "forward_mqa",
+                                                       "_forward_bf16_kv", "_bf16_flash_mla_kernel", "flash_mla_*"] },
+]
+'''
+
+
 def default_invariants() -> tuple[Invariant, ...]:
     """vLLM's invariants for DeepSeek V4 (the default architecture), with source ``default``."""
     return shipped_defaults(DEFAULTS_TOML, "capturelint/adapters/vllm/invariants.py")
 
 
-__all__ = ["DEFAULTS_TOML", "GDN_TOML", "GENERIC_TOML", "KIMI_TOML", "MLA_TOML", "default_invariants"]
+__all__ = ["DEFAULTS_TOML", "GDN_TOML", "GENERIC_TOML", "KIMI_TOML", "MAMBA2_TOML", "MLA_TOML", "SPARSE_MLA_TOML",
+           "default_invariants"]

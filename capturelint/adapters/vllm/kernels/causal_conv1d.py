@@ -72,6 +72,12 @@ def _silu(activation: Any) -> bool:
     raise CapturelintError(f"vLLM's causal_conv1d takes activation None, True, 'silu' or 'swish', not {activation!r}")
 
 
+def _first_column(indices: torch.Tensor) -> torch.Tensor:
+    """A sequence's cache line: the kernels read ``indices[b]`` by its first stride, so
+    of a ``[B, blocks]`` table (vLLM's state indices) the first column."""
+    return (indices[:, 0] if indices.dim() > 1 else indices).to(torch.int64)
+
+
 def _skipped(indices: torch.Tensor, null_block_id: int | None) -> torch.Tensor:
     """The sequences the kernels do not process: a null-block (or negative) cache index."""
     skip = indices < 0
@@ -114,7 +120,7 @@ def reference_causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: torc
     device = x.device
     starts = query_start_loc[:-1].to(torch.int64)
     lengths = query_start_loc[1:].to(torch.int64) - starts
-    indices = (cache_indices if cache_indices is not None else torch.arange(batch, device=device)).to(torch.int64)
+    indices = _first_column(cache_indices) if cache_indices is not None else torch.arange(batch, device=device)
     skip = _skipped(indices, null_block_id) | (lengths <= 0)
     lines = indices.clamp(0, conv_states.shape[0] - 1)
     old = conv_states[lines]  # [B, dim, S]
@@ -175,7 +181,7 @@ def reference_causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, we
         batch, _, steps = x.shape
         lengths = torch.full((batch,), steps, dtype=torch.int64, device=device)
         xb = x.to(torch.float32, copy=True)  # out is x itself unless given: read before it is written
-    indices = (conv_state_indices.to(torch.int64) if conv_state_indices is not None
+    indices = (_first_column(conv_state_indices) if conv_state_indices is not None
                else torch.arange(batch, device=device))
     skip = _skipped(indices, null_block_id) | (lengths <= 0)
     lines = indices.clamp(0, conv_state.shape[0] - 1)

@@ -1,0 +1,195 @@
+"""The sparse MLA family: DeepSeek V3.2's attention (MLA with the lightning indexer,
+``vllm/models/deepseek_v32``), run whole through vLLM's own runners.
+
+(docstring completed below once the family runs)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import types
+from typing import Any, Iterator
+
+import torch
+
+from capturelint.adapters.vllm.model import default_dtype, ensure_distributed, randomize, runner_env, use_cpu_gemm
+from capturelint.adapters.vllm.runners import real
+from capturelint.adapters.vllm.workload import RunSpec, schedule
+from capturelint.options import Runner
+from capturelint.runtime import frames
+
+frames.register_runtime_file(__file__)
+
+DEFAULT_LAYERS = 2
+BLOCK_SIZE = 64  # FlashMLA sparse's kernel block size (get_supported_kernel_block_sizes: MultipleOf(64))
+MAX_MODEL_LEN = 256
+INDEX_TOPK = 128  # the index remap kernel's tile (NUM_TOPK_TOKENS % BLOCK_N == 0, BLOCK_N 128)
+TINY = dict(vocab_size=96, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=4,
+            q_lora_rank=64, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
+            index_topk=INDEX_TOPK, index_n_heads=4, index_head_dim=128, n_routed_experts=4, moe_intermediate_size=64,
+            max_position_embeddings=1024, rms_norm_eps=1e-6, tie_word_embeddings=False,
+            rope_parameters={"rope_theta": 10000.0, "rope_type": "default"})
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseMlaArch:
+    """One architecture of the family: its name and the ``transformers`` config class."""
+
+    name: str
+    config_class: str
+
+
+ARCHS = {a.name: a for a in (
+    SparseMlaArch("DeepseekV32ForCausalLM", "DeepseekV32Config"),
+    SparseMlaArch("GlmMoeDsaForCausalLM", "GlmMoeDsaConfig"),
+)}
+
+
+def hf_config(arch: SparseMlaArch, layers: int) -> Any:
+    import transformers
+
+    return getattr(transformers, arch.config_class)(num_hidden_layers=layers, first_k_dense_replace=layers,
+                                                    architectures=[arch.name], **TINY)
+
+
+MODEL_FIELDS = {**real.MODEL_FIELDS, "use_mla": True, "model": "capturelint/tiny-sparse-mla"}
+
+
+def vllm_config(arch: SparseMlaArch, layers: int, runner: Runner) -> Any:
+    from vllm.config import VllmConfig
+
+    from capturelint.adapters.vllm.options import MAX_REQS, MAX_TOKENS
+
+    hf = hf_config(arch, layers)
+    vc = VllmConfig()
+    mc = types.SimpleNamespace(hf_config=hf, hf_text_config=hf, max_model_len=MAX_MODEL_LEN, is_moe=False,
+                               dtype=torch.bfloat16, head_dtype=torch.bfloat16, runner=str(runner),
+                               sleep_mode_offload_cudagraph=False, enable_sleep_mode=False, quantization=None,
+                               **MODEL_FIELDS)
+    mc.get_num_attention_heads = lambda parallel_config=None: hf.num_attention_heads
+    mc.get_num_kv_heads = lambda parallel_config=None: 1
+    mc.get_total_num_kv_heads = lambda: 1
+    mc.get_head_size = lambda: hf.kv_lora_rank + hf.qk_rope_head_dim
+    mc.get_num_layers = lambda parallel_config=None: hf.num_hidden_layers
+    mc.model_arch_config = types.SimpleNamespace(total_num_attention_heads=hf.num_attention_heads)
+    object.__setattr__(vc, "model_config", mc)
+    vc.compilation_config.custom_ops = ["none"]
+    vc.cache_config.block_size = BLOCK_SIZE
+    vc.attention_config.sparse_mla_prefill_workspace_factor = 5
+    vc.scheduler_config.max_num_batched_tokens = MAX_TOKENS
+    vc.scheduler_config.max_num_seqs = MAX_REQS
+    vc.kernel_config.enable_jit_warmup = False
+    return vc
+
+
+class _Recording:
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = super().compute_logits(hidden)  # type: ignore[misc]
+        self.logits_seen.append(logits.detach().float().clone())
+        return logits
+
+
+def build_model(arch: SparseMlaArch, runner: Runner, layers: int, seed: int) -> tuple[torch.nn.Module, Any]:
+    from vllm.config import set_current_vllm_config
+    from vllm.models.deepseek_v32.nvidia.model import DeepseekV32ForCausalLM
+
+    vc = vllm_config(arch, layers, runner)
+    with runner_env(runner), set_current_vllm_config(vc), default_dtype(torch.bfloat16):
+        ensure_distributed(vc)
+        model = DeepseekV32ForCausalLM(vllm_config=vc, prefix="")
+    model.__class__ = type(f"{arch.name}ForCapturelint", (_Recording, DeepseekV32ForCausalLM), {})
+    use_cpu_gemm(model)
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    for m in model.modules():
+        if isinstance(m, ParallelLMHead):
+            m.cpu_linear = torch.nn.functional.linear
+    randomize(model, seed)
+    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+
+    with set_current_vllm_config(vc):  # W_UK_T / W_UV from kv_b_proj, the loader's last step (model_loader/utils.py:206)
+        for m in model.modules():
+            if isinstance(m, MLAAttention):
+                m.process_weights_after_loading(torch.bfloat16)
+    model.requires_grad_(False)
+    return model, vc
+
+
+@contextlib.contextmanager
+def backend() -> Iterator[None]:
+    from vllm.platforms import current_platform
+    from vllm.v1.attention import selector
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from capturelint.adapters.vllm.install import Patches
+    from capturelint.adapters.vllm.kernels import sparse_mla_fused
+
+    path = AttentionBackendEnum.FLASHMLA_SPARSE.get_path()
+    patches = Patches()
+    try:
+        patches.set(type(current_platform), "get_attn_backend_cls", classmethod(lambda cls, *a, **k: path))
+        sparse_mla_fused.install(patches)
+        from vllm.v1.attention.backends.mla import index_group
+
+        # vllm.utils.torch_utils.current_stream answers a CPU platform with a placeholder
+        # stream (no events); the emulated device's current stream is what a GPU's is
+        patches.set(index_group, "current_stream", _compute_stream)
+        patches.set(index_group, "_create_side_stream", lambda device: torch.cuda.Stream())
+        patches.set(index_group, "_create_event", lambda: torch.cuda.Event())
+        from vllm.third_party.flashmla import flash_mla_interface
+        from vllm.v1.attention.backends.mla import flashmla_sparse
+
+        # vLLM binds these to functions that raise when vllm._flashmla_C cannot load
+        # (v1/attention/ops/flashmla.py); on a GPU they are the vendored interface's,
+        # whose _flashmla_C ops have references (kernels.flashmla)
+        patches.set(flashmla_sparse, "flash_mla_sparse_fwd", flash_mla_interface.flash_mla_sparse_fwd)
+        patches.set(flashmla_sparse, "flash_mla_with_kvcache", flash_mla_interface.flash_mla_with_kvcache)
+        yield
+    finally:
+        patches.undo()
+        selector._cached_get_attn_backend.cache_clear()
+
+
+def _compute_stream() -> Any:
+    """The emulated device's current stream; V1's capture may have pushed vLLM's CPU
+    placeholder stream (no events) there, for which the default stream stands."""
+    from capturelint.runtime import streams
+
+    stream = streams.current_stream()
+    return stream if isinstance(stream, streams.EmulatedStream) else streams.default_stream()
+
+
+class SparseMlaRunnerLoop(real.VllmRunnerLoop):
+    ARCH: SparseMlaArch = ARCHS["DeepseekV32ForCausalLM"]
+    MODEL_FIELDS = MODEL_FIELDS
+    BLOCK_SIZE = BLOCK_SIZE
+    DRIVES_FULL = True
+
+    def _workload(self, spec: RunSpec) -> list[Any]:
+        return schedule(spec.batch_sizes, spec.steps)
+
+    def _build(self, spec: RunSpec) -> tuple[Any, Any]:
+        return build_model(self.ARCH, spec.runner, spec.layers, spec.seed)
+
+    def _prefill(self) -> None:
+        """Every request is prefilled by the runner itself: nothing stands in."""
+
+    def _caches(self) -> list[tuple[str, Any]]:
+        from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+
+        found = []
+        for name, module in self.model.named_modules():
+            if isinstance(module, MLAAttention):
+                found.append((f"kv_cache.{name}", module.kv_cache))
+                if module.indexer is not None:
+                    found.append((f"kv_cache.{name}.indexer", module.indexer.k_cache.kv_cache))
+        return found
+
+
+def loop_for(arch: str) -> type[SparseMlaRunnerLoop]:
+    return type(f"{arch}RunnerLoop", (SparseMlaRunnerLoop,), {"ARCH": ARCHS[arch]})
+
+
+__all__ = ["ARCHS", "BLOCK_SIZE", "DEFAULT_LAYERS", "INDEX_TOPK", "SparseMlaArch", "SparseMlaRunnerLoop", "TINY",
+           "backend", "build_model", "hf_config", "loop_for", "vllm_config"]
