@@ -48,8 +48,7 @@ def v2_narrow(tmp_path_factory):
 def test_v1_narrow_region_fails_at_the_profile_run_branch(v1_narrow):
     code, report = v1_narrow
     assert code == 1
-    findings = finding_entries(report)  # each finding (JSON v2 holds one entry per problem)
-    cl101 = [f for f in findings if f["code"] == "CL101"]
+    cl101 = [f for f in finding_entries(report) if f["code"] == "CL101"]
     assert cl101, report["summary"]
     for f in cl101:
         assert (f["runner"], f["mode"]) == ("v1", "PIECEWISE")
@@ -65,7 +64,7 @@ def test_v1_narrow_region_fails_at_the_profile_run_branch(v1_narrow):
         compressor_ops = "capturelint_vllm.save_partial_states.default" in f["message"]
         assert compressor_ops == (f["scope"] != "model.layers.0.attn"), f["message"]
     # the declared invariant of vLLM's region decision is broken too, in vLLM's own function
-    cl201 = [f for f in findings if f["code"] == "CL201"]
+    cl201 = [f for f in finding_entries(report) if f["code"] == "CL201"]
     assert {f["invariant"] for f in cl201} == {"dsv4-v1-attention-prep-eager"}
     assert sorted(f["scope"] for f in cl201) == LAYERS
     # in the ratio-4 layer it selects the indexer's query path as well
@@ -79,13 +78,13 @@ def test_v1_narrow_region_fails_at_the_profile_run_branch(v1_narrow):
     # mixed steps run eagerly
     full = next(n for n in report["numerical"] if n["mode"] == "FULL")
     assert full["max_step_error"] < 1e-4 and full["replay_steps"] == 3
-    assert not [f for f in findings if f["mode"] == "FULL"]
+    assert not [f for f in finding_entries(report) if f["mode"] == "FULL"]
 
 
 def test_v1_with_vllms_own_region_is_clean(v1_default):
     code, report = v1_default
-    assert code == 0, report["findings"]
-    assert report["findings"] == []
+    assert code == 0, finding_entries(report)
+    assert finding_entries(report) == []
     assert {c["eager_region"] for c in report["configurations"]} == {"wide"}  # _prepare_and_attn_eager under V1
     (n,) = report["numerical"]
     # PIECEWISE replays all six steps (the prefill and mixed ones too)
@@ -96,7 +95,7 @@ def test_v1_with_vllms_own_region_is_clean(v1_default):
 
 def test_v2_narrow_region_is_clean(v2_narrow):
     code, report = v2_narrow
-    assert code == 0, report["findings"]
+    assert code == 0, finding_entries(report)
     for n in report["numerical"]:
         assert n["runner"] == "v2"
         assert n["replay_steps"] >= 3
@@ -142,7 +141,7 @@ def test_static_mode_holds_vllm_to_the_declared_region(tmp_path_factory):
                          "forward"}
     assert report["numerical"] == []  # replay equivalence was not checked, and the report says so
     code, report = check(tmp_path_factory, "--static", "--runner", "v1", "--mode", "PIECEWISE")
-    assert code == 0, report["findings"]
+    assert code == 0, finding_entries(report)
 
 
 # ------------------------------------------------------------------ one-line errors

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from capturelint.cli import main
-from capturelint.report import finding_entries
 from vllm_required import require_vllm
+from capturelint.report import finding_entries
 
 ATTENTION = "vllm/models/deepseek_v4/attention.py"
 # the default workload (capture sizes 2 and 4, batch sizes 1, 2, 3, 3, 2, ...), five of its steps
@@ -113,7 +113,7 @@ def check(tmp_path, monkeypatch, impl: str, *args: str) -> tuple[int, dict]:
 def test_v1_narrow_region_fails_where_vllms_runner_captured_without_metadata(tmp_path, monkeypatch, calls, builds):
     code, report = check(tmp_path, monkeypatch, "real", *V1, "--eager-region", "narrow")
     assert code == 1
-    cl101 = [f for f in finding_entries(report) if f["code"] == "CL101"]  # each finding, not each problem
+    cl101 = [f for f in finding_entries(report) if f["code"] == "CL101"]
     # every layer kind: the capture recorded the profile branch (q padded, nothing written)
     assert [f["scope"] for f in cl101] == ["model.layers.0.attn", "model.layers.1.attn", "model.layers.2.attn"]
     for f in cl101:
@@ -127,8 +127,9 @@ def test_v1_narrow_region_fails_where_vllms_runner_captured_without_metadata(tmp
     lost = ("capturelint_vllm.save_partial_states.default", "capturelint_vllm.compress_norm_rope_store.default")
     assert [all(op in f["message"] for op in lost) for f in cl101] == [False, True, True]
     # vLLM's builders made the compressed layers' metadata at every step (none at the
-    # PIECEWISE capture): the traced graph run's, its eager twin's, then, as the twin
-    # diverged, an untraced graph run's that locates the break where it enters (docs/vllm.md)
+    # PIECEWISE capture): the traced graph run's, its eager twin's, and, since they
+    # differ, an untraced graph run's, whose break calls locate a divergence no rule
+    # explains (adapters/vllm/break_probe.py)
     assert builds == [b for _ in range(3) for seq_len in WORKLOAD_SEQ_LENS for b in step_builds(seq_len)]
     # vLLM's capture loop made the decision: per capture size, largest first, one warmup
     # (mode NONE) and one capturing _dummy_run, PIECEWISE, neither forcing attention metadata
@@ -137,9 +138,9 @@ def test_v1_narrow_region_fails_where_vllms_runner_captured_without_metadata(tmp
     # (again for the untraced graph run, which captures its own graphs)
     assert calls["dummy_run"] == [(n, mode, False, capturing) for n in (4, 2)
                                   for mode, capturing in ((CUDAGraphMode.NONE, False), (CUDAGraphMode.PIECEWISE, True))] * 2
-    # the scheduler outputs of the workload, the traced graph run's, the eager twin's and the
-    # untraced graph run's: a prefill-only step, two mixed prefill-decode steps, decodes,
-    # requests leaving
+    # the scheduler outputs of the workload, the traced graph run's, the eager twin's and
+    # the untraced graph run's: a
+    # prefill-only step, two mixed prefill-decode steps, decodes, requests leaving
     steps = [(2, ["req0"], [], []), (4, ["req1"], ["req0"], []), (4, ["req2"], ["req0", "req1"], []),
              (3, [], ["req0", "req1", "req2"], []), (2, [], ["req1", "req2"], ["req0"])]
     assert calls["execute_model"] == steps * 3
@@ -173,7 +174,8 @@ def test_v2_builds_metadata_for_its_capture_and_the_narrow_region_holds(tmp_path
     monkeypatch.setattr(DefaultModelState, "prepare_attn", spy_prepare_attn)
     v2 = ("--runner", "v2", "--eager-region", "narrow")
     real_code, real = check(tmp_path, monkeypatch, "real", *v2)
-    # each capture size's warmup and capture forward, not FULL
+    # each capture size's warmup and capture forward, not FULL (the traced run's: the
+    # eager twin agrees with it, so no untraced graph run is made)
     assert seen["prepare_inputs_to_capture"] == [False] * 4
     assert seen["prepare_attn"] and not any(seen["prepare_attn"])  # PIECEWISE: for_capture=False
     # each capture size's warmup and capture dummy batch (4 and 2 requests of one token),

@@ -25,8 +25,10 @@ captured in FULL graphs, where interpreted Triton cannot. V2's state bookkeeping
 (``v1/worker/gpu/model_states/mamba_hybrid.py``) run between graphs, as they are, in
 Triton's interpreter (``INTERPRETED``). ``forward_cuda`` enters its break through the
 custom op ``torch.ops.vllm.qwen_gdn_attention_core``; the check calls the same decorated
-function directly, as the generic family calls ``unified_attention_with_output`` (why:
-``generic``).
+function directly. Through the op, PIECEWISE checks the same (tried: clean, the traced
+run equal to the program's); a FULL graph, though, records the op as one op of the
+emulated capture, whose replay runs vLLM's Python outside any forward context ("Forward
+context is not set"), where a CUDA graph records the kernels launched under it.
 
 **The runners**: ``GdnRunnerLoop``, vLLM's own V1 or V2 ``GPUModelRunner``
 (``runners.real``) over this model, with vLLM's hybrid KV cache plan
@@ -168,7 +170,7 @@ def backend() -> Iterator[None]:
             patches.set(gdn_layer, name, reference)
         # forward_cuda calls the break through the custom op torch.ops.vllm.qwen_gdn_attention_core
         # (qwen_gdn_linear_attn.py:1198): called here directly, the same decorated function the
-        # op dispatches to, as the generic family calls unified_attention_with_output (why: there)
+        # op dispatches to (why: the module docstring)
         torch.ops.vllm.qwen_gdn_attention_core  # noqa: B018 - resolve the op once, so undo restores it
         patches.set(torch.ops.vllm, "qwen_gdn_attention_core", gdn_layer.qwen_gdn_attention_core)
         with generic.backend(), interpret_modules(INTERPRETED):
