@@ -57,7 +57,8 @@ _SPARSE_MLA = ("sparse MLA family (MLA attention with its eager break, mla_atten
 _DSA = ("vLLM's own model runs on both runners (adapters/vllm/sparse_mla.py, kernels/sparse_mla_fused.py: V2 PIECEWISE "
         "graph run = eager), but V1 PIECEWISE captures without attention metadata (gpu_model_runner.py:5637), so "
         "fused_norm_rope's MLA/indexer cache writes are not in its graphs (CL101, token agreement 0.33: vLLM's hazard, "
-        "as DeepSeek V4's #51430), and FULL graphs replayed no step of the default workload yet")
+        "as DeepSeek V4's #51430); V2 FULL equals eager but reports CL112 at the index group's side stream "
+        "(index_group.py:147, not yet told apart from the emulation of vLLM's CPU placeholder stream); V1 FULL unchecked")
 _GDN = ("gated delta-net hybrid (layers/mamba/gdn/*_gdn_linear_attn.py breaks; FLA Triton kernels in captured code "
         "need torch references): not covered yet")
 _KIMI = ("Kimi K3 (models/kimi_k3/nvidia): its delta attention is the full-rank-gate KimiK3DeltaAttention (kda.py, "

@@ -182,9 +182,10 @@ def backend() -> Iterator[None]:
         patches.set(mamba_mixer2, "mamba_chunk_scan_combined_varlen", mamba_ssm.mamba_chunk_scan_combined_varlen)
         # MambaMixer2.forward calls its break through the custom op torch.ops.vllm.mamba_mixer2
         # (:598); the op's name answers the decorated function itself here, as generic's
-        # Attention calls its break directly: through the op (a break entered inside a
-        # dispatched op) a traced run does not compute what the program computes yet
-        # (tried: CL901, the replay's step error inf, while the untraced graph run equals eager)
+        # Attention calls its break directly. Through the op (a break entered inside a
+        # dispatched op), tried: PIECEWISE checks clean, but a FULL graph's emulated replay
+        # runs the op's Python again, outside any forward context (AssertionError in
+        # get_forward_context, forward_context.py:210)
         patches.set(torch.ops.vllm, "mamba_mixer2", mamba_mixer2.mamba_mixer2)
         with generic.backend(), interpret_modules(INTERPRETED):
             yield

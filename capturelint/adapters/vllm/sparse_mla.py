@@ -1,7 +1,33 @@
 """The sparse MLA family: DeepSeek V3.2's attention (MLA with the lightning indexer,
-``vllm/models/deepseek_v32``), run whole through vLLM's own runners.
+DSA), the class vLLM serves ``DeepseekV32ForCausalLM`` and ``GlmMoeDsaForCausalLM``
+with on a CUDA platform (``vllm/models/deepseek_v32/nvidia/model.py``), run whole
+through vLLM's own runners.
 
-(docstring completed below once the family runs)
+**The model** is vLLM's own class, built through its ``__init__`` from a tiny
+configuration made in code with the architecture's ``transformers`` config class
+(``TINY``: hidden 128, 4 heads, ``q_lora_rank`` 64, ``kv_lora_rank`` 512 and RoPE 64
+(FlashMLA sparse's head 576), indexer 4 heads of 128, ``index_topk`` 128 (the index
+remap kernel's tile), dense MLPs (``first_k_dense_replace`` = the layers); no
+download), random weights drawn from the seed, then each ``MLAAttention``'s
+``process_weights_after_loading`` (``W_UK_T``/``W_UV`` from ``kv_b_proj``, the
+loader's last step). vLLM's ``models/deepseek_v32/__init__.py`` would give a CPU
+platform DeepSeek V3's generic class; the CUDA module is what is checked.
+
+**The attention backend** is vLLM's FlashMLA sparse (``FLASHMLA_SPARSE``,
+``v1/attention/backends/mla/flashmla_sparse.py``, bf16 cache ``auto``): its metadata
+builder, ``FlashMLASparseImpl`` and the sparse index group run as they are, and the
+indexer's builder (``v1/attention/backends/mla/indexer.py``). The eager breaks are
+vLLM's: ``_sparse_indexer_and_attn`` (``deepseek_v32/attention.py``) around
+``sparse_attn_indexer`` (``sparse_attn_indexer.py:437``) and ``forward_mqa``.
+``backend()`` stands in (see there): the fused Triton kernels of the captured code
+(``kernels.sparse_mla_fused``), the FlashMLA entry points bound to the vendored
+interface (whose ``_flashmla_C`` ops have references, ``kernels.flashmla``), the index
+group's streams and events on the emulated device. The indexer's logits and top-k are
+DeepSeek V4's references (``kernels.compressed``, bound by ``cpu_shim``).
+
+**The runners**: ``SparseMlaRunnerLoop``, vLLM's own V1 or V2 ``GPUModelRunner``
+(``runners.real``), block size 64 (FlashMLA sparse's), the serving workload, every
+request prefilled by the runner itself. What it finds: ``archs`` (the NOT_YET reason).
 """
 
 from __future__ import annotations
@@ -47,6 +73,7 @@ ARCHS = {a.name: a for a in (
 
 
 def hf_config(arch: SparseMlaArch, layers: int) -> Any:
+    """The tiny configuration, made with the architecture's ``transformers`` class."""
     import transformers
 
     return getattr(transformers, arch.config_class)(num_hidden_layers=layers, first_k_dense_replace=layers,
@@ -57,6 +84,8 @@ MODEL_FIELDS = {**real.MODEL_FIELDS, "use_mla": True, "model": "capturelint/tiny
 
 
 def vllm_config(arch: SparseMlaArch, layers: int, runner: Runner) -> Any:
+    """A fresh ``VllmConfig`` whose model configuration answers what vLLM's model class,
+    MLA layers, builders and runners read of it."""
     from vllm.config import VllmConfig
 
     from capturelint.adapters.vllm.options import MAX_REQS, MAX_TOKENS
@@ -84,6 +113,8 @@ def vllm_config(arch: SparseMlaArch, layers: int, runner: Runner) -> Any:
 
 
 class _Recording:
+    """Keeps each step's logits for the numerical oracle; mixed into vLLM's class."""
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = super().compute_logits(hidden)  # type: ignore[misc]
         self.logits_seen.append(logits.detach().float().clone())
@@ -91,6 +122,7 @@ class _Recording:
 
 
 def build_model(arch: SparseMlaArch, runner: Runner, layers: int, seed: int) -> tuple[torch.nn.Module, Any]:
+    """vLLM's class under ``runner``'s configuration, random weights from ``seed``."""
     from vllm.config import set_current_vllm_config
     from vllm.models.deepseek_v32.nvidia.model import DeepseekV32ForCausalLM
 
@@ -118,6 +150,8 @@ def build_model(arch: SparseMlaArch, runner: Runner, layers: int, seed: int) -> 
 
 @contextlib.contextmanager
 def backend() -> Iterator[None]:
+    """vLLM's FlashMLA sparse backend for the block, what a CPU cannot run stood in (the
+    module docstring). Enter it inside ``install.cpu_shim`` (``families``)."""
     from vllm.platforms import current_platform
     from vllm.v1.attention import selector
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
@@ -130,13 +164,18 @@ def backend() -> Iterator[None]:
     try:
         patches.set(type(current_platform), "get_attn_backend_cls", classmethod(lambda cls, *a, **k: path))
         sparse_mla_fused.install(patches)
+        from vllm.utils import torch_utils
         from vllm.v1.attention.backends.mla import index_group
 
         # vllm.utils.torch_utils.current_stream answers a CPU platform with a placeholder
-        # stream (no events); the emulated device's current stream is what a GPU's is
-        patches.set(index_group, "current_stream", _compute_stream)
-        patches.set(index_group, "_create_side_stream", lambda device: torch.cuda.Stream())
-        patches.set(index_group, "_create_event", lambda: torch.cuda.Event())
+        # stream (no events), which the index group waits on and the runners capture on;
+        # a CUDA platform answers a dedicated stream made once per process (torch_utils.py:824):
+        # an emulated one, for the block
+        from capturelint.runtime.streams import EmulatedEvent, EmulatedStream
+
+        patches.set(torch_utils._current_stream_tls, "value", EmulatedStream())
+        patches.set(index_group, "_create_side_stream", lambda device: EmulatedStream())
+        patches.set(index_group, "_create_event", lambda: EmulatedEvent())
         from vllm.third_party.flashmla import flash_mla_interface
         from vllm.v1.attention.backends.mla import flashmla_sparse
 
@@ -151,16 +190,10 @@ def backend() -> Iterator[None]:
         selector._cached_get_attn_backend.cache_clear()
 
 
-def _compute_stream() -> Any:
-    """The emulated device's current stream; V1's capture may have pushed vLLM's CPU
-    placeholder stream (no events) there, for which the default stream stands."""
-    from capturelint.runtime import streams
-
-    stream = streams.current_stream()
-    return stream if isinstance(stream, streams.EmulatedStream) else streams.default_stream()
-
-
 class SparseMlaRunnerLoop(real.VllmRunnerLoop):
+    """vLLM's own runner (``runners.real``) over vLLM's DeepSeek V3.2 class (``ARCH``, set
+    per architecture by ``loop_for``)."""
+
     ARCH: SparseMlaArch = ARCHS["DeepseekV32ForCausalLM"]
     MODEL_FIELDS = MODEL_FIELDS
     BLOCK_SIZE = BLOCK_SIZE
@@ -188,6 +221,7 @@ class SparseMlaRunnerLoop(real.VllmRunnerLoop):
 
 
 def loop_for(arch: str) -> type[SparseMlaRunnerLoop]:
+    """The step loop of ``arch``'s configurations."""
     return type(f"{arch}RunnerLoop", (SparseMlaRunnerLoop,), {"ARCH": ARCHS[arch]})
 
 

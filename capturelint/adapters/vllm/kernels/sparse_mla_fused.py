@@ -248,7 +248,7 @@ def fused_norm_rope(positions: torch.Tensor, q_c: torch.Tensor, q_rms_norm_w: to
                 + index_k_layer_norm_bias.float()
             k = _rope_head(normed, index_k_rope_cos_sin_cache, positions, index_rope_interleave)
             if index_k_out is not None:
-                index_k_out.copy_(k.to(index_k_out.dtype))  # rows of tokens without a slot: the kernel leaves them
+                index_k_out.copy_(k.to(index_k_out.dtype))  # every row (the kernel skips those without a slot)
             if indexer_k_cache is not None:
                 islots = slots if indexer_slot_mapping is None else addressable(indexer_slot_mapping)
                 own_op("indexer_k_insert", IMPLS)(k, slots, islots, indexer_k_cache.view(torch.uint8))
