@@ -14,6 +14,7 @@ PRELUDE = """\
 import torch
 from torch import nn
 from capturelint.target import Target
+from capturelint.report import finding_entries
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 """
@@ -40,4 +41,4 @@ def line_of(path: Path, text: str) -> int:
 
 
 def codes(doc: dict) -> list[str]:
-    return [f["code"] for f in doc["findings"]]
+    return [f["code"] for f in finding_entries(doc)]

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from capturelint.cli import main
+from capturelint.report import finding_entries
 
 CI = os.environ.get("CI", "").lower() == "true"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -46,7 +47,7 @@ def report(tmp_path_factory) -> tuple[Path, list[dict]]:
     html, js = folder / "report.html", folder / "report.json"
     assert main(["check", *ENGINE, "--format", "json", "-o", str(js)]) == 1
     assert main(["check", *ENGINE, "--format", "html", "-o", str(html)]) == 1
-    return html, json.loads(js.read_text())["findings"]
+    return html, finding_entries(json.loads(js.read_text()))
 
 
 def _driver(javascript: bool):

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from capturelint.report import finding_entries
+
 from scratch_vllm import planted, run_driver  # tests/vllm/scratch_vllm.py
 from vllm_required import require_vllm  # tests/vllm/vllm_required.py
 
@@ -74,12 +76,12 @@ def test_a_branch_on_the_decode_count_is_flagged_where_captures_bake_it(tmp_path
     assert result["status"] == 1, done.stderr[-3000:]
     report = json.loads(report_path.read_text())
 
-    flagged = {f"{f['runner']}/{f['mode']}" for f in report["findings"]}
+    flagged = {f"{f['runner']}/{f['mode']}" for f in finding_entries(report)}
     diverged = {config for config, (agreement, error) in result["untraced"].items() if error > 1e-3}
-    assert flagged == diverged == {"v2/PIECEWISE"}, (report["findings"], result["untraced"])
+    assert flagged == diverged == {"v2/PIECEWISE"}, (finding_entries(report), result["untraced"])
 
-    cl101 = [f for f in report["findings"] if f["code"] == "CL101"]
-    assert cl101 and {f["code"] for f in report["findings"]} == {"CL101"}, report["findings"]
+    cl101 = [f for f in finding_entries(report) if f["code"] == "CL101"]
+    assert cl101 and {f["code"] for f in finding_entries(report)} == {"CL101"}, finding_entries(report)
     for f in cl101:
         frame = f["capture_frame"]
         assert frame["file"].endswith("vllm/" + TARGET) and frame["function"] == "_fused_qnorm_rope_kv_insert", frame

@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 
 import pytest
+
+from capturelint.report import finding_entries
 import torch
 from vllm_required import require_vllm  # tests/vllm/vllm_required.py
 
@@ -326,7 +328,7 @@ def test_a_gated_delta_net_hybrid_checks_clean_on_vllms_own_runners(tmp_path):
                 "--format", "json", "-o", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert report["findings"] == []
+    assert finding_entries(report) == []
     numbers = {(n["runner"], n["mode"]): n for n in report["numerical"]}
     assert set(numbers) == {(r, m) for r in ("v1", "v2") for m in ("PIECEWISE", "FULL")}
     for n in numbers.values():  # compared, and equal
@@ -383,10 +385,10 @@ def test_a_gate_zeroed_in_dummy_runs_is_flagged_where_the_untraced_run_differs(t
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["status"] == 1, done.stderr[-3000:]
     report = json.loads(report_path.read_text())
-    flagged = {f"{f['runner']}/{f['mode']}" for f in report["findings"]}
+    flagged = {f"{f['runner']}/{f['mode']}" for f in finding_entries(report)}
     diverged = {config for config, (agreement, error) in result["untraced"].items() if error > 1e-3}
-    assert flagged == diverged == {"v1/PIECEWISE"}, (report["findings"], result["untraced"])
-    frames = [f["capture_frame"] for f in report["findings"] if f.get("capture_frame")]
-    assert frames, report["findings"]
+    assert flagged == diverged == {"v1/PIECEWISE"}, (finding_entries(report), result["untraced"])
+    frames = [f["capture_frame"] for f in finding_entries(report) if f.get("capture_frame")]
+    assert frames, finding_entries(report)
     assert all(f["file"].endswith("vllm/" + target) and f["function"] == "forward_cuda" for f in frames), frames
     assert any(f["line"] >= branch for f in frames), (frames, branch)

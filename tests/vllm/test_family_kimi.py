@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from capturelint.report import finding_entries
 import torch
 
 from vllm_required import require_vllm  # tests/vllm/vllm_required.py
@@ -213,7 +215,7 @@ def test_kimi_linear_checks_clean_on_both_runners_and_modes():
                     "--format", "json", "-o", str(out))
         assert done.returncode == 0, done.stderr[-3000:]
         report = json.loads(out.read_text())
-    assert report["findings"] == []
+    assert finding_entries(report) == []
     numbers = {(n["runner"], n["mode"]): n for n in report["numerical"]}
     assert set(numbers) == {("v1", "PIECEWISE"), ("v1", "FULL"), ("v2", "PIECEWISE"), ("v2", "FULL")}
     for n in numbers.values():  # compared, and equal
@@ -263,10 +265,10 @@ def test_a_gate_zeroed_in_dummy_runs_is_flagged_where_the_untraced_run_differs(t
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["status"] == 1, done.stderr[-3000:]
     report = json.loads(report_path.read_text())
-    flagged = {f"{f['runner']}/{f['mode']}" for f in report["findings"]}
+    flagged = {f"{f['runner']}/{f['mode']}" for f in finding_entries(report)}
     diverged = {config for config, (agreement, error) in result["untraced"].items() if error > 1e-3}
-    assert flagged == diverged == {"v1/PIECEWISE"}, (report["findings"], result["untraced"])
-    frames = [f["capture_frame"] for f in report["findings"] if f["capture_frame"]]
+    assert flagged == diverged == {"v1/PIECEWISE"}, (finding_entries(report), result["untraced"])
+    frames = [f["capture_frame"] for f in finding_entries(report) if f["capture_frame"]]
     assert any(fr["file"].endswith("vllm/" + target) and fr["function"] == "forward" and fr["line"] >= branch
                for fr in frames), frames
 
@@ -293,6 +295,6 @@ def test_the_kda_break_removed_is_flagged_by_its_default_invariant(tmp_path):
     done = run_driver(copy, tmp_path, MUTATION_DRIVER, str(report_path), timeout=1800)
     assert done.returncode == 1, done.stderr[-3000:]
     report = json.loads(report_path.read_text())
-    cl201 = [f for f in report["findings"] if f["code"] == "CL201"]
-    assert cl201 and {f["invariant"] for f in cl201} == {"kda-eager"}, report["findings"]
+    cl201 = [f for f in finding_entries(report) if f["code"] == "CL201"]
+    assert cl201 and {f["invariant"] for f in cl201} == {"kda-eager"}, finding_entries(report)
     assert all(f["location"]["file"].endswith("vllm/" + target) for f in cl201), [f["location"] for f in cl201]

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from capturelint.report import finding_entries
 import torch
 
 from vllm_required import require_vllm  # tests/vllm/vllm_required.py
@@ -62,7 +64,7 @@ def test_a_mamba2_hybrid_checks_clean_on_both_runners_and_modes(tmp_path):
                 "-o", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert report["findings"] == []
+    assert finding_entries(report) == []
     seen = {(n["runner"], n["mode"]): n for n in report["numerical"]}
     assert set(seen) == {("v1", "PIECEWISE"), ("v1", "FULL"), ("v2", "PIECEWISE"), ("v2", "FULL")}
     for n in seen.values():  # compared, and equal
@@ -116,12 +118,12 @@ def test_a_gate_dropped_in_dummy_runs_is_flagged_where_the_untraced_run_differs(
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["status"] == 1, done.stderr[-3000:]
     report = json.loads(report_path.read_text())
-    flagged = {f"{f['runner']}/{f['mode']}" for f in report["findings"]}
+    flagged = {f"{f['runner']}/{f['mode']}" for f in finding_entries(report)}
     diverged = {config for config, (agreement, error) in result["untraced"].items() if error > 1e-3}
-    assert flagged == diverged == {"v1/PIECEWISE"}, (report["findings"], result["untraced"])
-    located = [f for f in report["findings"] if f["capture_frame"]
+    assert flagged == diverged == {"v1/PIECEWISE"}, (finding_entries(report), result["untraced"])
+    located = [f for f in finding_entries(report) if f["capture_frame"]
                and f["capture_frame"]["file"].endswith("vllm/" + target)]
-    assert located, report["findings"]
+    assert located, finding_entries(report)
     frame = located[0]["capture_frame"]
     assert frame["function"] == "forward" and frame["line"] >= branch, (frame, branch)
 

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from capturelint.report import finding_entries
 import torch
 
 from vllm_required import require_vllm  # tests/vllm/vllm_required.py
@@ -161,9 +163,9 @@ def test_an_mla_model_checks_clean_on_vllms_own_runners(tmp_path, arch):
     # passes the captured latent write an unpadded slot mapping (gpu_model_runner.py:4036-4041,
     # which says it must be padded): the replay runs over the capture's extent, whose tail the
     # slot-mapping kernel fills with PAD_SLOT_ID (block_table.py:336-345), so the result agrees
-    assert [(f["runner"], f["mode"], f["code"], f["capture_frame"]["function"]) for f in report["findings"]] == \
-        [("v1", "PIECEWISE", "CL103", "concat_and_cache_mla")], report["findings"]
-    assert report["findings"][0]["tensor"].endswith(".slot_mapping")
+    assert [(f["runner"], f["mode"], f["code"], f["capture_frame"]["function"]) for f in finding_entries(report)] == \
+        [("v1", "PIECEWISE", "CL103", "concat_and_cache_mla")], finding_entries(report)
+    assert finding_entries(report)[0]["tensor"].endswith(".slot_mapping")
     numerical = {(n["runner"], n["mode"]): n for n in report["numerical"]}
     assert set(numerical) == {(r, m) for r in ("v1", "v2") for m in ("PIECEWISE", "FULL")}
     for n in numerical.values():  # compared, and equal
@@ -224,12 +226,12 @@ def test_a_latent_write_skipped_in_dummy_runs_is_flagged_where_the_untraced_run_
     # the unpatched family's one finding (V1 PIECEWISE's unpadded slot mapping, CL103 at
     # _custom_ops.concat_and_cache_mla: test_an_mla_model_checks_clean_on_vllms_own_runners)
     # is not the plant's
-    planted_findings = [f for f in report["findings"] if f["code"] != "CL103"]
+    planted_findings = [f for f in finding_entries(report) if f["code"] != "CL103"]
     flagged = {f"{f['runner']}/{f['mode']}" for f in planted_findings}
     diverged = {config for config, (agreement, error) in result["untraced"].items() if error > 1e-3}
-    assert flagged == diverged == {"v1/PIECEWISE"}, (report["findings"], result["untraced"])
+    assert flagged == diverged == {"v1/PIECEWISE"}, (finding_entries(report), result["untraced"])
     cl101 = [f for f in planted_findings if f["code"] == "CL101"]
-    assert cl101, report["findings"]
+    assert cl101, finding_entries(report)
     frame = cl101[0]["capture_frame"]
     assert frame["file"].endswith("vllm/" + target) and frame["function"] == "unified_mla_kv_cache_update", frame
     assert frame["line"] >= branch, (frame, branch)
@@ -260,7 +262,7 @@ def test_the_mla_break_removed_breaks_the_family_invariant(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1])["status"] == 1, done.stderr[-3000:]
     report = json.loads(report_path.read_text())
-    cl201 = [f for f in report["findings"] if f["code"] == "CL201"]
-    assert cl201 and {f["invariant"] for f in cl201} == {"mla-attention-eager"}, report["findings"]
+    cl201 = [f for f in finding_entries(report) if f["code"] == "CL201"]
+    assert cl201 and {f["invariant"] for f in cl201} == {"mla-attention-eager"}, finding_entries(report)
     assert all(f["scope"].startswith("model.layers.0.self_attn.mla_attn.mla_attn") for f in cl201), cl201
     assert any(f["location"]["file"].endswith("vllm/" + target) for f in cl201), [f["location"] for f in cl201]

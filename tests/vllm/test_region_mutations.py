@@ -41,6 +41,8 @@ from pathlib import Path
 
 import pytest
 
+from capturelint.report import finding_entries
+
 from scratch_vllm import planted, run_driver  # tests/vllm/scratch_vllm.py
 from vllm_required import require_vllm  # tests/vllm/vllm_required.py
 
@@ -102,14 +104,14 @@ def test_a_break_removed_around_an_op_that_is_itself_a_break_gets_a_verdict(tmp_
     require_vllm()
     report, result = check_mutation(tmp_path, "sparse_break_removed.patch", "v2", "PIECEWISE", 2, 4)
     assert result["status"] == 1
-    codes = {f["code"] for f in report["findings"]}
-    assert "CL201" in codes, report["findings"]
-    cl201 = [f for f in report["findings"] if f["code"] == "CL201"]
+    codes = {f["code"] for f in finding_entries(report)}
+    assert "CL201" in codes, finding_entries(report)
+    cl201 = [f for f in finding_entries(report) if f["code"] == "CL201"]
     assert {f["invariant"] for f in cl201} == {"dsv4-sparse-attention-eager"}, cl201
     # the captured sparse attention is reported; the indexer op, still an eager break of its
     # own (sparse_attn_indexer.py:437), is not: no finding sits in it
-    assert all(not f["location"]["file"].endswith("sparse_attn_indexer.py") for f in report["findings"]), \
-        [f["location"] for f in report["findings"]]
+    assert all(not f["location"]["file"].endswith("sparse_attn_indexer.py") for f in finding_entries(report)), \
+        [f["location"] for f in finding_entries(report)]
     agreement, error = result["untraced"]
     assert error > 1e-3  # the untraced graph run differs from its eager twin: replay is wrong
     assert_program_numbers(report, result["untraced"])
@@ -126,12 +128,12 @@ def test_the_check_prints_what_the_untraced_run_computes(tmp_path):
     # the ratio-128 layer's compressor, captured: the declared invariant, and the state
     # write replay never makes, located at vLLM's call of the kernel (compressor.py), not
     # inside capturelint's CPU reference for it (adapters/vllm/kernels/compressed.py)
-    assert {f["code"] for f in report["findings"]} == {"CL101", "CL201"}, report["findings"]
-    assert all(f["scope"].startswith("model.layers.2.attn") for f in report["findings"]), report["findings"]
-    for f in report["findings"]:
+    assert {f["code"] for f in finding_entries(report)} == {"CL101", "CL201"}, finding_entries(report)
+    assert all(f["scope"].startswith("model.layers.2.attn") for f in finding_entries(report)), finding_entries(report)
+    for f in finding_entries(report):
         assert f["location"]["file"].endswith("vllm/models/deepseek_v4/compressor.py"), f["location"]
         assert f["location"]["function"] == "forward", f["location"]
-    (cl101,) = [f for f in report["findings"] if f["code"] == "CL101"]
+    (cl101,) = [f for f in finding_entries(report) if f["code"] == "CL101"]
     assert cl101["shadow_frame"]["file"].endswith("vllm/models/deepseek_v4/compressor.py"), cl101
 
 
@@ -144,7 +146,7 @@ def test_every_layer_kind_captured_without_metadata_prints_the_programs_numbers(
     assert agreement < 1.0 and error > 1e-3  # no layer's cache is written on replay
     assert_program_numbers(report, result["untraced"])
     # the baked profile-run branch, found in each of the three layer kinds
-    cl101 = [f for f in report["findings"] if f["code"] == "CL101"]
+    cl101 = [f for f in finding_entries(report) if f["code"] == "CL101"]
     assert {f["scope"].split(".")[2] for f in cl101} == {"0", "1", "2"}, [f["scope"] for f in cl101]
 
 
@@ -157,5 +159,9 @@ def test_a_break_handed_the_captures_metadata_prints_the_programs_numbers(tmp_pa
     assert agreement < 0.5 and error > 1.0  # the capture batch's counts on every step
     assert_program_numbers(report, result["untraced"])
     # the stale break argument, found in each of the three layer kinds
-    assert {(f["code"], f["scope"]) for f in report["findings"]} == {
-        ("CL107", f"model.layers.{i}.attn") for i in range(3)}, report["findings"]
+    assert {(f["code"], f["scope"]) for f in finding_entries(report)} == {
+        ("CL107", f"model.layers.{i}.attn") for i in range(3)}, finding_entries(report)
+    # one cause, the argument the break was handed: one problem with its count (hundreds of
+    # findings, one per tensor inside the metadata, layer and graph), not one entry each
+    (problem,) = report["findings"]
+    assert problem["count"] == report["summary"]["findings"] > 100 and report["summary"]["problems"] == 1

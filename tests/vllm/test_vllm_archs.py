@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from capturelint.report import finding_entries
+
 from vllm_required import require_vllm  # tests/vllm/vllm_required.py
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -210,7 +212,7 @@ def test_a_generic_attention_model_checks_clean_on_vllms_own_runners(tmp_path):
                 "--steps", "4", "--jobs", "1", "--format", "json", "-o", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert report["findings"] == []
+    assert finding_entries(report) == []
     by_mode = {n["mode"]: n for n in report["numerical"]}
     assert set(by_mode) == {"PIECEWISE", "FULL"}
     for n in by_mode.values():  # compared, and equal
@@ -263,11 +265,11 @@ def test_a_kv_write_skipped_in_dummy_runs_is_flagged_where_the_untraced_run_diff
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["status"] == 1, done.stderr[-3000:]
     report = json.loads(report_path.read_text())
-    flagged = {f"{f['runner']}/{f['mode']}" for f in report["findings"]}
+    flagged = {f"{f['runner']}/{f['mode']}" for f in finding_entries(report)}
     diverged = {config for config, (agreement, error) in result["untraced"].items() if error > 1e-3}
-    assert flagged == diverged == {"v1/PIECEWISE"}, (report["findings"], result["untraced"])
-    cl101 = [f for f in report["findings"] if f["code"] == "CL101"]
-    assert cl101, report["findings"]
+    assert flagged == diverged == {"v1/PIECEWISE"}, (finding_entries(report), result["untraced"])
+    cl101 = [f for f in finding_entries(report) if f["code"] == "CL101"]
+    assert cl101, finding_entries(report)
     frame = cl101[0]["capture_frame"]
     assert frame["file"].endswith("vllm/" + target) and frame["function"] == "unified_kv_cache_update", frame
     assert frame["line"] >= branch, (frame, branch)

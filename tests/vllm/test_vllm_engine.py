@@ -15,6 +15,7 @@ import pytest
 from vllm_required import require_vllm
 
 from capturelint.cli import main
+from capturelint.report import finding_entries
 
 ATTENTION = "vllm/models/deepseek_v4/attention.py"
 LAYERS = ["model.layers.0.attn", "model.layers.1.attn", "model.layers.2.attn"]  # compress ratios 1, 4, 128
@@ -47,7 +48,7 @@ def v2_narrow(tmp_path_factory):
 def test_v1_narrow_region_fails_at_the_profile_run_branch(v1_narrow):
     code, report = v1_narrow
     assert code == 1
-    cl101 = [f for f in report["findings"] if f["code"] == "CL101"]
+    cl101 = [f for f in finding_entries(report) if f["code"] == "CL101"]
     assert cl101, report["summary"]
     for f in cl101:
         assert (f["runner"], f["mode"]) == ("v1", "PIECEWISE")
@@ -63,7 +64,7 @@ def test_v1_narrow_region_fails_at_the_profile_run_branch(v1_narrow):
         compressor_ops = "capturelint_vllm.save_partial_states.default" in f["message"]
         assert compressor_ops == (f["scope"] != "model.layers.0.attn"), f["message"]
     # the declared invariant of vLLM's region decision is broken too, in vLLM's own function
-    cl201 = [f for f in report["findings"] if f["code"] == "CL201"]
+    cl201 = [f for f in finding_entries(report) if f["code"] == "CL201"]
     assert {f["invariant"] for f in cl201} == {"dsv4-v1-attention-prep-eager"}
     assert sorted(f["scope"] for f in cl201) == LAYERS
     # in the ratio-4 layer it selects the indexer's query path as well
@@ -77,13 +78,13 @@ def test_v1_narrow_region_fails_at_the_profile_run_branch(v1_narrow):
     # mixed steps run eagerly
     full = next(n for n in report["numerical"] if n["mode"] == "FULL")
     assert full["max_step_error"] < 1e-4 and full["replay_steps"] == 3
-    assert not [f for f in report["findings"] if f["mode"] == "FULL"]
+    assert not [f for f in finding_entries(report) if f["mode"] == "FULL"]
 
 
 def test_v1_with_vllms_own_region_is_clean(v1_default):
     code, report = v1_default
-    assert code == 0, report["findings"]
-    assert report["findings"] == []
+    assert code == 0, finding_entries(report)
+    assert finding_entries(report) == []
     assert {c["eager_region"] for c in report["configurations"]} == {"wide"}  # _prepare_and_attn_eager under V1
     (n,) = report["numerical"]
     # PIECEWISE replays all six steps (the prefill and mixed ones too)
@@ -94,7 +95,7 @@ def test_v1_with_vllms_own_region_is_clean(v1_default):
 
 def test_v2_narrow_region_is_clean(v2_narrow):
     code, report = v2_narrow
-    assert code == 0, report["findings"]
+    assert code == 0, finding_entries(report)
     for n in report["numerical"]:
         assert n["runner"] == "v2"
         assert n["replay_steps"] >= 3
@@ -134,13 +135,13 @@ def test_json_is_byte_identical_across_runs(tmp_path):
 def test_static_mode_holds_vllm_to_the_declared_region(tmp_path_factory):
     code, report = check(tmp_path_factory, "--static", "--runner", "v1", "--eager-region", "narrow", "--mode", "PIECEWISE")
     assert code == 1
-    assert {f["code"] for f in report["findings"]} == {"CL201"}
-    functions = {f["capture_frame"]["function"] for f in report["findings"]}
+    assert {f["code"] for f in finding_entries(report)} == {"CL201"}
+    functions = {f["capture_frame"]["function"] for f in finding_entries(report)}
     assert functions <= {"_prepare_and_attn", "_fused_qnorm_rope_kv_insert", "_wq_b_proj", "project_query_and_cache_kv",
                          "forward"}
     assert report["numerical"] == []  # replay equivalence was not checked, and the report says so
     code, report = check(tmp_path_factory, "--static", "--runner", "v1", "--mode", "PIECEWISE")
-    assert code == 0, report["findings"]
+    assert code == 0, finding_entries(report)
 
 
 # ------------------------------------------------------------------ one-line errors

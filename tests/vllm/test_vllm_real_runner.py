@@ -20,6 +20,7 @@ import torch
 
 from capturelint.cli import main
 from vllm_required import require_vllm
+from capturelint.report import finding_entries
 
 ATTENTION = "vllm/models/deepseek_v4/attention.py"
 # the default workload (capture sizes 2 and 4, batch sizes 1, 2, 3, 3, 2, ...), five of its steps
@@ -112,7 +113,7 @@ def check(tmp_path, monkeypatch, impl: str, *args: str) -> tuple[int, dict]:
 def test_v1_narrow_region_fails_where_vllms_runner_captured_without_metadata(tmp_path, monkeypatch, calls, builds):
     code, report = check(tmp_path, monkeypatch, "real", *V1, "--eager-region", "narrow")
     assert code == 1
-    cl101 = [f for f in report["findings"] if f["code"] == "CL101"]
+    cl101 = [f for f in finding_entries(report) if f["code"] == "CL101"]
     # every layer kind: the capture recorded the profile branch (q padded, nothing written)
     assert [f["scope"] for f in cl101] == ["model.layers.0.attn", "model.layers.1.attn", "model.layers.2.attn"]
     for f in cl101:
@@ -126,8 +127,9 @@ def test_v1_narrow_region_fails_where_vllms_runner_captured_without_metadata(tmp
     lost = ("capturelint_vllm.save_partial_states.default", "capturelint_vllm.compress_norm_rope_store.default")
     assert [all(op in f["message"] for op in lost) for f in cl101] == [False, True, True]
     # vLLM's builders made the compressed layers' metadata at every step (none at the
-    # PIECEWISE capture): the traced graph run's, then the untraced graph run's and its
-    # eager twin's (the numbers a report prints are the program's: docs/vllm.md)
+    # PIECEWISE capture): the traced graph run's, its eager twin's, and, since they
+    # differ, an untraced graph run's, whose break calls locate a divergence no rule
+    # explains (adapters/vllm/break_probe.py)
     assert builds == [b for _ in range(3) for seq_len in WORKLOAD_SEQ_LENS for b in step_builds(seq_len)]
     # vLLM's capture loop made the decision: per capture size, largest first, one warmup
     # (mode NONE) and one capturing _dummy_run, PIECEWISE, neither forcing attention metadata
@@ -136,8 +138,8 @@ def test_v1_narrow_region_fails_where_vllms_runner_captured_without_metadata(tmp
     # (again for the untraced graph run, which captures its own graphs)
     assert calls["dummy_run"] == [(n, mode, False, capturing) for n in (4, 2)
                                   for mode, capturing in ((CUDAGraphMode.NONE, False), (CUDAGraphMode.PIECEWISE, True))] * 2
-    # the scheduler outputs of the workload, the traced and the untraced graph runs' then
-    # the eager twin's: a
+    # the scheduler outputs of the workload, the traced graph run's, the eager twin's and
+    # the untraced graph run's: a
     # prefill-only step, two mixed prefill-decode steps, decodes, requests leaving
     steps = [(2, ["req0"], [], []), (4, ["req1"], ["req0"], []), (4, ["req2"], ["req0", "req1"], []),
              (3, [], ["req0", "req1", "req2"], []), (2, [], ["req1", "req2"], ["req0"])]
@@ -146,8 +148,8 @@ def test_v1_narrow_region_fails_where_vllms_runner_captured_without_metadata(tmp
     # graph (the untraced graph run did the same); the eager twin's steps dispatched to no graph
     assert calls["dispatch"][4:9] == [(2, "PIECEWISE", 2), (4, "PIECEWISE", 4), (4, "PIECEWISE", 4),
                                       (3, "PIECEWISE", 4), (2, "PIECEWISE", 2)]
-    assert calls["dispatch"][9:18] == calls["dispatch"][:9]
-    assert calls["dispatch"][18:] == [(n, "NONE", n) for n in (2, 4, 4, 3, 2)]
+    assert calls["dispatch"][9:14] == [(n, "NONE", n) for n in (2, 4, 4, 3, 2)]
+    assert calls["dispatch"][14:] == calls["dispatch"][:9]
 
 
 def test_v2_builds_metadata_for_its_capture_and_the_narrow_region_holds(tmp_path, monkeypatch, builds):
@@ -172,15 +174,14 @@ def test_v2_builds_metadata_for_its_capture_and_the_narrow_region_holds(tmp_path
     monkeypatch.setattr(DefaultModelState, "prepare_attn", spy_prepare_attn)
     v2 = ("--runner", "v2", "--eager-region", "narrow")
     real_code, real = check(tmp_path, monkeypatch, "real", *v2)
-    # each capture size's warmup and capture forward, not FULL (the traced run's, then the
-    # untraced graph run's)
-    assert seen["prepare_inputs_to_capture"] == [False] * 8
+    # each capture size's warmup and capture forward, not FULL (the traced run's: the
+    # eager twin agrees with it, so no untraced graph run is made)
+    assert seen["prepare_inputs_to_capture"] == [False] * 4
     assert seen["prepare_attn"] and not any(seen["prepare_attn"])  # PIECEWISE: for_capture=False
     # each capture size's warmup and capture dummy batch (4 and 2 requests of one token),
-    # then the steps of the traced graph run; again for the untraced graph run; then the
-    # steps of the eager twin
+    # then the steps of the traced graph run; then the steps of the eager twin
     steps = [b for seq_len in WORKLOAD_SEQ_LENS for b in step_builds(seq_len)]
-    assert builds == (step_builds(1) * 4 + steps) * 2 + steps
+    assert builds == step_builds(1) * 4 + steps + steps
     shim_code, shim = check(tmp_path, monkeypatch, "reproduced", *v2)
     assert (real_code, shim_code) == (0, 0)
     assert real["findings"] == shim["findings"] == []

@@ -14,6 +14,7 @@ import pytest
 
 from capturelint.cli import main
 from vllm_required import require_vllm
+from capturelint.report import finding_entries
 
 STEPS = 3
 K = 2  # vllm_spec.SPEC_TOKENS
@@ -41,8 +42,8 @@ def _graphs(report: dict, runner: str, mode: str) -> dict[str, list[str]]:
 
 def test_mtp_checks_the_draft_graphs_and_the_verify_step(clean):
     code, report = clean
-    assert code == 0, report["findings"]
-    assert report["findings"] == []
+    assert code == 0, finding_entries(report)
+    assert finding_entries(report) == []
     verify = f"{BATCH * (K + 1)} tokens"  # k + 1 tokens per request
     draft = f"{BATCH} tokens"  # draft passes 2..k, one token per request
     # V1: the drafter is wrapped for PIECEWISE (gpu_model_runner.py:5144) in both modes, breaking where the target does
@@ -73,14 +74,14 @@ def test_a_narrow_region_on_the_draft_alone_is_flagged_in_the_draft(tmp_path, mo
     monkeypatch.setattr(vllm_spec, "force_region", lambda attn, region: force(attn, EagerRegion.NARROW))
     code, report = check(tmp_path, "--runner", "v1", "--mode", "PIECEWISE")
     assert code == 1
-    cl101 = [f for f in report["findings"] if f["code"] == "CL101"]
+    cl101 = [f for f in finding_entries(report) if f["code"] == "CL101"]
     assert cl101, report["summary"]
     for f in cl101:  # V1 captures the drafter without metadata (llm_base_proposer.py:1650): the profile-run F.pad
         assert f["scope"] == DRAFT_SCOPE
         assert f["graph"].startswith("mtp draft PIECEWISE:")
         assert f["op"] == "aten.constant_pad_nd.default"
         assert "attn_metadata was None" in f["message"]
-    assert not [f for f in report["findings"] if not f["scope"].startswith("model.layers.1.")]
+    assert not [f for f in finding_entries(report) if not f["scope"].startswith("model.layers.1.")]
     numerical = report["numerical"][0]
     assert numerical["max_step_error"] > 1e-2
 
@@ -100,7 +101,7 @@ def test_dspark_under_v1_is_vllms_refusal(capsys):
 
 def test_dspark_checks_its_draft_step_under_v2(tmp_path):
     code, report = check(tmp_path, spec="dspark")
-    assert code == 0, report["findings"]
+    assert code == 0, finding_entries(report)
     assert {c["runner"] for c in report["configurations"]} == {"v2"}  # DSpark's only runner, its default
     verify, block = f"{BATCH * (K + 1)} tokens", f"{BATCH * K} tokens"  # the anchor and k - 1 mask tokens
     # PIECEWISE: the draft runs eagerly (dflash/speculator.py:156-160); only the verify step is graphed

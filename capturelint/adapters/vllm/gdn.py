@@ -23,12 +23,10 @@ references of ours (``backend``): the FLA kernels (``kernels.gdn_fla``), the cau
 convolution (``kernels.causal_conv1d``), the routed experts (``kernels.moe``); they run
 captured in FULL graphs, where interpreted Triton cannot. V2's state bookkeeping kernels
 (``v1/worker/gpu/model_states/mamba_hybrid.py``) run between graphs, as they are, in
-Triton's interpreter (``INTERPRETED``). ``forward_cuda`` enters its break through the
-custom op ``torch.ops.vllm.qwen_gdn_attention_core``; the check calls the same decorated
-function directly. Through the op, PIECEWISE checks the same (tried: clean, the traced
-run equal to the program's); a FULL graph, though, records the op as one op of the
-emulated capture, whose replay runs vLLM's Python outside any forward context ("Forward
-context is not set"), where a CUDA graph records the kernels launched under it.
+Triton's interpreter (``INTERPRETED``). ``forward_cuda`` enters its break as on CUDA,
+through the custom op ``torch.ops.vllm.qwen_gdn_attention_core``: Python around kernels,
+whose kernels a GPU's capture records, so the emulated capture records the ops it runs
+(``protocol.register_wrapper_op``) and the tracer follows the break into the op.
 
 **The runners**: ``GdnRunnerLoop``, vLLM's own V1 or V2 ``GPUModelRunner``
 (``runners.real``) over this model, with vLLM's hybrid KV cache plan
@@ -55,9 +53,14 @@ from capturelint.adapters.vllm.model import default_dtype, ensure_distributed, r
 from capturelint.adapters.vllm.runners import real
 from capturelint.adapters.vllm.workload import RunSpec
 from capturelint.options import Runner
-from capturelint.runtime import frames
+from capturelint.runtime import frames, protocol
 
 frames.register_runtime_file(__file__)
+
+# forward_cuda enters its break through the custom op torch.ops.vllm.qwen_gdn_attention_core
+# (qwen_gdn_linear_attn.py:1198), Python around kernels: a GPU's capture records the kernels
+# it launches, so the emulated one records the ops it runs (protocol.register_wrapper_op)
+protocol.register_wrapper_op("vllm::qwen_gdn_attention_core", True)
 
 DEFAULT_LAYERS = 2
 MAX_MODEL_LEN = generic.MAX_MODEL_LEN
@@ -168,11 +171,6 @@ def backend() -> Iterator[None]:
                                 ("fla_chunk_gated_delta_rule", gdn_fla.chunk_gated_delta_rule),
                                 ("l2norm_fwd", gdn_fla.l2norm_fwd)):
             patches.set(gdn_layer, name, reference)
-        # forward_cuda calls the break through the custom op torch.ops.vllm.qwen_gdn_attention_core
-        # (qwen_gdn_linear_attn.py:1198): called here directly, the same decorated function the
-        # op dispatches to (why: the module docstring)
-        torch.ops.vllm.qwen_gdn_attention_core  # noqa: B018 - resolve the op once, so undo restores it
-        patches.set(torch.ops.vllm, "qwen_gdn_attention_core", gdn_layer.qwen_gdn_attention_core)
         with generic.backend(), interpret_modules(INTERPRETED):
             yield
     finally:

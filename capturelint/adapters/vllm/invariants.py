@@ -115,10 +115,11 @@ why = """vLLM's gated delta-net layer runs its convolution and delta rule in the
 qwen_gdn_attention_core (model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:2243): they read each \\
 step's GDN metadata (prefill/decode split, state indices, query start locations) and update the conv and \\
 recurrent states of the step's requests, so captured they would replay the capture's; the input and output \\
-projections and the gated norm are captured. Model Runner V2 only: V1 captures its PIECEWISE graphs in a \\
+projections and the gated norm are captured. Selected: the op and the kernels under it. Model Runner V2 only: V1 captures its PIECEWISE graphs in a \\
 dummy run without GDN metadata, where the break returns before any of them, so there is nothing to select"""
 select = [
-    { scope = "model.layers.*.linear_attn", op = ["capturelint_vllm.gdn_*", "capturelint_vllm.causal_conv1d*"] },
+    { scope = "model.layers.*.linear_attn", op = ["vllm.qwen_gdn_attention_core*", "capturelint_vllm.gdn_*",
+                                              "capturelint_vllm.causal_conv1d*"] },
 ]
 '''
 
