@@ -159,5 +159,5 @@ def test_a_break_handed_the_captures_metadata_prints_the_programs_numbers(tmp_pa
     assert agreement < 0.5 and error > 1.0  # the capture batch's counts on every step
     assert_program_numbers(report, result["untraced"])
     # the stale break argument, found in each of the three layer kinds
-    assert {(f["code"], f["scope"]) for f in report["findings"]} == {
-        ("CL107", f"model.layers.{i}.attn") for i in range(3)}, report["findings"]
+    assert {(f["code"], f["scope"]) for f in finding_entries(report)} == {
+        ("CL107", f"model.layers.{i}.attn") for i in range(3)}, finding_entries(report)
