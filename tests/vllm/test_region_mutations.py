@@ -161,3 +161,7 @@ def test_a_break_handed_the_captures_metadata_prints_the_programs_numbers(tmp_pa
     # the stale break argument, found in each of the three layer kinds
     assert {(f["code"], f["scope"]) for f in finding_entries(report)} == {
         ("CL107", f"model.layers.{i}.attn") for i in range(3)}, finding_entries(report)
+    # one cause, the argument the break was handed: one problem with its count (hundreds of
+    # findings, one per tensor inside the metadata, layer and graph), not one entry each
+    (problem,) = report["findings"]
+    assert problem["count"] == report["summary"]["findings"] > 100 and report["summary"]["problems"] == 1
