@@ -6,17 +6,23 @@ The references are compared with vLLM's own Triton kernels run as they are in Tr
 interpreter (``kernels.interpreter``) on the same inputs, in fp32 where the interpreter
 allows it (numpy has no bf16); the cache writes' skipped slots and the index remap's
 compaction against their documented semantics. The family's fast clean check is one
-layer on V2, PIECEWISE, three steps; the both-runners / both-modes CLI check and the
-planted hazard are not written yet; V1 PIECEWISE is flagged (vLLM captures it without metadata).
+layer on V2, PIECEWISE, three steps; V1 PIECEWISE is flagged (vLLM captures it without
+metadata, vLLM's own hazard); the planted hazard (the sparse attention's eager break
+removed) is flagged exactly where the untraced graph run differs from its eager twin,
+checked with both runners and both modes (slow).
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from vllm_required import require_vllm  # tests/vllm/vllm_required.py
+
+DATA = Path(__file__).resolve().parent / "data"
 
 KERNELS = "vllm.models.deepseek_v32.common.kernels"
 T, Q, KV, PE, IK, TOPK = 5, 64, 512, 64, 128, 128
@@ -184,3 +190,60 @@ def test_v1_piecewise_is_flagged_where_vllm_captures_without_metadata():
     assert "mla_cache_insert" in first.message
     (cfg,) = report.configs
     assert cfg.numerical.token_agreement < 1.0
+
+
+DRIVER = """
+import json, sys
+from capturelint.cli import main
+status = main(["check", "--engine", "vllm", "--model", "DeepseekV32ForCausalLM", "--layers", "1", "--jobs", "1",
+               "--format", "json", "-o", sys.argv[1]])
+from capturelint.adapters.vllm import families
+from capturelint.adapters.vllm.install import cpu_shim
+from capturelint.adapters.vllm.model import compare
+from capturelint.adapters.vllm.runners.real import runner_context
+from capturelint.adapters.vllm.workload import RunSpec
+from capturelint.options import CUDAGraphMode, Runner
+family = families.of("DeepseekV32ForCausalLM").load()
+out = {}
+with cpu_shim(), family.backend():
+    loop = family.loop_for("DeepseekV32ForCausalLM")
+    for runner in Runner:
+        for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
+            spec = RunSpec(runner=runner, mode=mode, layers=1)
+            with runner_context(runner):
+                graphs = loop(spec).generate()
+            with runner_context(runner):
+                eager = loop(spec, graphs=False).generate()
+            out[f"{runner}/{mode}"] = compare(graphs, eager)
+json.dump({"status": status, "untraced": out}, sys.stdout)
+"""
+
+
+@pytest.mark.slow
+def test_the_sparse_attention_break_removed_is_flagged_where_the_untraced_run_differs(tmp_path):
+    """The planted region hazard (``data/sparse_mla_break_removed.patch``, in a scratch copy
+    of vLLM): without the eager break, the indexer's top-k and the sparse attention are
+    captured in PIECEWISE graphs. Flagged exactly in the configurations whose untraced
+    graph run differs from its eager twin (both runners' PIECEWISE: V1's already differs,
+    vLLM's own hazard above), with the family's invariant at vLLM's file."""
+    require_vllm()
+    from scratch_vllm import planted, run_driver  # tests/vllm/scratch_vllm.py
+
+    from capturelint.report import finding_entries
+
+    target = "models/deepseek_v32/attention.py"
+    copy, lines = planted(tmp_path, target, (DATA / "sparse_mla_break_removed.patch").read_text())
+    assert "    def _sparse_indexer_and_attn(" in lines and "    @eager_break_during_capture" not in lines
+    report_path = tmp_path / "report.json"
+    done = run_driver(copy, tmp_path, DRIVER, str(report_path), timeout=1500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["status"] == 1, done.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    findings = finding_entries(report)
+    flagged = {f"{f['runner']}/{f['mode']}" for f in findings}
+    diverged = {config for config, (agreement, error) in result["untraced"].items() if error > 1e-3}
+    assert flagged == diverged == {"v1/PIECEWISE", "v2/PIECEWISE"}, (findings, result["untraced"])
+    cl201 = [f for f in findings if f["code"] == "CL201" and f["runner"] == "v2"]
+    assert cl201 and cl201[0]["invariant"] == "sparse-mla-indexer-attention-eager", findings
+    assert all(f["capture_frame"]["file"].endswith("vllm/" + target) for f in cl201), cl201
