@@ -9,12 +9,12 @@ import textwrap
 from pathlib import Path
 
 from capturelint.cli import main
+from capturelint.report import finding_entries
 
 PRELUDE = """\
 import torch
 from torch import nn
 from capturelint.target import Target
-from capturelint.report import finding_entries
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 """
