@@ -47,7 +47,7 @@ import torch
 
 from capturelint.adapters.vllm.model import compare, default_dtype, ensure_distributed, randomize, runner_env, use_cpu_gemm
 from capturelint.adapters.vllm.runners import real
-from capturelint.adapters.vllm.workload import RunSpec, schedule
+from capturelint.adapters.vllm.workload import RunSpec
 from capturelint.options import CUDAGraphMode, Runner
 from capturelint.runtime import frames, protocol
 
@@ -179,23 +179,16 @@ def backend() -> Iterator[None]:
         selector._cached_get_attn_backend.cache_clear()
 
 
-class GenericRunnerLoop(real.VllmRunnerLoop):
+class GenericRunnerLoop(real.WholeModelLoop):
     """vLLM's own runner (``runners.real``) over vLLM's model of a generic-attention
     architecture (``ARCH``, set per architecture by ``loop_for``)."""
 
     ARCH: GenericArch = ARCHS["Qwen3ForCausalLM"]
     MODEL_FIELDS = MODEL_FIELDS
     BLOCK_SIZE = BLOCK_SIZE
-    DRIVES_FULL = True
-
-    def _workload(self, spec: RunSpec) -> list[Any]:
-        return schedule(spec.batch_sizes, spec.steps)  # every request fresh: no stand-in prefill
 
     def _build(self, spec: RunSpec) -> tuple[Any, Any]:
         return build_model(self.ARCH, spec.runner, spec.layers, spec.seed)
-
-    def _prefill(self) -> None:
-        """Every request is prefilled by the runner itself: nothing stands in."""
 
     def _caches(self) -> list[tuple[str, Any]]:
         """Each attention layer's KV cache, by its layer name."""

@@ -203,17 +203,11 @@ def backend() -> Iterator[None]:
         patches.undo()
 
 
-class KimiRunnerLoop(real.VllmRunnerLoop):
+class KimiRunnerLoop(real.WholeModelLoop):
     """vLLM's own runner (``runners.real``) over vLLM's Kimi-Linear."""
 
     MODEL_FIELDS = MODEL_FIELDS
     BLOCK_SIZE = BLOCK_SIZE
-    DRIVES_FULL = True
-
-    def _workload(self, spec: RunSpec) -> list[Any]:
-        from capturelint.adapters.vllm.workload import schedule
-
-        return schedule(spec.batch_sizes, spec.steps)  # every request fresh: no stand-in prefill
 
     def _build(self, spec: RunSpec) -> tuple[Any, Any]:
         """The model, and the block size a CUDA platform aligns for it
@@ -243,9 +237,6 @@ class KimiRunnerLoop(real.VllmRunnerLoop):
         self.vc.cache_config.num_gpu_blocks_override = need
         memory = need * sum(spec.page_size_bytes for spec in specs.values())
         return get_kv_cache_configs(self.vc, [specs], [memory], get_global_kv_cache_groups(self.vc, [specs]))[0]
-
-    def _prefill(self) -> None:
-        """Every request is prefilled by the runner itself: nothing stands in."""
 
     def _caches(self) -> list[tuple[str, Any]]:
         """Each MLA layer's latent cache and each KDA layer's conv and recurrent states,

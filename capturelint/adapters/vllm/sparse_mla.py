@@ -41,7 +41,7 @@ import torch
 
 from capturelint.adapters.vllm.model import default_dtype, ensure_distributed, randomize, runner_env, use_cpu_gemm
 from capturelint.adapters.vllm.runners import real
-from capturelint.adapters.vllm.workload import RunSpec, schedule
+from capturelint.adapters.vllm.workload import RunSpec
 from capturelint.options import Runner
 from capturelint.runtime import frames
 
@@ -190,23 +190,16 @@ def backend() -> Iterator[None]:
         selector._cached_get_attn_backend.cache_clear()
 
 
-class SparseMlaRunnerLoop(real.VllmRunnerLoop):
+class SparseMlaRunnerLoop(real.WholeModelLoop):
     """vLLM's own runner (``runners.real``) over vLLM's DeepSeek V3.2 class (``ARCH``, set
     per architecture by ``loop_for``)."""
 
     ARCH: SparseMlaArch = ARCHS["DeepseekV32ForCausalLM"]
     MODEL_FIELDS = MODEL_FIELDS
     BLOCK_SIZE = BLOCK_SIZE
-    DRIVES_FULL = True
-
-    def _workload(self, spec: RunSpec) -> list[Any]:
-        return schedule(spec.batch_sizes, spec.steps)
 
     def _build(self, spec: RunSpec) -> tuple[Any, Any]:
         return build_model(self.ARCH, spec.runner, spec.layers, spec.seed)
-
-    def _prefill(self) -> None:
-        """Every request is prefilled by the runner itself: nothing stands in."""
 
     def _caches(self) -> list[tuple[str, Any]]:
         from vllm.model_executor.layers.attention.mla_attention import MLAAttention

@@ -138,13 +138,14 @@ Under V1, ``_dummy_run`` (:5863) indexes the capture run's output
 (``hidden_states[logit_indices_device]``), a value the capture loop discards: CL110 does
 not report it where the eager twin agrees (the poisoned value never reached the
 result). DeepSeek V4 keeps the reproduction for FULL, which would lose those rules here;
-the generic attention family (``generic.GenericRunnerLoop``, ``DRIVES_FULL``), which has
-no reproduction, runs its FULL graphs on these runners, checked by the bare-graph rules
+the families run whole on these runners (``WholeModelLoop``, ``DRIVES_FULL``), which have
+no reproduction, run their FULL graphs on these runners, checked by the bare-graph rules
 (CL104, CL106, CL108-CL112) and the eager twin.
 
 The model family's hooks (``MODEL_FIELDS``, ``BLOCK_SIZE``, ``DRIVES_FULL``, ``_workload``,
-``_build``, ``_prefill``, ``_buffers``, ``_caches``) are DeepSeek V4's here; ``generic``
-overrides them for vLLM's own model classes.
+``_build``, ``_prefill``, ``_buffers``, ``_caches``) are DeepSeek V4's here;
+``WholeModelLoop`` and each family's loop (``families``) override them for vLLM's own
+model classes.
 """
 
 from __future__ import annotations
@@ -161,7 +162,7 @@ import torch
 
 from capturelint.adapters.vllm import layers as vllm_layers
 from capturelint.adapters.vllm.model import SWA_BLOCK, WINDOW, build_model
-from capturelint.adapters.vllm.workload import RunSpec, prompts, workload
+from capturelint.adapters.vllm.workload import RunSpec, prompts, schedule, workload
 from capturelint.errors import CapturelintError
 from capturelint.options import CUDAGraphMode, Runner
 from capturelint.runtime import frames
@@ -379,7 +380,7 @@ class VllmRunnerLoop:
         self.prompts = prompts(self.steps, spec.seed)  # ReproducedLoop's
         self.captured = False
 
-    # The model family's hooks (``generic.GenericRunnerLoop`` overrides them): the fields
+    # The model family's hooks (``WholeModelLoop`` and the families' loops override them): the fields
     # of the model configuration the runner reads, the KV block size a CUDA platform takes
     # from the family's attention backend, the workload, the model, the stand-in prefill.
     MODEL_FIELDS = MODEL_FIELDS
@@ -568,8 +569,23 @@ class VllmRunnerLoop:
         return caches
 
 
+class WholeModelLoop(VllmRunnerLoop):
+    """vLLM's own runner over vLLM's own model class, run whole (the families of
+    ``families``): FULL graphs on vLLM's runner too (``DRIVES_FULL``), the serving
+    workload with every request fresh and prefilled by the runner itself (no stand-in
+    prefill). A family gives ``_build`` (its model) and ``_caches`` (its layers' caches)."""
+
+    DRIVES_FULL = True
+
+    def _workload(self, spec: RunSpec) -> list[Any]:
+        return schedule(spec.batch_sizes, spec.steps)  # every request fresh: no stand-in prefill
+
+    def _prefill(self) -> None:
+        """Every request is prefilled by the runner itself: nothing stands in."""
+
+
 def _rid(req: int) -> str:
     return f"req{req}"
 
 
-__all__ = ["INTERPRETED", "VllmRunnerLoop", "runner_context", "supports"]
+__all__ = ["INTERPRETED", "VllmRunnerLoop", "WholeModelLoop", "runner_context", "supports"]
