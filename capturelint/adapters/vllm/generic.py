@@ -96,23 +96,36 @@ MODEL_FIELDS = {**real.MODEL_FIELDS, "use_mla": False, "model": "capturelint/tin
 def vllm_config(arch: GenericArch, layers: int, runner: Runner) -> Any:
     """A fresh ``VllmConfig`` (each build registers its layers by name) whose model
     configuration answers what vLLM's model classes, layers and runners read of it."""
+    hf = hf_config(arch, layers)
+    return whole_model_config(hf, runner, MODEL_FIELDS, kv_heads=hf.num_key_value_heads, head_size=hf.head_dim,
+                              block_size=BLOCK_SIZE)
+
+
+def whole_model_config(hf: Any, runner: Runner, model_fields: dict[str, Any], *, kv_heads: int, head_size: int,
+                       block_size: int, **fields: Any) -> Any:
+    """A fresh ``VllmConfig`` (each build registers its layers by name) whose model
+    configuration answers what vLLM's model classes, layers and runners read of it, for
+    every family run whole: ``hf`` the tiny configuration, ``kv_heads`` and ``head_size``
+    per KV head as ``ModelConfig`` answers them (an MLA layer's: one latent row),
+    ``model_fields`` and ``fields`` more of its attributes; CustomOps on their
+    ``forward_native`` path (``forward_cpu`` calls ``vllm._C``), the family's KV block
+    size, the workload's scheduler limits. A family sets what else it needs on the result."""
     from vllm.config import VllmConfig
 
-    hf = hf_config(arch, layers)
+    from capturelint.adapters.vllm.options import MAX_REQS, MAX_TOKENS
+
     vc = VllmConfig()
     mc = types.SimpleNamespace(hf_config=hf, hf_text_config=hf, max_model_len=MAX_MODEL_LEN, is_moe=False,
                                dtype=torch.bfloat16, head_dtype=torch.bfloat16, runner=str(runner),
-                               sleep_mode_offload_cudagraph=False, enable_sleep_mode=False, **MODEL_FIELDS)
+                               sleep_mode_offload_cudagraph=False, enable_sleep_mode=False, **model_fields, **fields)
     mc.get_num_attention_heads = lambda parallel_config=None: hf.num_attention_heads
-    mc.get_num_kv_heads = lambda parallel_config=None: hf.num_key_value_heads
-    mc.get_total_num_kv_heads = lambda: hf.num_key_value_heads
-    mc.get_head_size = lambda: hf.head_dim
+    mc.get_num_kv_heads = lambda parallel_config=None: kv_heads
+    mc.get_total_num_kv_heads = lambda: kv_heads
+    mc.get_head_size = lambda: head_size
     mc.get_num_layers = lambda parallel_config=None: hf.num_hidden_layers
     object.__setattr__(vc, "model_config", mc)
     vc.compilation_config.custom_ops = ["none"]  # forward_native: forward_cpu calls vllm._C
-    vc.cache_config.block_size = BLOCK_SIZE
-    from capturelint.adapters.vllm.options import MAX_REQS, MAX_TOKENS
-
+    vc.cache_config.block_size = block_size
     vc.scheduler_config.max_num_batched_tokens = MAX_TOKENS
     vc.scheduler_config.max_num_seqs = MAX_REQS
     return vc
@@ -209,4 +222,5 @@ def region_of(model: Any) -> str:
 
 
 __all__ = ["ARCHS", "BLOCK_SIZE", "DEFAULT_LAYERS", "GenericArch", "GenericRunnerLoop", "MODEL_FIELDS", "Recording",
-           "TINY", "backend", "build_model", "compare", "hf_config", "loop_for", "region_of", "vllm_config"]
+           "TINY", "backend", "build_model", "compare", "hf_config", "loop_for", "region_of", "vllm_config",
+           "whole_model_config"]

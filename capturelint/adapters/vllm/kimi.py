@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-import types
 from typing import Any, Iterator
 
 import torch
@@ -87,41 +86,15 @@ def vllm_config(layers: int, runner: Runner) -> Any:
     """A fresh ``VllmConfig`` whose model configuration answers what vLLM's Kimi model,
     layers and runners read of it (the MLA KV "head" is the latent row), Mamba states of
     one block per request (no prefix caching)."""
-    from vllm.config import VllmConfig
-
-    from capturelint.adapters.vllm.options import MAX_REQS, MAX_TOKENS
-
     hf = hf_config(layers)
-    vc = VllmConfig()
-    mc = types.SimpleNamespace(hf_config=hf, hf_text_config=hf, max_model_len=MAX_MODEL_LEN, is_moe=False,
-                               dtype=torch.bfloat16, head_dtype=torch.bfloat16, runner=str(runner),
-                               sleep_mode_offload_cudagraph=False, enable_sleep_mode=False, quantization=None,
-                               architecture=ARCH, architectures=[ARCH], model_impl="auto", convert_type="none",
-                               **MODEL_FIELDS)
-    mc.get_num_attention_heads = lambda parallel_config=None: hf.num_attention_heads
-    mc.get_num_kv_heads = lambda parallel_config=None: 1
-    mc.get_total_num_kv_heads = lambda: 1
-    mc.get_head_size = lambda: hf.kv_lora_rank + hf.qk_rope_head_dim
-    mc.get_num_layers = lambda parallel_config=None: hf.num_hidden_layers
-    object.__setattr__(vc, "model_config", mc)
-    vc.compilation_config.custom_ops = ["none"]  # forward_native: forward_cpu calls vllm._C
-    vc.cache_config.block_size = BLOCK_SIZE
+    vc = generic.whole_model_config(hf, runner, MODEL_FIELDS, kv_heads=1,
+                                    head_size=hf.kv_lora_rank + hf.qk_rope_head_dim, block_size=BLOCK_SIZE,
+                                    quantization=None, architecture=ARCH, architectures=[ARCH], model_impl="auto",
+                                    convert_type="none")
     vc.cache_config.mamba_cache_mode = "none"
     vc.cache_config.enable_prefix_caching = False
     vc.cache_config.mamba_block_size = MAX_MODEL_LEN
-    vc.scheduler_config.max_num_batched_tokens = MAX_TOKENS
-    vc.scheduler_config.max_num_seqs = MAX_REQS
     return vc
-
-
-class _Recording:
-    """Keeps each step's logits (``compute_logits``) for the numerical oracle; mixed into
-    vLLM's model class, so its modules and scopes stay as they are."""
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = super().compute_logits(hidden)  # type: ignore[misc]
-        self.logits_seen.append(logits.detach().float().clone())
-        return logits
 
 
 @contextlib.contextmanager
@@ -161,7 +134,7 @@ def build_model(runner: Runner, layers: int, seed: int) -> tuple[torch.nn.Module
         ensure_distributed(vc)
         cls = importlib.import_module("vllm.models.kimi_k3").KimiLinearForCausalLM
         model = cls(vllm_config=vc, prefix="")
-    model.__class__ = type(f"{ARCH}ForCapturelint", (_Recording, cls), {})
+    model.__class__ = type(f"{ARCH}ForCapturelint", (generic.Recording, cls), {})
     use_cpu_gemm(model)
     for m in model.modules():  # the LM head's GEMM takes the CPU branch too (UnquantizedEmbeddingMethod.apply)
         if isinstance(m, ParallelLMHead):

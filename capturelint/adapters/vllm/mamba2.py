@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-import types
 from typing import Any, Iterator
 
 import torch
@@ -96,42 +95,16 @@ def vllm_config(arch: Mamba2Arch, layers: int, runner: Runner) -> Any:
     """``generic``'s configuration over the hybrid model: the Mamba cache settings vLLM's
     ``MambaModelConfig``/``NemotronHForCausalLMConfig`` set (no prefix caching: state
     mode ``none``, one state block the model's length; float32 SSM state)."""
-    from vllm.config import VllmConfig
-
     hf = hf_config(arch, layers)
-    vc = VllmConfig()
-    mc = types.SimpleNamespace(hf_config=hf, hf_text_config=hf, max_model_len=MAX_MODEL_LEN, is_moe=False,
-                               dtype=torch.bfloat16, head_dtype=torch.bfloat16, runner=str(runner),
-                               sleep_mode_offload_cudagraph=False, enable_sleep_mode=False,
-                               architecture=arch.name, architectures=[arch.name], model_impl="auto", **MODEL_FIELDS)
-    mc.get_num_attention_heads = lambda parallel_config=None: hf.num_attention_heads
-    mc.get_num_kv_heads = lambda parallel_config=None: hf.num_key_value_heads
-    mc.get_total_num_kv_heads = lambda: hf.num_key_value_heads
-    mc.get_head_size = lambda: hf.head_dim
-    mc.get_num_layers = lambda parallel_config=None: hf.num_hidden_layers
-    mc.get_mamba_chunk_size = lambda: hf.chunk_size
-    object.__setattr__(vc, "model_config", mc)
-    vc.compilation_config.custom_ops = ["none"]
-    vc.cache_config.block_size = generic.BLOCK_SIZE
+    vc = generic.whole_model_config(hf, runner, MODEL_FIELDS, kv_heads=hf.num_key_value_heads, head_size=hf.head_dim,
+                                    block_size=generic.BLOCK_SIZE, architecture=arch.name,
+                                    architectures=[arch.name], model_impl="auto",
+                                    get_mamba_chunk_size=lambda: hf.chunk_size)
     vc.cache_config.enable_prefix_caching = False
     vc.cache_config.mamba_cache_mode = "none"
     vc.cache_config.mamba_block_size = MAX_MODEL_LEN
     vc.cache_config.mamba_ssm_cache_dtype = hf.mamba_ssm_cache_dtype
-    from capturelint.adapters.vllm.options import MAX_REQS, MAX_TOKENS
-
-    vc.scheduler_config.max_num_batched_tokens = MAX_TOKENS
-    vc.scheduler_config.max_num_seqs = MAX_REQS
     return vc
-
-
-class _Recording:
-    """Keeps each step's logits (``compute_logits``) for the numerical oracle, as
-    ``generic``'s model does; mixed into vLLM's model class, so its modules and scopes stay."""
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = super().compute_logits(hidden)  # type: ignore[misc]
-        self.logits_seen.append(logits.detach().float().clone())
-        return logits
 
 
 def build_model(arch: Mamba2Arch, runner: Runner, layers: int, seed: int) -> tuple[torch.nn.Module, Any]:
@@ -146,7 +119,7 @@ def build_model(arch: Mamba2Arch, runner: Runner, layers: int, seed: int) -> tup
     with runner_env(runner), set_current_vllm_config(vc), default_dtype(torch.bfloat16):
         ensure_distributed(vc)
         model = cls(vllm_config=vc, prefix="")
-    model.__class__ = type(f"{arch.name}ForCapturelint", (_Recording, cls), {})
+    model.__class__ = type(f"{arch.name}ForCapturelint", (generic.Recording, cls), {})
     use_cpu_gemm(model)
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 

@@ -68,12 +68,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-import types
 from typing import Any, Iterator
 
 import torch
 
-from capturelint.adapters.vllm.generic import MAX_MODEL_LEN
+from capturelint.adapters.vllm import generic
+from capturelint.adapters.vllm.generic import MAX_MODEL_LEN, whole_model_config
 from capturelint.adapters.vllm.model import compare, default_dtype, ensure_distributed, randomize, runner_env, use_cpu_gemm
 from capturelint.adapters.vllm.runners import real
 from capturelint.adapters.vllm.workload import RunSpec
@@ -123,37 +123,9 @@ def vllm_config(arch: MlaArch, layers: int, runner: Runner) -> Any:
     """A fresh ``VllmConfig`` whose model configuration answers what vLLM's model
     classes, MLA layers and runners read of it (an MLA model's KV "head" is the latent
     row: one head of ``kv_lora_rank + qk_rope_head_dim``, as ``ModelConfig`` answers)."""
-    from vllm.config import VllmConfig
-
-    from capturelint.adapters.vllm.options import MAX_REQS, MAX_TOKENS
-
     hf = hf_config(arch, layers)
-    vc = VllmConfig()
-    mc = types.SimpleNamespace(hf_config=hf, hf_text_config=hf, max_model_len=MAX_MODEL_LEN, is_moe=False,
-                               dtype=torch.bfloat16, head_dtype=torch.bfloat16, runner=str(runner),
-                               sleep_mode_offload_cudagraph=False, enable_sleep_mode=False, quantization=None,
-                               **MODEL_FIELDS)
-    mc.get_num_attention_heads = lambda parallel_config=None: hf.num_attention_heads
-    mc.get_num_kv_heads = lambda parallel_config=None: 1
-    mc.get_total_num_kv_heads = lambda: 1
-    mc.get_head_size = lambda: hf.kv_lora_rank + hf.qk_rope_head_dim
-    mc.get_num_layers = lambda parallel_config=None: hf.num_hidden_layers
-    object.__setattr__(vc, "model_config", mc)
-    vc.compilation_config.custom_ops = ["none"]  # forward_native: forward_cpu calls vllm._C
-    vc.cache_config.block_size = BLOCK_SIZE
-    vc.scheduler_config.max_num_batched_tokens = MAX_TOKENS
-    vc.scheduler_config.max_num_seqs = MAX_REQS
-    return vc
-
-
-class _Recording:
-    """Keeps each step's logits (``compute_logits``) for the numerical oracle; mixed into
-    vLLM's model class, so its modules and scopes stay as they are."""
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = super().compute_logits(hidden)  # type: ignore[misc]
-        self.logits_seen.append(logits.detach().float().clone())
-        return logits
+    return whole_model_config(hf, runner, MODEL_FIELDS, kv_heads=1, head_size=hf.kv_lora_rank + hf.qk_rope_head_dim,
+                              block_size=BLOCK_SIZE, quantization=None)
 
 
 def build_model(arch: MlaArch, runner: Runner, layers: int, seed: int) -> tuple[torch.nn.Module, Any]:
@@ -168,7 +140,7 @@ def build_model(arch: MlaArch, runner: Runner, layers: int, seed: int) -> tuple[
     with runner_env(runner), set_current_vllm_config(vc), default_dtype(torch.bfloat16):
         ensure_distributed(vc)
         model = cls(vllm_config=vc, prefix="")
-    model.__class__ = type(f"{arch.name}ForCapturelint", (_Recording, cls), {})
+    model.__class__ = type(f"{arch.name}ForCapturelint", (generic.Recording, cls), {})
     use_cpu_gemm(model)
     for m in model.modules():  # the LM head's GEMM takes the CPU branch too (UnquantizedEmbeddingMethod.apply)
         if isinstance(m, ParallelLMHead):

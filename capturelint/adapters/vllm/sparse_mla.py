@@ -39,6 +39,8 @@ from typing import Any, Iterator
 
 import torch
 
+from capturelint.adapters.vllm import generic
+from capturelint.adapters.vllm.generic import whole_model_config
 from capturelint.adapters.vllm.model import default_dtype, ensure_distributed, randomize, runner_env, use_cpu_gemm
 from capturelint.adapters.vllm.runners import real
 from capturelint.adapters.vllm.workload import RunSpec
@@ -49,7 +51,7 @@ frames.register_runtime_file(__file__)
 
 DEFAULT_LAYERS = 2
 BLOCK_SIZE = 64  # FlashMLA sparse's kernel block size (get_supported_kernel_block_sizes: MultipleOf(64))
-MAX_MODEL_LEN = 256
+MAX_MODEL_LEN = generic.MAX_MODEL_LEN
 INDEX_TOPK = 128  # the index remap kernel's tile (NUM_TOPK_TOKENS % BLOCK_N == 0, BLOCK_N 128)
 TINY = dict(vocab_size=96, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=4,
             q_lora_rank=64, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
@@ -86,39 +88,13 @@ MODEL_FIELDS = {**real.MODEL_FIELDS, "use_mla": True, "model": "capturelint/tiny
 def vllm_config(arch: SparseMlaArch, layers: int, runner: Runner) -> Any:
     """A fresh ``VllmConfig`` whose model configuration answers what vLLM's model class,
     MLA layers, builders and runners read of it."""
-    from vllm.config import VllmConfig
-
-    from capturelint.adapters.vllm.options import MAX_REQS, MAX_TOKENS
-
     hf = hf_config(arch, layers)
-    vc = VllmConfig()
-    mc = types.SimpleNamespace(hf_config=hf, hf_text_config=hf, max_model_len=MAX_MODEL_LEN, is_moe=False,
-                               dtype=torch.bfloat16, head_dtype=torch.bfloat16, runner=str(runner),
-                               sleep_mode_offload_cudagraph=False, enable_sleep_mode=False, quantization=None,
-                               **MODEL_FIELDS)
-    mc.get_num_attention_heads = lambda parallel_config=None: hf.num_attention_heads
-    mc.get_num_kv_heads = lambda parallel_config=None: 1
-    mc.get_total_num_kv_heads = lambda: 1
-    mc.get_head_size = lambda: hf.kv_lora_rank + hf.qk_rope_head_dim
-    mc.get_num_layers = lambda parallel_config=None: hf.num_hidden_layers
-    mc.model_arch_config = types.SimpleNamespace(total_num_attention_heads=hf.num_attention_heads)
-    object.__setattr__(vc, "model_config", mc)
-    vc.compilation_config.custom_ops = ["none"]
-    vc.cache_config.block_size = BLOCK_SIZE
+    vc = whole_model_config(hf, runner, MODEL_FIELDS, kv_heads=1, head_size=hf.kv_lora_rank + hf.qk_rope_head_dim,
+                            block_size=BLOCK_SIZE, quantization=None,
+                            model_arch_config=types.SimpleNamespace(total_num_attention_heads=hf.num_attention_heads))
     vc.attention_config.sparse_mla_prefill_workspace_factor = 5
-    vc.scheduler_config.max_num_batched_tokens = MAX_TOKENS
-    vc.scheduler_config.max_num_seqs = MAX_REQS
     vc.kernel_config.enable_jit_warmup = False
     return vc
-
-
-class _Recording:
-    """Keeps each step's logits for the numerical oracle; mixed into vLLM's class."""
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = super().compute_logits(hidden)  # type: ignore[misc]
-        self.logits_seen.append(logits.detach().float().clone())
-        return logits
 
 
 def build_model(arch: SparseMlaArch, runner: Runner, layers: int, seed: int) -> tuple[torch.nn.Module, Any]:
@@ -130,7 +106,7 @@ def build_model(arch: SparseMlaArch, runner: Runner, layers: int, seed: int) -> 
     with runner_env(runner), set_current_vllm_config(vc), default_dtype(torch.bfloat16):
         ensure_distributed(vc)
         model = DeepseekV32ForCausalLM(vllm_config=vc, prefix="")
-    model.__class__ = type(f"{arch.name}ForCapturelint", (_Recording, DeepseekV32ForCausalLM), {})
+    model.__class__ = type(f"{arch.name}ForCapturelint", (generic.Recording, DeepseekV32ForCausalLM), {})
     use_cpu_gemm(model)
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
