@@ -38,3 +38,40 @@ def run_driver(copy: Path, tmp_path: Path, driver: str, *args: str, timeout: int
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(copy), str(ROOT)]), "PYTHONDONTWRITEBYTECODE": "1"}
     return subprocess.run([sys.executable, "-c", driver, *args], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def check_and_untraced(arch: str, modes: tuple[str, ...] = ("PIECEWISE", "FULL"), layers: int | None = None,
+                       steps: int | None = None) -> str:
+    """A driver (for ``run_driver``) that checks ``arch`` under both runners and ``modes``
+    (``capturelint check --engine vllm --model ARCH ... -o argv[1]``), then runs the same
+    configurations untraced, graphs against their eager twin, through the family's own
+    step loop; it prints ``{"status": exit status, "untraced": {"v1/PIECEWISE": [token
+    agreement, max logit error], ...}}``: where a planted hazard must be flagged."""
+    sizes = [*(("--layers", str(layers)) if layers is not None else ()),
+             *(("--steps", str(steps)) if steps is not None else ())]
+    spec = "".join(f", {name}={value}" for name, value in (("layers", layers), ("steps", steps)) if value is not None)
+    return f"""
+import json, sys
+from capturelint.cli import main
+status = main(["check", "--engine", "vllm", "--model", {arch!r}, "--mode", {",".join(modes)!r}, *{sizes!r},
+               "--jobs", "1", "--format", "json", "-o", sys.argv[1]])
+from capturelint.adapters.vllm import families
+from capturelint.adapters.vllm.install import cpu_shim
+from capturelint.adapters.vllm.model import compare
+from capturelint.adapters.vllm.runners.real import runner_context
+from capturelint.adapters.vllm.workload import RunSpec
+from capturelint.options import CUDAGraphMode, Runner
+family = families.of({arch!r}).load()
+out = {{}}
+with cpu_shim(), family.backend():
+    loop = family.loop_for({arch!r})
+    for runner in Runner:
+        for mode in {tuple(modes)!r}:
+            spec = RunSpec(runner=runner, mode=CUDAGraphMode(mode){spec})
+            with runner_context(runner):
+                graphs = loop(spec).generate()
+            with runner_context(runner):
+                eager = loop(spec, graphs=False).generate()
+            out[f"{{runner}}/{{mode}}"] = compare(graphs, eager)
+json.dump({{"status": status, "untraced": out}}, sys.stdout)
+"""

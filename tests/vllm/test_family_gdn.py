@@ -337,30 +337,6 @@ def test_a_gated_delta_net_hybrid_checks_clean_on_vllms_own_runners(tmp_path):
                                                                               "gdn-core-eager": True}
 
 
-DRIVER = """
-import json, sys
-from capturelint.cli import main
-status = main(["check", "--engine", "vllm", "--model", "Qwen3NextForCausalLM", "--steps", "5", "--jobs", "1",
-               "--format", "json", "-o", sys.argv[1]])
-from capturelint.adapters.vllm import gdn
-from capturelint.adapters.vllm.install import cpu_shim
-from capturelint.adapters.vllm.model import compare
-from capturelint.adapters.vllm.runners.real import runner_context
-from capturelint.adapters.vllm.workload import RunSpec
-from capturelint.options import CUDAGraphMode, Runner
-out = {}
-with cpu_shim(), gdn.backend():
-    loop = gdn.loop_for("Qwen3NextForCausalLM")
-    for runner in Runner:
-        for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
-            spec = RunSpec(runner=runner, mode=mode, layers=2, steps=5)
-            with runner_context(runner):
-                graphs = loop(spec).generate()
-            with runner_context(runner):
-                eager = loop(spec, graphs=False).generate()
-            out[f"{runner}/{mode.value}"] = compare(graphs, eager)
-json.dump({"status": status, "untraced": out}, sys.stdout)
-"""
 
 
 @pytest.mark.slow
@@ -372,7 +348,7 @@ def test_a_gate_zeroed_in_dummy_runs_is_flagged_where_the_untraced_run_differs(t
     import json
     from pathlib import Path
 
-    from scratch_vllm import planted, run_driver  # tests/vllm/scratch_vllm.py
+    from scratch_vllm import check_and_untraced, planted, run_driver  # tests/vllm/scratch_vllm.py
 
     target = "model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py"
     patch = (Path(__file__).resolve().parent / "data" / "gdn_dummy_run_drops_gate.patch").read_text()
@@ -380,7 +356,7 @@ def test_a_gate_zeroed_in_dummy_runs_is_flagged_where_the_untraced_run_differs(t
     branch = lines.index("        if get_forward_context().attn_metadata is None:") + 1
 
     report_path = tmp_path / "report.json"
-    done = run_driver(copy, tmp_path, DRIVER, str(report_path), timeout=1500)
+    done = run_driver(copy, tmp_path, check_and_untraced("Qwen3NextForCausalLM", layers=2, steps=5), str(report_path), timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["status"] == 1, done.stderr[-3000:]

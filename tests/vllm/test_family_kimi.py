@@ -224,28 +224,6 @@ def test_kimi_linear_checks_clean_on_both_runners_and_modes():
                                                                                ("kimi-mla-attention-eager", True)}
 
 
-DRIVER = """
-import json, sys
-from capturelint.cli import main
-status = main(["check", "--engine", "vllm", "--model", "KimiLinearForCausalLM", "--mode", "PIECEWISE",
-               "--steps", "4", "--jobs", "1", "--format", "json", "-o", sys.argv[1]])
-from capturelint.adapters.vllm import generic, kimi
-from capturelint.adapters.vllm.install import cpu_shim
-from capturelint.adapters.vllm.runners.real import runner_context
-from capturelint.adapters.vllm.workload import RunSpec
-from capturelint.options import CUDAGraphMode, Runner
-out = {}
-with cpu_shim(), kimi.backend():
-    loop = kimi.loop_for("KimiLinearForCausalLM")
-    for runner in Runner:
-        spec = RunSpec(runner=runner, mode=CUDAGraphMode.PIECEWISE, layers=2, steps=4)
-        with runner_context(runner):
-            graphs = loop(spec).generate()
-        with runner_context(runner):
-            eager = loop(spec, graphs=False).generate()
-        out[f"{runner}/PIECEWISE"] = generic.compare(graphs, eager)
-json.dump({"status": status, "untraced": out}, sys.stdout)
-"""
 
 
 @pytest.mark.slow
@@ -254,13 +232,13 @@ def test_a_gate_zeroed_in_dummy_runs_is_flagged_where_the_untraced_run_differs(t
     vLLM): V1 captures PIECEWISE graphs in a dummy run without metadata, so the zeroed
     gate is baked into its graphs; V2 builds metadata for its captures."""
     require_vllm()
-    from scratch_vllm import planted, run_driver  # tests/vllm/scratch_vllm.py
+    from scratch_vllm import check_and_untraced, planted, run_driver  # tests/vllm/scratch_vllm.py
 
     target = "model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py"
     copy, lines = planted(tmp_path, target, (HERE / "data" / "kda_dummy_run_zero_gate.patch").read_text())
     branch = lines.index("        if get_forward_context().attn_metadata is None:") + 1
     report_path = tmp_path / "report.json"
-    done = run_driver(copy, tmp_path, DRIVER, str(report_path), timeout=1800)
+    done = run_driver(copy, tmp_path, check_and_untraced("KimiLinearForCausalLM", ("PIECEWISE",), layers=2, steps=4), str(report_path), timeout=1800)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["status"] == 1, done.stderr[-3000:]

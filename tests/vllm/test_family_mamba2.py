@@ -76,28 +76,6 @@ def test_a_mamba2_hybrid_checks_clean_on_both_runners_and_modes(tmp_path):
                                                                                 "hybrid-attention-eager"}
 
 
-DRIVER = """
-import json, sys
-from capturelint.cli import main
-status = main(["check", "--engine", "vllm", "--model", "NemotronHForCausalLM", "--mode", "PIECEWISE",
-               "--steps", "4", "--jobs", "1", "--format", "json", "-o", sys.argv[1]])
-from capturelint.adapters.vllm import generic, mamba2
-from capturelint.adapters.vllm.install import cpu_shim
-from capturelint.adapters.vllm.runners.real import runner_context
-from capturelint.adapters.vllm.workload import RunSpec
-from capturelint.options import CUDAGraphMode, Runner
-out = {}
-with cpu_shim(), mamba2.backend():
-    loop = mamba2.loop_for("NemotronHForCausalLM")
-    for runner in Runner:
-        spec = RunSpec(runner=runner, mode=CUDAGraphMode.PIECEWISE, layers=2, steps=4)
-        with runner_context(runner):
-            graphs = loop(spec).generate()
-        with runner_context(runner):
-            eager = loop(spec, graphs=False).generate()
-        out[f"{runner}/PIECEWISE"] = generic.compare(graphs, eager)
-json.dump({"status": status, "untraced": out}, sys.stdout)
-"""
 
 
 @pytest.mark.slow
@@ -106,14 +84,14 @@ def test_a_gate_dropped_in_dummy_runs_is_flagged_where_the_untraced_run_differs(
     of vLLM): V1 captures PIECEWISE graphs in a dummy run without metadata, so the zero
     gate is baked into the mixer's captured code; V2 builds metadata for its captures."""
     require_vllm()
-    from scratch_vllm import planted, run_driver  # tests/vllm/scratch_vllm.py
+    from scratch_vllm import check_and_untraced, planted, run_driver  # tests/vllm/scratch_vllm.py
 
     target = "model_executor/layers/mamba/mamba_mixer2.py"
     copy, lines = planted(tmp_path, target, (DATA / "mamba2_dummy_run_drops_gate.patch").read_text())
     branch = lines.index("        if get_forward_context().attn_metadata is None:") + 1
 
     report_path = tmp_path / "report.json"
-    done = run_driver(copy, tmp_path, DRIVER, str(report_path), timeout=1200)
+    done = run_driver(copy, tmp_path, check_and_untraced("NemotronHForCausalLM", ("PIECEWISE",), layers=2, steps=4), str(report_path), timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["status"] == 1, done.stderr[-3000:]

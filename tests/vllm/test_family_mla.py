@@ -179,29 +179,6 @@ def test_an_mla_model_checks_clean_on_vllms_own_runners(tmp_path, arch):
     assert [(i["id"], i["selected_ops"] > 0) for i in report["invariants"]] == [("mla-attention-eager", True)]
 
 
-DRIVER = """
-import json, sys
-from capturelint.cli import main
-status = main(["check", "--engine", "vllm", "--model", "DeepseekV3ForCausalLM", "--layers", "1", "--steps", "4",
-               "--jobs", "1", "--format", "json", "-o", sys.argv[1]])
-from capturelint.adapters.vllm import mla
-from capturelint.adapters.vllm.install import cpu_shim
-from capturelint.adapters.vllm.runners.real import runner_context
-from capturelint.adapters.vllm.workload import RunSpec
-from capturelint.options import CUDAGraphMode, Runner
-out = {}
-with cpu_shim(), mla.backend():
-    loop = mla.loop_for("DeepseekV3ForCausalLM")
-    for runner in Runner:
-        for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
-            spec = RunSpec(runner=runner, mode=mode, layers=1, steps=4)
-            with runner_context(runner):
-                graphs = loop(spec).generate()
-            with runner_context(runner):
-                eager = loop(spec, graphs=False).generate()
-            out[f"{runner}/{mode.value}"] = mla.compare(graphs, eager)
-json.dump({"status": status, "untraced": out}, sys.stdout)
-"""
 
 
 @pytest.mark.slow
@@ -211,14 +188,14 @@ def test_a_latent_write_skipped_in_dummy_runs_is_flagged_where_the_untraced_run_
     return is baked and the latent cache never written; V2 builds metadata for its
     captures, and FULL captures force it."""
     require_vllm()
-    from scratch_vllm import planted, run_driver  # tests/vllm/scratch_vllm.py
+    from scratch_vllm import check_and_untraced, planted, run_driver  # tests/vllm/scratch_vllm.py
 
     target = "model_executor/layers/attention/mla_attention.py"
     copy, lines = planted(tmp_path, target, (DATA / "mla_dummy_run_skips_latent_write.patch").read_text())
     branch = lines.index("    if attn_metadata is None:") + 1
 
     report_path = tmp_path / "report.json"
-    done = run_driver(copy, tmp_path, DRIVER, str(report_path), timeout=1800)
+    done = run_driver(copy, tmp_path, check_and_untraced("DeepseekV3ForCausalLM", layers=1, steps=4), str(report_path), timeout=1800)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["status"] == 1, done.stderr[-3000:]

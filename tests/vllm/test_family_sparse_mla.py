@@ -192,31 +192,6 @@ def test_v1_piecewise_is_flagged_where_vllm_captures_without_metadata():
     assert cfg.numerical.token_agreement < 1.0
 
 
-DRIVER = """
-import json, sys
-from capturelint.cli import main
-status = main(["check", "--engine", "vllm", "--model", "DeepseekV32ForCausalLM", "--layers", "1", "--jobs", "1",
-               "--format", "json", "-o", sys.argv[1]])
-from capturelint.adapters.vllm import families
-from capturelint.adapters.vllm.install import cpu_shim
-from capturelint.adapters.vllm.model import compare
-from capturelint.adapters.vllm.runners.real import runner_context
-from capturelint.adapters.vllm.workload import RunSpec
-from capturelint.options import CUDAGraphMode, Runner
-family = families.of("DeepseekV32ForCausalLM").load()
-out = {}
-with cpu_shim(), family.backend():
-    loop = family.loop_for("DeepseekV32ForCausalLM")
-    for runner in Runner:
-        for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
-            spec = RunSpec(runner=runner, mode=mode, layers=1)
-            with runner_context(runner):
-                graphs = loop(spec).generate()
-            with runner_context(runner):
-                eager = loop(spec, graphs=False).generate()
-            out[f"{runner}/{mode}"] = compare(graphs, eager)
-json.dump({"status": status, "untraced": out}, sys.stdout)
-"""
 
 
 @pytest.mark.slow
@@ -227,7 +202,7 @@ def test_the_sparse_attention_break_removed_is_flagged_where_the_untraced_run_di
     graph run differs from its eager twin (both runners' PIECEWISE: V1's already differs,
     vLLM's own hazard above), with the family's invariant at vLLM's file."""
     require_vllm()
-    from scratch_vllm import planted, run_driver  # tests/vllm/scratch_vllm.py
+    from scratch_vllm import check_and_untraced, planted, run_driver  # tests/vllm/scratch_vllm.py
 
     from capturelint.report import finding_entries
 
@@ -235,7 +210,7 @@ def test_the_sparse_attention_break_removed_is_flagged_where_the_untraced_run_di
     copy, lines = planted(tmp_path, target, (DATA / "sparse_mla_break_removed.patch").read_text())
     assert "    def _sparse_indexer_and_attn(" in lines and "    @eager_break_during_capture" not in lines
     report_path = tmp_path / "report.json"
-    done = run_driver(copy, tmp_path, DRIVER, str(report_path), timeout=1500)
+    done = run_driver(copy, tmp_path, check_and_untraced("DeepseekV32ForCausalLM", layers=1), str(report_path), timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["status"] == 1, done.stderr[-3000:]

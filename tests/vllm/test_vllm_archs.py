@@ -223,28 +223,6 @@ def test_a_generic_attention_model_checks_clean_on_vllms_own_runners(tmp_path):
     assert [(i["id"], i["selected_ops"] > 0) for i in report["invariants"]] == [("attention-eager", True)]
 
 
-DRIVER = """
-import json, sys
-from capturelint.cli import main
-status = main(["check", "--engine", "vllm", "--model", "LlamaForCausalLM", "--mode", "PIECEWISE", "--layers", "1",
-               "--steps", "4", "--jobs", "1", "--format", "json", "-o", sys.argv[1]])
-from capturelint.adapters.vllm import generic
-from capturelint.adapters.vllm.install import cpu_shim
-from capturelint.adapters.vllm.runners.real import runner_context
-from capturelint.adapters.vllm.workload import RunSpec
-from capturelint.options import CUDAGraphMode, Runner
-out = {}
-with cpu_shim(), generic.backend():
-    loop = generic.loop_for("LlamaForCausalLM")
-    for runner in Runner:
-        spec = RunSpec(runner=runner, mode=CUDAGraphMode.PIECEWISE, layers=1, steps=4)
-        with runner_context(runner):
-            graphs = loop(spec).generate()
-        with runner_context(runner):
-            eager = loop(spec, graphs=False).generate()
-        out[f"{runner}/PIECEWISE"] = generic.compare(graphs, eager)
-json.dump({"status": status, "untraced": out}, sys.stdout)
-"""
 
 
 @pytest.mark.slow
@@ -253,14 +231,14 @@ def test_a_kv_write_skipped_in_dummy_runs_is_flagged_where_the_untraced_run_diff
     vLLM): V1 captures PIECEWISE graphs in a dummy run without metadata, so the early
     return is baked; V2 builds metadata for its captures."""
     require_vllm()
-    from scratch_vllm import planted, run_driver  # tests/vllm/scratch_vllm.py
+    from scratch_vllm import check_and_untraced, planted, run_driver  # tests/vllm/scratch_vllm.py
 
     target = "model_executor/layers/attention/attention.py"
     copy, lines = planted(tmp_path, target, (DATA / "dummy_run_skips_kv_write.patch").read_text())
     branch = lines.index("    if get_forward_context().attn_metadata is None:") + 1
 
     report_path = tmp_path / "report.json"
-    done = run_driver(copy, tmp_path, DRIVER, str(report_path), timeout=900)
+    done = run_driver(copy, tmp_path, check_and_untraced("LlamaForCausalLM", ("PIECEWISE",), layers=1, steps=4), str(report_path), timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["status"] == 1, done.stderr[-3000:]
